@@ -412,11 +412,11 @@ class DynamicPoolingLM(nn.Module):
 
     def trunk(self, x, boundaries=None, caches=None):
         """Embedding to post stack → (h [B, L, D], b [B, L], predictor logits, pre-stack h, shortened s)."""
-        cfg = self.cfg
+        cfg, c = self.cfg, caches or (None, None, None)
         h = self.drop(self.embed(x))                                    # [B, L, D]
         if cfg.boundary == 'none':
-            return self.stacks[0](h, self.u, self.v, caches and caches[0]), None, None, None, None
-        h = self.stacks[0](h, self.u, self.v, caches and caches[0])
+            return self.stacks[0](h, self.u, self.v, c[0]), None, None, None, None
+        h = self.stacks[0](h, self.u, self.v, c[0])
         bp_logits = None
         if cfg.boundary in PREDICTOR_MODES:
             bp_logits = self.predictor(h)                               # [B, L]
@@ -424,9 +424,9 @@ class DynamicPoolingLM(nn.Module):
         else:
             b = self.external_boundaries(x, boundaries)
         s = self.down_norm(downsample(h, b, self.null_group))          # [B, 1+S, D]
-        s = self.stacks[1](s, self.u, self.v, caches and caches[1])
+        s = self.stacks[1](s, self.u, self.v, c[1])
         # Skip connection: the pre stack's output carries each token's own identity past the pooling.
-        y = self.stacks[2](upsample(s, b) + h, self.u, self.v, caches and caches[2])
+        y = self.stacks[2](upsample(s, b) + h, self.u, self.v, c[2])
         return y, b, bp_logits, h, s
 
     def forward(self, x, targets=None, boundaries=None):
