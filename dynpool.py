@@ -48,13 +48,13 @@ def sinusoids(distances, dim):
 
 
 def rel_shift(x):
-    """Turn scores against distances L-1 … 0 into scores against keys: out[..., i, j] = x[..., i, L-1-i+j]."""
-    # Transformer-XL's padding trick: one zero column and a reshape shift row i left by L-1-i.
-    # Entries above the diagonal (j > i) come out as garbage and are masked by the caller.
-    *batch, L, _ = x.shape
-    x = F.pad(x, (1, 0))                      # [..., L, L+1]
-    x = x.view(*batch, L + 1, L)[..., 1:, :]  # [..., L, L]
-    return x.reshape(*batch, L, L)
+    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
+    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
+    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
+    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
+    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
+    m, e = x.size(-2), x.size(-1) - 1
+    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
 
 
 @dataclass
@@ -77,6 +77,7 @@ class RelativeAttention(nn.Module):
         self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.dropatt = cfg.dropatt
+        self.chunk = cfg.attn_chunk
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def heads(self, x):
@@ -87,18 +88,28 @@ class RelativeAttention(nn.Module):
     def forward(self, x, pos, u, v, cache=None):
         """Full causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0."""
         B, L, _ = x.shape
-        q, k, val = self.heads(x)
-        r = self.r_net(pos).view(L, self.n_head, self.d_head).transpose(0, 1)  # [H, L, d_head]
-        # Position term (q + v)·r_{i-j}: computed against all distances, then aligned to keys.
-        pos_scores = rel_shift((q + v[:, None]) @ r.transpose(1, 2))            # [B, H, L, L]
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
-        bias = (pos_scores * self.d_head ** -0.5).masked_fill(causal, float('-inf'))
-        # Content term (q + u)·k_j goes through SDPA, the position term as its additive mask.
-        y = F.scaled_dot_product_attention(q + u[:, None], k, val, attn_mask=bias,
-                                           dropout_p=self.dropatt if self.training else 0.0)
+        q, k, val = self.heads(x)                                               # [B, H, L, d_head]
         if cache is not None:
             cache_write(cache, k, val)
-        y = y.transpose(1, 2).reshape(B, L, -1)                                 # [B, L, H*d_head]
+        r = self.r_net(pos).view(L, self.n_head, self.d_head).transpose(0, 1)  # [H, L, d_head]
+        r = F.pad(r, (0, 0, 0, 1))                                              # + a zero row for rel_shift
+        scale = self.d_head ** -0.5
+        q_content = ((q + u[:, None]) * scale).flatten(0, 1)                   # [B*H, L, d_head]
+        q_pos = (q + v[:, None]) * scale                                        # [B, H, L, d_head]
+        k, val = k.flatten(0, 1), val.flatten(0, 1)                             # [B*H, L, d_head]
+        ys = []
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix is
+        # never computed, and each block's scores [B*H, e-a, e] stay small enough to live in cache.
+        for a in range(0, L, self.chunk):
+            e = min(a + self.chunk, L)
+            # Position term (q_i + v)·r_{i-j}: against distances e-1 … 0, then aligned to keys.
+            pos_scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2)).flatten(0, 1)
+            # Content term (q_i + u)·k_j, added to it by the same matmul.
+            scores = torch.baddbmm(pos_scores, q_content[:, a:e], k[:, :e].transpose(1, 2))  # [B*H, e-a, e]
+            future = torch.ones(e - a, e, dtype=torch.bool, device=x.device).triu(a + 1)    # key j > query i
+            p = F.dropout(scores.masked_fill(future, float('-inf')).softmax(-1), self.dropatt, self.training)
+            ys.append(p @ val[:, :e])                                           # [B*H, e-a, d_head]
+        y = torch.cat(ys, 1).view(B, self.n_head, L, -1).transpose(1, 2).reshape(B, L, -1)  # [B, L, H*d_head]
         return self.norm(x + self.drop(self.out(y)))
 
     def step(self, x, u, v, cache):
@@ -200,15 +211,17 @@ class Stack(nn.Module):
 
 def boundary_matrix(b):
     """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b."""
-    b = b.float() if b.dtype == torch.bool or not b.is_floating_point() else b
-    seg = b.cumsum(1) - b                                # [B, L] c_t = Σ_{i<t} b_i, the segment of token t
-    n_seg = b.detach().sum(1, keepdim=True).round()      # [B, 1] complete segments per row
+    # Segment indices come from the hard decisions in int64, exact in any dtype (a bf16 running sum
+    # is not exact past 256); the float32 running sum below only carries the gradient.
+    hard = (b.detach() > 0.5).long()
+    seg = hard.cumsum(1) - hard                          # [B, L] c_t = Σ_{i<t} b_i, the segment of token t
+    n_seg = hard.sum(1, keepdim=True)                    # [B, 1] complete segments per row
     S = int(n_seg.max()) if b.numel() else 0
-    j = torch.arange(S, device=b.device, dtype=b.dtype)
-    hit = (seg.detach().round()[..., None] == j) & (seg.detach().round() < n_seg)[..., None]  # [B, L, S]
+    hit = (seg[..., None] == torch.arange(S, device=b.device)) & (seg < n_seg)[..., None]  # [B, L, S]
     # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
     # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
-    return torch.where(hit, (1 + seg - seg.detach())[..., None], torch.zeros((), dtype=b.dtype, device=b.device))
+    c = b.float().cumsum(1) - b.float()
+    return torch.where(hit, (1 + c - c.detach())[..., None], torch.zeros((), device=b.device))
 
 
 def downsample(h, b, null):
@@ -221,12 +234,13 @@ def downsample(h, b, null):
 
 def upsample(s, b):
     """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null group)."""
-    m = b.float().cumsum(1) if not b.is_floating_point() else b.cumsum(1)     # [B, L]
-    idx = m.detach().round().long()
-    out = s.gather(1, idx[..., None].expand(-1, -1, s.size(-1)))              # [B, L, D]
-    # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
-    # this zero term only keeps b in the graph so autograd can be asked for it.
-    return out + 0 * (m - m.detach())[..., None].to(out.dtype) if b.requires_grad else out
+    m = (b.detach() > 0.5).long().cumsum(1)                                   # [B, L], exact as above
+    out = s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))                # [B, L, D]
+    if b.requires_grad:
+        # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
+        # this zero term only keeps b in the graph so autograd can be asked for it.
+        out = out + 0 * b.float().cumsum(1)[..., None].to(out.dtype)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -243,6 +257,7 @@ def entropy_spikes(H, k=2):
 
 def gumbel_sigmoid(logits, temperature):
     """Relaxed Bernoulli sample with a hard straight-through decision (Jang et al. 2017; paper §3.3)."""
+    logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
     u = torch.rand_like(logits).clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + u.log() - (-u).log1p()) / temperature)
     hard = (soft > 0.5).to(soft.dtype)
@@ -290,6 +305,7 @@ class Config:
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
+    attn_chunk: int = 128              # queries per attention block: speed and memory only, not results
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -303,6 +319,8 @@ class Config:
             raise ValueError("boundary 'whitespace' needs whitespace_id (the token id of the space)")
         if self.boundary == 'fixed' and self.fixed_factor < 1:
             raise ValueError(f"fixed_factor must be >= 1, got {self.fixed_factor}")
+        if self.attn_chunk < 1:
+            raise ValueError(f"attn_chunk must be >= 1, got {self.attn_chunk}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         if self.vocab_size < 1 or self.d_model % 2:
@@ -382,7 +400,7 @@ class DynamicPoolingLM(nn.Module):
         """The predictor's own boundaries: rounded (unigram, entropy) or hard Gumbel-sigmoid in training."""
         if self.cfg.boundary == 'gumbel' and self.training:
             return gumbel_sigmoid(logits, self.cfg.temperature)
-        return (torch.sigmoid(logits) > self.cfg.threshold).to(logits.dtype)
+        return (torch.sigmoid(logits.float()) > self.cfg.threshold).float()
 
     def check_inputs(self, x, targets, boundaries):
         """Turn shape and dtype mistakes into one clear ValueError before any layer runs."""
