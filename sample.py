@@ -1,0 +1,486 @@
+"""
+Generate text from a dynpool checkpoint and show the segments the model chose.
+
+    python sample.py --ckpt runs/text8-whitespace/ckpt.pt --prompt "the history of" --chars 500 \\
+        --temperature 0.8 --top-k 20 --seed 1
+    python sample.py --ckpt runs/text8-whitespace --prompt "the history of" --show-segments
+    python sample.py --ckpt runs/text8-entropy/ckpt.pt --show-segments --color        # colours on a terminal
+    python sample.py --ckpt runs/text8-entropy/ckpt.pt --greedy --chars 200
+    python sample.py --ckpt runs/text8-entropy/ckpt.pt --num-samples 3 --seed 7 --device cuda
+    python sample.py --ckpt runs/text8-entropy/ckpt.pt --chars 120 --entropy-plot entropy.png
+    python sample.py --ckpt runs/text8-entropy/ckpt.pt --chars 120 --entropy-trace > trace.tsv
+
+A real one in five minutes on 2 busy CPU cores, from text8's first 4M characters
+(test bpc 2.92 and shortening factor 3.9, on the first 20k test characters):
+
+    python prepare_data.py --input ../shared/data/text8-head.txt --name text8-head --unigram 0
+    OMP_NUM_THREADS=1 python train.py --data data/text8-head --boundary entropy --out runs/text8-head-entropy \\
+        --device cpu --d-model 128 --n-head 4 --d-head 32 --d-inner 512 --layers 1,2,1 --seq-len 256 \\
+        --batch-size 16 --max-steps 250 --warmup 20 --lr 2e-3 --eval-interval 250 --eval-max-chars 20000
+    python sample.py --ckpt runs/text8-head-entropy/ckpt.pt --prompt "the history of" --chars 500 \\
+        --temperature 0.8 --top-k 20 --seed 1 --show-segments
+
+What is printed:
+- the prompt followed by its continuation, one sample after another (a line of dashes between);
+- with --show-segments, a separator (default `|`) after every character that closes a segment,
+  i.e. where the model's boundary b_t = 1 (DESIGN.md: "a segment ends at token t"); deleting the
+  separators gives back the text exactly. With --color on a terminal, segments alternate in
+  colour instead. The prompt's boundaries are the ones the model used when reading it.
+  Vanilla checkpoints (boundary 'none') have no segments: the text is printed unmarked.
+- with --entropy-trace, a TSV (pos, char, entropy_bits, boundary) in place of the text, or
+  written to FILE with --entropy-trace FILE. entropy_bits at position t is the entropy (bits) of
+  the model's own next-character distribution after reading characters 0..t (temperature 1, no
+  top-k): the H_t of the entropy-spike boundaries (paper §3.2).
+- with --entropy-plot FILE.png, the paper's Figure 2 for the first sample: entropy per character
+  with the boundaries marked beside the text (needs matplotlib).
+
+Prompt characters: the prompt is lower-cased first when the checkpoint's alphabet has no upper-case
+letters (text8 and the paper's cleaning lower-case everything). Any character still outside the
+alphabet is an error, listed on one line. An empty prompt starts from a single space.
+
+The checkpoint is the `ckpt.pt` that train.py writes (or its run directory): a dict whose keys 'model'
+(state dict), 'config' (dataclasses.asdict(Config)) and 'vocab' (alphabet: list of characters,
+index = token id; space_id) are read; the rest (optimizer, RNG states, ...) is ignored. Loading is
+safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any pickle. Sampling is
+reproducible for a given --seed, device and torch version. On CPU one thread is the default
+(--threads): decoding one character at a time is latency-bound.
+"""
+
+import argparse
+import dataclasses
+import math
+import os
+import pickle
+import re
+import sys
+import zipfile
+
+import torch
+import torch.nn.functional as F
+
+from dynpool import Config, DynamicPoolingLM
+
+# Key names the loader accepts, the first being what train.py writes; the others are common spellings.
+MODEL_KEYS = ('model', 'model_state', 'model_state_dict', 'state_dict')
+CONFIG_KEYS = ('config', 'model_config', 'cfg', 'model_args')
+META_KEYS = ('vocab', 'meta', 'data_meta', 'dataset_meta')
+ALPHABET_KEYS = ('alphabet', 'chars', 'itos')
+SPACE_KEYS = ('space_id', 'space', 'whitespace_id')
+
+ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange
+ANSI_RESET = '\033[0m'
+
+
+class SampleError(Exception):
+    """A user-facing problem (bad checkpoint, bad prompt, bad device): printed as one line, exit 1."""
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint
+
+
+def _first(d, keys):
+    for k in keys:
+        if k in d:
+            return d[k]
+    return None
+
+
+def _config_from_dict(cfg_dict):
+    """Config from a dict, ignoring keys that are not Config fields (training settings saved alongside)."""
+    if isinstance(cfg_dict, dict) and 'vocab_size' not in cfg_dict and isinstance(cfg_dict.get('model'), dict):
+        cfg_dict = cfg_dict['model']          # a training config that nests the model's
+    if dataclasses.is_dataclass(cfg_dict):
+        cfg_dict = dataclasses.asdict(cfg_dict)
+    if not isinstance(cfg_dict, dict):
+        raise SampleError(f"the checkpoint's config is a {type(cfg_dict).__name__}, expected a dict "
+                          f"(dataclasses.asdict(Config))")
+    names = {f.name for f in dataclasses.fields(Config)}
+    try:
+        return Config(**{k: v for k, v in cfg_dict.items() if k in names})
+    except (TypeError, ValueError) as e:
+        raise SampleError(f"the checkpoint's config is invalid: {e}") from None
+
+
+def _strip_prefixes(state_dict):
+    """Drop the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add to parameter names."""
+    out = {}
+    for k, v in state_dict.items():
+        while k.startswith(('_orig_mod.', 'module.')):
+            k = k.split('.', 1)[1]
+        out[k] = v
+    return out
+
+
+def _numpy_safe_globals():
+    """numpy's array reconstruction, allowed for safe loading: train.py saves numpy's RNG state to resume."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, '_core', None) or np.core     # numpy 2 / numpy 1
+    dtypes = [type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float32,
+                                          np.float64, np.bool_)]
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+
+
+def load_checkpoint(path, device='cpu', trust=False):
+    """Load train.py's checkpoint → (model in eval mode on device, alphabet list, space id or None).
+
+    Raises SampleError with one line for every way a checkpoint can be missing, unreadable or incomplete.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, 'ckpt.pt')
+    if not os.path.exists(path):
+        raise SampleError(f"checkpoint not found: {path}")
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
+    except pickle.UnpicklingError as e:
+        found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
+        if found and not trust:   # a readable file that pickles a Python object beyond tensors and containers
+            raise SampleError(f"checkpoint {path} holds a pickled {found.group(1)}, which safe loading refuses; "
+                              f"if you trust this file, pass --trust-ckpt") from None
+        raise SampleError(f"cannot read checkpoint {path}: corrupt or not a torch checkpoint") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, AttributeError, ImportError) as e:
+        msg = str(e).strip().splitlines()[0].split('. ')[0] if str(e).strip() else type(e).__name__
+        raise SampleError(f"cannot read checkpoint {path} (corrupt or not a torch checkpoint): {msg}") from None
+    if not isinstance(ckpt, dict):
+        raise SampleError(f"checkpoint {path} holds a {type(ckpt).__name__}, expected a dict with "
+                          f"'model', 'config' and 'vocab'")
+
+    state, cfg_dict, meta = _first(ckpt, MODEL_KEYS), _first(ckpt, CONFIG_KEYS), _first(ckpt, META_KEYS)
+    if meta is None and _first(ckpt, ALPHABET_KEYS) is not None:
+        meta = ckpt                             # alphabet stored at the top level
+    missing = [name for name, val, keys in (('model state dict', state, MODEL_KEYS),
+                                            ('config', cfg_dict, CONFIG_KEYS),
+                                            ('vocabulary', meta, META_KEYS))
+               if val is None]
+    if missing:
+        raise SampleError(f"checkpoint {path} lacks the {' and the '.join(missing)}: expected keys 'model', "
+                          f"'config', 'vocab' (as train.py writes); found {sorted(map(str, ckpt))}")
+    if not isinstance(meta, dict) or _first(meta, ALPHABET_KEYS) is None:
+        found = sorted(map(str, meta)) if isinstance(meta, dict) else type(meta).__name__
+        raise SampleError(f"checkpoint {path}: its vocabulary lacks the alphabet (key 'alphabet'); found {found}")
+    alphabet = _first(meta, ALPHABET_KEYS)
+    if isinstance(alphabet, str):
+        alphabet = list(alphabet)
+    if isinstance(alphabet, dict):                 # {char: id}
+        alphabet = [c for c, _ in sorted(alphabet.items(), key=lambda kv: kv[1])]
+    alphabet = list(alphabet)
+    if not all(isinstance(c, str) for c in alphabet):
+        raise SampleError(f"checkpoint {path}: the alphabet must be a list of strings (index = token id)")
+
+    cfg = _config_from_dict(cfg_dict)
+    if len(alphabet) > cfg.vocab_size:
+        raise SampleError(f"checkpoint {path}: the alphabet has {len(alphabet)} characters but the model's "
+                          f"vocab_size is {cfg.vocab_size}")
+    space_id = _first(meta, SPACE_KEYS)
+    if space_id is None:
+        space_id = cfg.whitespace_id if cfg.whitespace_id is not None else (
+            alphabet.index(' ') if ' ' in alphabet else None)
+
+    if not isinstance(state, dict):
+        raise SampleError(f"checkpoint {path}: the model state dict is a {type(state).__name__}, expected a dict")
+    model = DynamicPoolingLM(cfg)
+    try:
+        result = model.load_state_dict(_strip_prefixes(state), strict=False)
+    except RuntimeError as e:   # shapes that disagree with the config
+        detail = next((ln.strip() for ln in str(e).splitlines() if 'size mismatch' in ln), str(e).splitlines()[0])
+        raise SampleError(f"checkpoint {path}: the weights do not fit its config: {detail}") from None
+    if result.missing_keys or result.unexpected_keys:
+        def few(keys):
+            return ', '.join(keys[:4]) + (f' (+{len(keys) - 4} more)' if len(keys) > 4 else '')
+        parts = ([f"missing {few(result.missing_keys)}"] if result.missing_keys else []) + \
+                ([f"unexpected {few(result.unexpected_keys)}"] if result.unexpected_keys else [])
+        raise SampleError(f"checkpoint {path}: the weights do not fit its config "
+                          f"(boundary={cfg.boundary!r}, layers={cfg.layers}): {'; '.join(parts)}")
+    return model.to(device).eval(), alphabet, space_id
+
+
+# -----------------------------------------------------------------------------
+# Text ↔ token ids
+
+
+def encode(text, alphabet):
+    """Prompt → token ids. Lower-cases first when the alphabet has no upper-case letters; characters
+    still outside the alphabet raise SampleError naming each of them once."""
+    if not any(c != c.lower() for c in alphabet):
+        text = text.lower()
+    index = {c: i for i, c in enumerate(alphabet)}
+    bad = sorted({c for c in text if c not in index})
+    if bad:
+        shown = ''.join(a for a in alphabet)
+        raise SampleError(f"the prompt has characters outside the checkpoint's alphabet: "
+                          f"{', '.join(repr(c) for c in bad)} (alphabet: {shown!r})")
+    return [index[c] for c in text]
+
+
+def decode_ids(ids, alphabet):
+    return ''.join(alphabet[i] if i < len(alphabet) else '\ufffd' for i in ids)
+
+
+# -----------------------------------------------------------------------------
+# Generation that also records boundaries and entropies
+
+
+def entropy_bits(logits):
+    """Entropy in bits of softmax(logits) over the last dimension."""
+    logp = F.log_softmax(logits.float(), -1)
+    return -(logp.exp() * logp).sum(-1) / math.log(2)
+
+
+@torch.no_grad()
+def sample(model, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+    """Continue x [B, L] by n tokens with the cached prefill/decode of dynpool.
+
+    Takes exactly the steps of DynamicPoolingLM.generate (same sampled tokens for the same generator),
+    and also returns what the model did on the way:
+      tokens      [B, L+n] int64, the prompt then the continuation
+      boundaries  [B, L+n] bool, b_t = 1 where token t closed a segment (None for vanilla)
+      entropy     [B, L+n] float, bits, of the next-token distribution after token t (temperature 1)
+    n_valid: ids >= n_valid (vocabulary padding beyond the alphabet) are never sampled.
+    """
+    model.eval()
+    logits, state = model.prefill(x, capacity=x.size(1) + n)
+    ent = [entropy_bits(logits)]                                     # [B, L]
+    logits, out = logits[:, -1], [x]
+    for _ in range(n):
+        if n_valid is not None and n_valid < logits.size(-1):
+            logits = logits.clone()
+            logits[:, n_valid:] = float('-inf')
+        if greedy:
+            nxt = logits.argmax(-1)
+        else:
+            logits = logits.float() / max(temperature, 1e-6)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float('-inf'))
+            nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
+        out.append(nxt[:, None])
+        logits = model.decode(nxt, state)
+        ent.append(entropy_bits(logits)[:, None])
+    tokens = torch.cat(out, 1)
+    boundaries = torch.stack(state.boundaries, 1).bool() if state.boundaries else None
+    return tokens, boundaries, torch.cat(ent, 1)
+
+
+# -----------------------------------------------------------------------------
+# Display
+
+
+def show_segments(text, boundaries, sep='|', colour=False):
+    """Mark segment ends: `sep` after every character with b_t = 1, or alternate ANSI colours per segment.
+    Removing every `sep` from the separator form gives back `text` (when `sep` is not in the text)."""
+    if boundaries is None:
+        return text
+    if not colour:
+        return ''.join(c + (sep if b else '') for c, b in zip(text, boundaries))
+    out, seg, start = [], 0, 0
+    for t, b in enumerate(boundaries[:len(text)]):
+        if b or t == len(text) - 1:           # one coloured run per segment (the open one last)
+            out.append(ANSI_SEGMENT_COLOURS[seg % 2] + text[start:t + 1] + ANSI_RESET)
+            seg, start = seg + 1, t + 1
+    return ''.join(out) + text[start:]
+
+
+def tsv_char(c):
+    return {'\t': '\\t', '\n': '\\n', '\r': '\\r', '\\': '\\\\'}.get(c, c)
+
+
+def entropy_trace(text, entropy, boundaries):
+    """TSV lines: pos, char, entropy_bits, boundary (0/1; empty for vanilla)."""
+    lines = ['pos\tchar\tentropy_bits\tboundary']
+    for t, (c, h) in enumerate(zip(text, entropy)):
+        b = '' if boundaries is None else str(int(boundaries[t]))
+        lines.append(f"{t}\t{tsv_char(c)}\t{h:.4f}\t{b}")
+    return '\n'.join(lines) + '\n'
+
+
+def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_len=0):
+    """The paper's Figure 2: next-character entropy (bits) per character, the characters along the
+    x-axis, a dashed line after every character that closes a segment, the prompt shaded grey."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SampleError("--entropy-plot needs matplotlib: pip install matplotlib") from None
+    n_rows = max(1, math.ceil(len(text) / per_row))
+    ymax = max(1e-3, max(entropy)) * 1.1
+    fig, axes = plt.subplots(n_rows, 1, figsize=(max(8, 0.16 * min(per_row, len(text)) + 1), 1.9 * n_rows + 0.4),
+                             squeeze=False)
+    for r, ax in enumerate(axes[:, 0]):
+        lo, hi = r * per_row, min(len(text), (r + 1) * per_row)
+        xs = list(range(lo, hi))
+        if prompt_len > lo:
+            ax.axvspan(lo - 0.5, min(prompt_len, hi) - 0.5, color='0.9', lw=0)
+        ax.plot(xs, entropy[lo:hi], '-o', ms=2.5, lw=1, color='tab:blue')
+        if boundaries is not None:
+            for t in xs:
+                if boundaries[t]:
+                    ax.axvline(t + 0.5, color='tab:red', ls='--', lw=0.8, alpha=0.8)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(['␣' if c == ' ' else tsv_char(c) for c in text[lo:hi]], fontsize=7, family='monospace')
+        ax.tick_params(axis='x', length=0)
+        ax.set_xlim(lo - 0.5, lo + per_row - 0.5)
+        ax.set_ylim(0, ymax)
+        ax.set_ylabel('bits', fontsize=8)
+    axes[0, 0].set_title(title + ('  (dashed: segment ends' if boundaries is not None else '  (')
+                         + ('; grey: prompt)' if prompt_len else ')'), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def positive_int(s):
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def non_negative_int(s):
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other mistake (argparse would add the usage)
+        self.exit(2, f"sample.py: error: {message} (see --help)\n")
+
+
+def parse_args(argv=None):
+    p = Parser(description="Generate text from a dynpool checkpoint and show the segments it used.")
+    p.add_argument('--ckpt', required=True,
+                   help="checkpoint written by train.py (runs/<run>/ckpt.pt) or its run directory")
+    p.add_argument('--prompt', default='',
+                   help="text to continue; lower-cased if the alphabet is lower-case; empty = a single space")
+    p.add_argument('--chars', type=non_negative_int, default=500, help="number of characters to generate (500)")
+    p.add_argument('--num-samples', type=positive_int, default=1, help="independent samples, generated as one batch (1)")
+    p.add_argument('--temperature', type=float, default=0.8,
+                   help="softmax temperature of sampling (0.8); 0 means greedy")
+    p.add_argument('--top-k', type=positive_int, default=None,
+                   help="sample only among the k most likely characters (default: all)")
+    p.add_argument('--greedy', action='store_true', help="always take the most likely character (argmax)")
+    p.add_argument('--seed', type=int, default=1337, help="random seed: same seed, same output (1337)")
+    p.add_argument('--device', default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
+    p.add_argument('--show-segments', action='store_true',
+                   help="mark the segment boundaries the model used: SEP after each character that closes a segment")
+    p.add_argument('--separator', default='|', help="the mark --show-segments puts after a segment's last character (|)")
+    p.add_argument('--color', '--colour', action='store_true',
+                   help="with --show-segments on a terminal, alternate colours per segment instead of separators")
+    p.add_argument('--entropy-trace', nargs='?', const='-', default=None, metavar='FILE',
+                   help="TSV of pos, char, entropy (bits) of the next-char prediction, boundary: to stdout in "
+                        "place of the text, or to FILE")
+    p.add_argument('--entropy-plot', default=None, metavar='FILE.png',
+                   help="plot the per-character entropy with the boundaries marked (paper Fig. 2), first sample; "
+                        "needs matplotlib")
+    p.add_argument('--threads', type=positive_int, default=1,
+                   help="CPU threads for torch (1): decoding one character at a time is latency-bound, and extra "
+                        "threads only pay off for long prompts or many samples")
+    p.add_argument('--trust-ckpt', action='store_true',
+                   help="load checkpoints that hold arbitrary pickled Python objects (only for files you trust)")
+    args = p.parse_args(argv)
+    if args.temperature < 0 or not math.isfinite(args.temperature):
+        p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    return args
+
+
+def pick_device(name):
+    if name is None:
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise SampleError(f"bad --device {name!r}: {e}") from None
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise SampleError(f"--device {name} asked for, but CUDA is not available here (try --device cpu)")
+    if dev.type == 'cuda' and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SampleError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if dev.type == 'mps' and not (hasattr(torch.backends, 'mps') and torch.backends.mps.is_available()):
+        raise SampleError(f"--device {name} asked for, but MPS is not available here")
+    return str(dev)
+
+
+def run(args, stdout=None):
+    stdout = stdout or sys.stdout
+    device = pick_device(args.device)
+    torch.set_num_threads(args.threads)
+    model, alphabet, space_id = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
+    ids = encode(args.prompt, alphabet)
+    if not ids:
+        ids = [space_id if space_id is not None else 0]
+    x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    greedy = args.greedy or args.temperature == 0
+    tokens, boundaries, entropy = sample(model, x, args.chars, temperature=args.temperature, top_k=args.top_k,
+                                         greedy=greedy, generator=gen, n_valid=len(alphabet))
+    tokens, entropy = tokens.tolist(), entropy.tolist()
+    boundaries = None if boundaries is None else boundaries.tolist()
+    texts = [decode_ids(row, alphabet) for row in tokens]
+
+    if args.show_segments and boundaries is None:
+        print("note: this checkpoint is vanilla (boundary 'none'): it has no segments to show", file=sys.stderr)
+    if args.show_segments and args.separator in alphabet and not (args.color and stdout.isatty()):
+        print(f"note: the separator {args.separator!r} is in the alphabet; pick another with --separator",
+              file=sys.stderr)
+
+    trace_to_stdout = args.entropy_trace == '-'
+    if args.entropy_trace is not None:
+        tsv = ''.join((f"# sample {i}\n" if len(texts) > 1 else '')
+                      + entropy_trace(t, entropy[i], None if boundaries is None else boundaries[i])
+                      for i, t in enumerate(texts))
+        if trace_to_stdout:
+            stdout.write(tsv)
+        else:
+            try:
+                with open(args.entropy_trace, 'w', encoding='utf-8') as f:
+                    f.write(tsv)
+            except OSError as e:
+                raise SampleError(f"cannot write --entropy-trace {args.entropy_trace}: {e.strerror}") from None
+    if not trace_to_stdout:
+        colour = args.color and stdout.isatty()
+        for i, text in enumerate(texts):
+            if i:
+                stdout.write('-' * 40 + '\n')
+            row_b = None if boundaries is None else boundaries[i]
+            shown = show_segments(text, row_b, args.separator, colour) if args.show_segments else text
+            stdout.write(shown + '\n')
+    if args.entropy_plot:
+        ckpt = os.path.abspath(args.ckpt)
+        run_name = os.path.basename(ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt))
+        title = f"{run_name}: boundary={model.cfg.boundary}, next-character entropy"
+        try:
+            entropy_plot(args.entropy_plot, texts[0], entropy[0], None if boundaries is None else boundaries[0],
+                         title=title, prompt_len=len(ids))
+        except OSError as e:
+            raise SampleError(f"cannot write --entropy-plot {args.entropy_plot}: {e.strerror or e}") from None
+        print(f"wrote {args.entropy_plot}", file=sys.stderr)
+    stdout.flush()
+    return texts, boundaries, entropy
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except SampleError as e:
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
