@@ -1,0 +1,523 @@
+"""
+Train and evaluate a dynamic-pooling Transformer (Nawrot et al., ACL 2023) for character-level LM.
+
+    python prepare_data.py                                   # data/text8, once
+    python train.py --boundary entropy                       # GPU: the paper's recipe; CPU: a small preset
+    python train.py --boundary unigram --data data/wiki40b-fi --out out/fi-unigram
+    python train.py --boundary gumbel --stop-step 50000      # stop early (time-limited job, 200k-step schedule) ...
+    python train.py --out out/text8-gumbel --resume          # ... and continue: the flags come from the checkpoint
+    torchrun --nproc_per_node=8 train.py --boundary whitespace            # DDP over 8 GPUs (NCCL)
+    torchrun --nproc_per_node=2 train.py --device cpu --boundary fixed    # DDP on CPU (gloo)
+    python train.py --device cpu --boundary none --max-steps 120 --eval-max-chars 20000   # a quick CPU run
+
+--boundary: none (vanilla Transformer), fixed, whitespace, unigram, entropy, gumbel. A run writes
+out/<dataset>-<boundary>/ckpt.pt and log.jsonl (or --out); a finished run's last line is
+`test bpc <x.xxxx> sf <y.yy>`. See `python train.py --help` for every flag.
+
+Notable:
+- Presets are only defaults. On a GPU they are the paper's recipe (batch 8 x 2048 chars, Adam lr 2.5e-4,
+  4k warm-up steps then one cosine cycle over 200k steps, grad clip 0.25, dropout 0.1, bf16 AMP, or fp16
+  with loss scaling where bf16 is missing); on CPU a small model that learns in minutes on 2 cores.
+- --batch-size is the global batch: torchrun processes and --grad-accum micro-steps split it, so the
+  optimisation is the same whatever the hardware.
+- Data: each epoch the character stream is cyclically shifted by a random offset, cut into chunks of
+  seq_len+1 chars and shuffled; the order is a pure function of (seed, epoch), so a checkpoint only needs
+  (epoch, index) to continue exactly.
+- Evaluation uses overlapping windows (2048 chars, step 512 on GPU): each window scores only its last
+  `step` chars (the first window all of them), so every character is scored exactly once with
+  >= window-step chars of context where the text has them. BPC = mean nats / ln 2.
+- Checkpoints are written atomically and hold everything needed to continue (model, optimizer, AMP scaler,
+  all RNG states, step, data position, config, vocabulary): on CPU a stopped-and-resumed run ends with
+  bit-identical weights to one that never stopped. A non-finite loss stops the run before it reaches them.
+- User mistakes (missing data, wrong flags, a checkpoint that does not fit) end with one `error: ...` line
+  and exit code 1, before anything is written.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dynpool import Config, DynamicPoolingLM
+
+MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
+
+# The paper's recipe (appendix) for a GPU ...
+GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers='2,8,2', dropout=0.1, dropatt=0.1,
+                  batch_size=8, seq_len=2048, lr=2.5e-4, warmup=4000, max_steps=200_000,
+                  eval_interval=5000, eval_window=2048, eval_step=512, eval_max_chars=0, eval_batch_size=16,
+                  log_interval=100)
+# ... and a small model for 2 CPU cores (~2-4k chars/s): 300 steps take a few minutes. A few hundred steps
+# never see a character twice, so dropout would only slow learning down; the eval window shrinks with the
+# training length (same 4:1 window:step ratio) and evaluation reads only the first 20k chars of a split.
+CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers='1,4,1', dropout=0.0, dropatt=0.0,
+                  batch_size=4, seq_len=512, lr=1e-3, warmup=50, max_steps=300,
+                  eval_interval=100, eval_window=512, eval_step=128, eval_max_chars=20_000, eval_batch_size=8,
+                  log_interval=10)
+COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25, seed=1337, amp='auto',
+              compile=False)
+# Flags that define the model or the data order: a resumed run must keep them.
+KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout', 'dropatt',
+                  'fixed_factor', 'temperature', 'prior', 'entropy_window', 'seq_len', 'batch_size', 'seed')
+RANK = int(os.environ.get('RANK', 0))  # set by torchrun
+WORLD = int(os.environ.get('WORLD_SIZE', 1))
+
+
+def die(msg):
+    """One clear line and a non-zero exit code: for user mistakes and failed runs, never a traceback."""
+    if RANK == 0:
+        print(f'error: {msg}', file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage + message; we promise one line
+        die(message)
+
+
+def parse_args(argv):
+    p = Parser(description='Train a dynamic-pooling Transformer on a prepared character dataset.')
+    # Every default is None: the value then comes from the checkpoint (--resume) or from the preset,
+    # which lets us tell what the user asked for from what was filled in.
+    a = p.add_argument
+    a('--data', help='dataset directory written by prepare_data.py (default data/text8)')
+    a('--boundary', choices=MODES, help='segmentation: none (vanilla), fixed, whitespace, unigram, entropy, gumbel')
+    a('--out', help='run directory for checkpoint and log.jsonl (default out/<dataset>-<boundary>)')
+    a('--resume', action='store_true', help='continue the run in --out from its checkpoint')
+    a('--device', help='cpu, cuda, cuda:1, ... (default cuda if available); picks the GPU or CPU preset')
+    a('--seed', type=int, help='seed for initialisation, data order, dropout (default 1337)')
+    # model
+    a('--d-model', type=int, help='model width (GPU 512, CPU 128)')
+    a('--n-head', type=int, help='attention heads (GPU 8, CPU 2)')
+    a('--d-head', type=int, help='width of one head (64)')
+    a('--d-inner', type=int, help='feed-forward width (GPU 2048, CPU 512)')
+    a('--layers', help='pre,shortened,post layer counts (GPU 2,8,2, CPU 1,4,1); vanilla stacks all at full length')
+    a('--dropout', type=float, help='dropout (GPU 0.1, CPU 0)')
+    a('--dropatt', type=float, help='attention dropout (GPU 0.1, CPU 0)')
+    a('--fixed-factor', type=int, help='segment length k for --boundary fixed (model default)')
+    a('--temperature', type=float, help='Gumbel-sigmoid temperature for the boundary predictor (model default)')
+    a('--prior', type=float, help='prior boundary rate for --boundary gumbel (model default)')
+    a('--entropy-window', type=int, help='k of the entropy-spike rule for --boundary entropy (model default)')
+    # optimisation
+    a('--batch-size', type=int,
+      help='global batch in sequences per step, split over processes and --grad-accum (GPU 8, CPU 4)')
+    a('--seq-len', type=int, help='training sequence length in characters (GPU 2048, CPU 512)')
+    a('--grad-accum', type=int, help='micro-steps per optimizer step; the global batch stays --batch-size (1)')
+    a('--max-steps', type=int, help='optimizer steps; the cosine schedule ends here (GPU 200000, CPU 300)')
+    a('--stop-step', type=int, help='save and exit at this step without finishing (for time-limited jobs); '
+                                    'the schedule still follows --max-steps; continue with --resume')
+    a('--lr', type=float, help='peak learning rate (GPU 2.5e-4, CPU 1e-3)')
+    a('--warmup', type=int, help='linear warm-up steps before the cosine decay (GPU 4000, CPU 50)')
+    a('--grad-clip', type=float, help='clip the gradient norm to this (0.25; 0 = off)')
+    a('--amp', choices=('auto', 'bf16', 'fp16', 'off'), help='mixed precision; auto = bf16 if the GPU has it, '
+                                                              'else fp16 with loss scaling; off on CPU')
+    a('--compile', action='store_true', default=None, help='torch.compile the model for training')
+    # evaluation and logging
+    a('--eval-interval', type=int, help='validate (and checkpoint) every N steps (GPU 5000, CPU 100)')
+    a('--eval-window', type=int, help='evaluation window in characters (GPU 2048, CPU 512)')
+    a('--eval-step', type=int, help='window step: each window scores its last N characters (GPU 512, CPU 128)')
+    a('--eval-max-chars', type=int, help='evaluate only the first N characters of a split; 0 = all (GPU 0, CPU 20000)')
+    a('--eval-batch-size', type=int, help='windows per evaluation batch (GPU 16, CPU 8)')
+    a('--log-interval', type=int, help='log training metrics every N steps (GPU 100, CPU 10)')
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- data
+def prepare_command(d):
+    """The prepare_data.py command that writes dataset directory d."""
+    out_dir = '' if d.parent == Path('data') else f' --out-dir {d.parent}'
+    name, _, lang = d.name.partition('-')
+    if d.name == 'text8':
+        return f'python prepare_data.py{out_dir}'
+    if name in ('wiki40b', 'cc100') and lang:
+        return f'python prepare_data.py --dataset {name} --lang {lang}{out_dir}'
+    return f'python prepare_data.py --input FILE --lang LANG --name {d.name}{out_dir}'
+
+
+def load_data(data_dir, boundary):
+    d = Path(data_dir)
+    if not (d / 'meta.json').is_file():
+        die(f'no dataset at {d} (make it with: {prepare_command(d)})')
+    try:
+        meta = json.loads((d / 'meta.json').read_text())
+    except ValueError as e:
+        die(f'{d / "meta.json"} is unreadable ({e}); remake it with: {prepare_command(d)}')
+    if not isinstance(meta, dict) or {'alphabet', 'vocab_size', 'dtype'} - meta.keys():
+        die(f'{d / "meta.json"} lacks alphabet, vocab_size or dtype; remake it with: {prepare_command(d)}')
+    splits, labels = {}, None
+    for s in ('train', 'valid', 'test'):
+        if not (d / f'{s}.bin').is_file():
+            die(f'{d / f"{s}.bin"} is missing (remake the dataset with: {prepare_command(d)})')
+        splits[s] = np.memmap(d / f'{s}.bin', dtype=meta['dtype'], mode='r')
+    if boundary == 'whitespace' and meta.get('space_id') is None:
+        die(f'--boundary whitespace needs a space character, and {d} has none')
+    if boundary == 'unigram':
+        # Labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's characters.
+        v = (meta.get('unigram') or {}).get('vocab_size')
+        files = {s: d / f'{s}.unigram-{v}.bin' for s in splits}
+        if v is None or not all(f.is_file() for f in files.values()):
+            die(f'--boundary unigram needs Unigram labels in {d} '
+                f'(make them with: {prepare_command(d)} --unigram 10000)')
+        labels = {s: np.memmap(f, dtype=np.uint8, mode='r') for s, f in files.items()}
+        if any(len(labels[s]) != len(splits[s]) for s in splits):
+            die(f'Unigram labels in {d} do not match the length of the splits; remake them')
+    return meta, splits, labels
+
+
+def epoch_order(n_chars, seq_len, seed, epoch):
+    """Random cyclic shift and chunk permutation of one epoch, a pure function of (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch])
+    return int(rng.integers(n_chars)), rng.permutation(n_chars // (seq_len + 1))
+
+
+def get_chunks(stream, offset, chunk_ids, seq_len):
+    """Chunks of seq_len+1 characters of the stream rotated by offset, as an int64 tensor [B, seq_len+1]."""
+    idx = (offset + chunk_ids[:, None] * (seq_len + 1) + np.arange(seq_len + 1)) % len(stream)
+    return torch.from_numpy(stream[idx].astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- evaluation
+def eval_windows(n, window, step):
+    """Windows (start, end, first_scored) over n positions: the first window scores all of its positions,
+    every later one only its last `step`, so each position is scored once with >= window-step positions of
+    context where the text has them. The tail gets one more window ending at n that scores what is left."""
+    if n <= window:
+        return [(0, n, 0)]
+    wins, start = [(0, window, 0)], step
+    while start + window <= n:
+        wins.append((start, start + window, start + window - step))
+        start += step
+    if wins[-1][1] < n:
+        wins.append((n - window, n, wins[-1][1]))
+    return wins
+
+
+@torch.no_grad()
+def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(), name='eval', rank=0, world=1):
+    """Bits per character over a token stream with overlapping windows, and the mean shortening factor."""
+    n = len(tokens) - 1  # positions that have a next character to predict
+    wins = eval_windows(n, window, step)[rank::world]  # each process takes its share of the windows
+    was_training = model.training
+    model.eval()
+    nats, chars, sf_sum, sf_n = 0.0, 0, 0.0, 0
+    t0, shown = time.time(), 0.0
+    for i in range(0, len(wins), batch_size):
+        group = wins[i:i + batch_size]  # all windows have the same length, so they stack
+        starts = np.array([s for s, _, _ in group])
+        chunk = torch.from_numpy(tokens[starts[:, None] + np.arange(group[0][1] - group[0][0] + 1)].astype(np.int64))
+        x, y = chunk[:, :-1].to(device), chunk[:, 1:].to(device)
+        with autocast:
+            out = model(x)
+        nll = F.cross_entropy(out.logits.float().transpose(1, 2), y, reduction='none')  # [B, W]
+        first = torch.tensor([f - s for s, _, f in group], device=device)
+        scored = torch.arange(x.size(1), device=device)[None, :] >= first[:, None]
+        nats += torch.where(scored, nll, 0.0).sum().item()  # (not nll * scored: inf * 0 would be nan)
+        chars += int(scored.sum())
+        if out.shortening_factor is not None:
+            sf_sum, sf_n = sf_sum + float(out.shortening_factor) * len(group), sf_n + len(group)
+        if rank == 0 and (i + batch_size) / len(wins) >= shown + 0.1 and time.time() - t0 > 2:  # slow: show progress
+            shown = (i + batch_size) / len(wins)
+            print(f'  {name}: {min(1.0, shown):4.0%} of {len(wins)} windows, {time.time() - t0:.0f}s',
+                  file=sys.stderr, flush=True)
+    if world > 1:
+        t = torch.tensor([nats, chars, sf_sum, sf_n], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        nats, chars, sf_sum, sf_n = t.tolist()
+    model.train(was_training)
+    return dict(bpc=nats / max(chars, 1) / math.log(2), sf=sf_sum / sf_n if sf_n else 1.0, nats=nats, chars=int(chars))
+
+
+# ----------------------------------------------------------------------------- training
+def main(argv=None):
+    args = parse_args(argv)
+    given = {k for k, v in vars(args).items() if v is not None}
+    ddp = WORLD > 1
+    device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        die(f'--device {device} is not a device torch knows (cpu, cuda, cuda:1, ...)')
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        die(f'--device {device} but no CUDA GPU is available')
+    if device == 'cuda':  # one GPU per torchrun process
+        device = f'cuda:{os.environ.get("LOCAL_RANK", 0)}'
+    preset_name, preset = ('gpu', GPU_PRESET) if device_type == 'cuda' else ('cpu', CPU_PRESET)
+
+    # --- run directory and checkpoint: settle them before touching anything on disk
+    if args.out is None and args.resume:
+        die('--resume needs --out, the run directory to continue')
+    boundary = args.boundary or COMMON['boundary']
+    out_dir = Path(args.out or f'out/{Path(args.data or COMMON["data"]).name}-{boundary}')
+    ckpt_path = out_dir / 'ckpt.pt'
+    ckpt = None
+    if args.resume:
+        if not ckpt_path.is_file():
+            die(f'--resume but there is no checkpoint at {ckpt_path}')
+        try:
+            ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=False)
+        except Exception as e:
+            die(f'cannot read checkpoint {ckpt_path}: {e}')
+        if not isinstance(ckpt, dict) or {'args', 'config', 'vocab', 'model', 'rng'} - ckpt.keys():
+            die(f'{ckpt_path} is not a checkpoint written by train.py')
+        for k in KEPT_ON_RESUME:
+            if k in given and getattr(args, k) != ckpt['args'].get(k):
+                die(f'--{k.replace("_", "-")} {getattr(args, k)} differs from the checkpoint\'s '
+                    f'{ckpt["args"].get(k)} (a resumed run keeps its model and data order)')
+        for k, v in ckpt['args'].items():  # what was not given now comes from the checkpoint
+            if k not in given and k not in ('resume', 'device', 'stop_step'):
+                setattr(args, k, v)
+    elif ckpt_path.exists():
+        die(f'{ckpt_path} already exists; pass --resume to continue it or choose another --out')
+    for k, v in {**COMMON, **preset}.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+
+    # --- check the flags before any work
+    try:
+        layers = tuple(int(v) for v in str(args.layers).split(','))
+    except ValueError:
+        layers = ()
+    if len(layers) != 3 or min(layers) < 0:
+        die(f'--layers must be three counts like 2,8,2, not {args.layers}')
+    for k in ('seq_len', 'batch_size', 'grad_accum', 'max_steps', 'eval_window', 'eval_step', 'eval_interval',
+              'eval_batch_size', 'log_interval', 'd_model', 'n_head', 'd_head', 'd_inner'):
+        if getattr(args, k) < 1:
+            die(f'--{k.replace("_", "-")} must be at least 1, not {getattr(args, k)}')
+    if args.eval_step > args.eval_window:
+        die(f'--eval-step {args.eval_step} is larger than --eval-window {args.eval_window}: '
+            f'characters between windows would never be scored')
+    if args.batch_size % (WORLD * args.grad_accum):
+        die(f'--batch-size {args.batch_size} must split evenly over {WORLD} processes x {args.grad_accum} micro-steps')
+    if args.amp in ('fp16', 'bf16') and device_type not in ('cuda', 'cpu'):
+        die(f'--amp {args.amp} is supported here on cuda and cpu only')
+    if args.amp == 'fp16' and device_type != 'cuda':
+        die('--amp fp16 needs a CUDA GPU (use bf16 or off on CPU)')
+    if args.stop_step is not None and args.stop_step < 1:
+        die(f'--stop-step must be at least 1, not {args.stop_step}')
+
+    meta, splits, labels = load_data(args.data, args.boundary)
+    if len(splits['train']) < args.batch_size * (args.seq_len + 1):
+        die(f'{args.data}/train.bin has {len(splits["train"])} chars, fewer than one batch '
+            f'({args.batch_size} x {args.seq_len + 1})')
+    for s in ('valid', 'test'):
+        if len(splits[s]) < 2:
+            die(f'{args.data}/{s}.bin is empty')
+    vocab = dict(alphabet=meta['alphabet'], vocab_size=meta['vocab_size'], space_id=meta.get('space_id'))
+
+    model_kw = dict(vocab_size=meta['vocab_size'], d_model=args.d_model, n_head=args.n_head, d_head=args.d_head,
+                    d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt, layers=layers,
+                    boundary=args.boundary, whitespace_id=meta.get('space_id'), fixed_factor=args.fixed_factor,
+                    temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window)
+    fields = {f.name for f in dataclasses.fields(Config)}
+    try:  # the model checks its own config (e.g. pooling modes need shortened layers)
+        cfg = Config(**{k: v for k, v in model_kw.items() if k in fields and v is not None})
+    except (ValueError, TypeError) as e:
+        die(str(e))
+    if ckpt is not None:
+        if ckpt['vocab'] != vocab:
+            die(f'checkpoint {ckpt_path} was trained on another vocabulary than {args.data} '
+                f'(alphabet {"".join(ckpt["vocab"]["alphabet"])!r} vs {"".join(vocab["alphabet"])!r})')
+        if dataclasses.asdict(cfg) != ckpt['config']:
+            diff = [k for k, v in dataclasses.asdict(cfg).items() if ckpt['config'].get(k) != v]
+            die(f'checkpoint {ckpt_path} has another model config than these flags and data ({", ".join(diff)})')
+
+    # --- processes, seeds, precision
+    if ddp:
+        backend = 'nccl' if device_type == 'cuda' else 'gloo'
+        torch.distributed.init_process_group(backend)
+        if device_type == 'cuda':
+            torch.cuda.set_device(device)
+    master = RANK == 0
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)  # same on every rank: identical initial weights
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: same recipe, much faster on Ampere+
+        torch.backends.cudnn.allow_tf32 = True
+    amp = args.amp
+    if amp == 'auto':
+        amp = ('bf16' if torch.cuda.is_bf16_supported() else 'fp16') if device_type == 'cuda' else 'off'
+    amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+    autocast = torch.autocast(device_type, dtype=amp_dtype) if amp_dtype else nullcontext()
+    scaler = torch.amp.GradScaler(device_type, enabled=(amp == 'fp16'))  # fp16 needs loss scaling, bf16 not
+
+    # --- model and optimizer
+    model = DynamicPoolingLM(cfg).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    step, epoch, pos = 0, 0, 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt['model'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        scaler.load_state_dict(ckpt['scaler'])
+        step, epoch, pos = ckpt['step'], ckpt['epoch'], ckpt['pos']
+        torch.set_rng_state(ckpt['rng']['torch'])
+        if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
+            torch.cuda.set_rng_state_all(ckpt['rng']['cuda'])
+        np.random.set_state(ckpt['rng']['numpy'])
+        random.setstate(ckpt['rng']['python'])
+    if RANK > 0:  # dropout masks should differ between ranks; rank 0 keeps the saved stream
+        torch.manual_seed(args.seed + 1000 * RANK + step)
+    raw_model = model  # for evaluation and checkpoints
+    micro = args.batch_size // (WORLD * args.grad_accum)
+    train, train_labels = splits['train'], (labels['train'] if labels else None)
+    n_chunks = len(train) // (args.seq_len + 1)
+
+    def batch_of(offset, ids):
+        """(x, targets, boundary labels or None) on the device for the chunk ids."""
+        chunk = get_chunks(train, offset, ids, args.seq_len)
+        b = None
+        if train_labels is not None:  # labels of the input characters
+            b = get_chunks(train_labels, offset, ids, args.seq_len)[:, :-1].bool().to(device)
+        return chunk[:, :-1].to(device), chunk[:, 1:].to(device), b
+
+    if ddp:
+        # In some modes not every parameter gets a gradient (e.g. a predictor that the loss does not reach);
+        # DDP must then be told to look for them, which costs a graph traversal per step, so probe first.
+        with torch.random.fork_rng(devices=[device] if device_type == 'cuda' else []):
+            x, y, b = batch_of(0, np.arange(1))
+            with autocast:
+                model(x, targets=y, boundaries=b).loss.backward()
+        unused = any(p.requires_grad and p.grad is None for p in model.parameters())
+        model.zero_grad(set_to_none=True)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.device(device).index] if device_type == 'cuda' else None,
+            find_unused_parameters=unused)
+    if args.compile:
+        model = torch.compile(model)
+
+    def lr_at(s):
+        """Linear warm-up, then one cosine cycle that reaches 0 at --max-steps."""
+        if s < args.warmup:
+            return args.lr * (s + 1) / args.warmup
+        progress = min(1.0, (s - args.warmup) / max(1, args.max_steps - args.warmup))
+        return args.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def log(rec):
+        if master:
+            print(' | '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in rec.items()
+                             if v is not None), flush=True)
+            with open(out_dir / 'log.jsonl', 'a') as f:
+                f.write(json.dumps(rec) + '\n')
+
+    def peak_mem_mb():
+        if device_type == 'cuda':
+            return torch.cuda.max_memory_allocated(device) / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+    def save():
+        if not master:
+            return
+        state = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                     step=step, epoch=epoch, pos=pos, config=dataclasses.asdict(cfg), vocab=vocab, args=vars(args),
+                     schedule=dict(lr=args.lr, warmup=args.warmup, max_steps=args.max_steps),
+                     rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
+                              cuda=torch.cuda.get_rng_state_all() if device_type == 'cuda' else None))
+        tmp = ckpt_path.with_suffix('.tmp')
+        torch.save(state, tmp)
+        os.replace(tmp, ckpt_path)  # atomic: a crash mid-save never leaves a broken checkpoint
+
+    def run_eval(split):
+        tokens = splits[split]
+        if args.eval_max_chars:
+            tokens = tokens[:args.eval_max_chars + 1]
+        r = evaluate(raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size, device,
+                     autocast, split, RANK, WORLD)
+        log(dict(step=step, split=split, bpc=r['bpc'], sf=r['sf'], chars=r['chars']))
+        return r
+
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    n_params = sum(p.numel() for p in raw_model.parameters())
+    log(dict(preset=preset_name, device=device, world=WORLD, amp=amp, boundary=args.boundary,
+             params=n_params, layers=args.layers, d_model=args.d_model, seq_len=args.seq_len,
+             batch_size=args.batch_size, max_steps=args.max_steps, lr=args.lr,
+             resumed_from=step if ckpt is not None else None, data=str(args.data), out=str(out_dir)))
+    del ckpt
+
+    # --- the loop
+    stop = min(args.max_steps, args.stop_step or args.max_steps)
+    if step == 0 and stop > 0:
+        run_eval('valid')
+    order_epoch, offset, perm = None, 0, None
+    t0, chars_done = time.time(), 0
+    model.train()
+    while step < stop:
+        if pos + args.batch_size > n_chunks:  # not enough chunks left for a full batch: next epoch
+            epoch, pos = epoch + 1, 0
+        if order_epoch != epoch:
+            (offset, perm), order_epoch = epoch_order(len(train), args.seq_len, args.seed, epoch), epoch
+        # this step's global batch; this process takes its micro-batches out of it
+        ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, WORLD, micro)
+        pos += args.batch_size
+        lr = lr_at(step)
+        for group in optimizer.param_groups:
+            group['lr'] = lr
+        stats = torch.zeros(5, dtype=torch.float64, device=device)  # loss, lm_loss, sf, precision, recall
+        for m in range(args.grad_accum):
+            x, y, b = batch_of(offset, ids[m, RANK])
+            # gradients are all-reduced only on the last micro-step
+            sync = nullcontext() if not ddp or m == args.grad_accum - 1 else model.no_sync()
+            with sync:
+                with autocast:
+                    out = model(x, targets=y, boundaries=b)
+                scaler.scale(out.loss / args.grad_accum).backward()
+            stats += torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).detach() if v is not None
+                                  else torch.tensor(float('nan'), dtype=torch.float64, device=device)
+                                  for v in (out.loss, out.lm_loss, out.shortening_factor, out.precision, out.recall)])
+        if ddp:
+            torch.distributed.all_reduce(stats)
+        stats = (stats / (args.grad_accum * WORLD)).tolist()
+        # Stop before a non-finite loss or gradient reaches the weights, so the last checkpoint stays good.
+        kept = f'the last good checkpoint is {ckpt_path}' if ckpt_path.exists() else 'no checkpoint was written yet'
+        if not math.isfinite(stats[0]):
+            die(f'non-finite loss ({stats[0]}) at step {step}; stopped, {kept}')
+        scaler.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or float('inf'))
+        if not scaler.is_enabled() and not torch.isfinite(norm):  # (with fp16 the scaler skips such steps)
+            die(f'non-finite gradient at step {step}; stopped, {kept}')
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        chars_done += args.batch_size * args.seq_len
+
+        if step % args.log_interval == 0 or step == stop:
+            dt, t0 = time.time() - t0, time.time()
+            nan_none = lambda v: None if math.isnan(v) else v
+            log(dict(step=step, loss=stats[0], bpc=stats[1] / math.log(2), sf=nan_none(stats[2]),
+                     precision=nan_none(stats[3]), recall=nan_none(stats[4]), chars_per_s=round(chars_done / dt),
+                     lr=lr, grad_norm=float(norm), mem_mb=round(peak_mem_mb()), epoch=epoch))
+            chars_done = 0
+        if step % args.eval_interval == 0 or step == stop:
+            if step % args.eval_interval == 0:
+                run_eval('valid')
+            save()
+            t0, chars_done = time.time(), 0  # evaluation time is not training speed
+
+    if step < args.max_steps:
+        if master:
+            print(f'stopped at step {step} of {args.max_steps}; continue with: '
+                  f'python train.py --out {out_dir} --resume', flush=True)
+    else:
+        r = run_eval('test')
+        if master:
+            print(f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}', flush=True)
+    if ddp:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except KeyboardInterrupt:
+        die('interrupted; the last checkpoint (if any) is kept, continue with --resume')
