@@ -1,13 +1,14 @@
-"""Tests for dynpool.py, the dynamic-pooling Transformer (Nawrot et al., ACL 2023).
+"""Tests of dynpool: the model, cached generation, the data pipeline and training.
 
-Run:   pytest test_dynpool.py -q            (~30 s of CPU, one thread; under a minute on 2 cores)
-CI:    CI=1 pytest test_dynpool.py -q       (hypothesis derandomized: same examples every run)
-Needs torch, hypothesis, pytest; section 5 reads ../shared/data/text8-head.txt and skips without it.
+Run:   python -m pytest -q                (the README's command; under 3 minutes on 2 CPU cores)
+CI:    CI=1 python -m pytest -q           (hypothesis derandomized: the same examples every run)
+One part:  python -m pytest -q -k "leak or pooling"   (or -k sample / -k test_data / -k test_train)
+Real text comes from ../shared/data (beside the checkout); tests that need it skip without it.
 
-These are an independent check of the model: every reference below (segments, B-matrix pooling,
-upsampling, entropy spikes, boundary patterns) is written here from DESIGN.md and the paper, not
-copied from dynpool.py. Sections, one property each:
+Every reference below (segments, B-matrix pooling, upsampling, entropy spikes, boundary patterns,
+window scoring) is written here from DESIGN.md and the paper, not copied from the code under test.
 
+MODEL
   1. leakage-freedom: logits up to t never depend on tokens (or external boundaries) after t
   2. pooling invariants: boundary_matrix / downsample / upsample vs plain-Python loops
      (and in bfloat16, where segment indices must still be exact)
@@ -18,20 +19,60 @@ copied from dynpool.py. Sections, one property each:
   7. bad arguments raise ValueError
   8. eval mode is deterministic
   9. cached greedy generation equals the full forward pass
+GENERATION
+  cache parity (prefill + decode = full forward, every mode), greedy = argmax loop, sample.py end to end
+DATA
+  cleaning rules as properties, bins decode to the cleaned text, Unigram labels, downloads against a
+  local HTTP server (resume after a cut, server down), bad input
+TRAINING
+  overlapping-window evaluation = per-character computation, stop-and-resume = uninterrupted,
+  two-process gloo DDP = one process, every mode lowers validation BPC, user errors
 """
+
 import copy
+import dataclasses
+import errno
 import functools
+import http.server
+import io
+import json
+import lzma
 import math
 import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import unicodedata
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 import torch.nn as nn
-from hypothesis import HealthCheck, given, settings
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import prepare_data
+import sample
+import train
 from dynpool import Config, DynamicPoolingLM, boundary_matrix, downsample, entropy_spikes, upsample
+from prepare_data import LANGS, clean
+
+# Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.
+torch.set_num_threads(1)
+
+
+# ==================================================================================================
+# MODEL: leakage-freedom, pooling invariants, gradients, boundary sources, overfitting, errors
+# (formerly test_dynpool.py)
+# ==================================================================================================
 
 # ---------------------------------------------------------------------------------------------
 # Hypothesis profiles: "dev" explores new examples each run; "ci" (env var CI set) is derandomized.
@@ -41,16 +82,6 @@ _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops: one thread is as fast, and far faster when the 2 CI cores are shared.
-    Restored afterwards, so other test modules in the same run keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 MODES = ["none", "fixed", "whitespace", "unigram", "entropy", "gumbel"]
@@ -221,8 +252,8 @@ def tiny_model(mode, seed=0):
     return model
 
 
-def forward(model, x, train, seed=1234, **kw):
-    model.train(train)
+def forward(model, x, training, seed=1234, **kw):
+    model.train(training)
     torch.manual_seed(seed)          # fixes the gumbel noise (same shape -> same noise)
     with torch.no_grad():
         return model(x, **kw)
@@ -247,11 +278,11 @@ def leak_cases(draw, max_len=300):
 #    t) and demand identical logits up to t, position by position; the batch's max segment count S
 #    changes too, which must not matter.
 # =============================================================================================
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=40)
 @given(case=leak_cases())
-def test_no_leakage_from_future_tokens(mode, train, case):
+def test_no_leakage_from_future_tokens(mode, training, case):
     n, L, seed, p_space, cuts = case
     model = tiny_model(mode)
     gen = torch.Generator().manual_seed(seed)
@@ -259,22 +290,22 @@ def test_no_leakage_from_future_tokens(mode, train, case):
     x2 = x.clone()
     for i, t in enumerate(cuts):
         x2[i, t + 1:] = random_tokens(gen, 1, L - t - 1, p_space=p_space)[0]
-    out1, out2 = forward(model, x, train), forward(model, x2, train)
+    out1, out2 = forward(model, x, training), forward(model, x2, training)
     assert out1.logits.shape == (n, L, V)
     for i, t in enumerate(cuts):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
-                     msg=f"[{mode} train={train}] row {i}, logits up to t={t} of L={L}:")
+                     msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
         if out1.boundaries is not None:     # hard decisions equal; straight-through values close
             b1, b2 = out1.boundaries[i, :t + 1].float(), out2.boundaries[i, :t + 1].float()
-            where = f"[{mode} train={train}] row {i}, boundaries up to t={t}:"
+            where = f"[{mode} training={training}] row {i}, boundaries up to t={t}:"
             assert_close(b1.round(), b2.round(), atol=0, msg=where)
             assert_close(b1, b2, atol=1e-5, msg=where)
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("mode", ["fixed", "whitespace"])
 @given(case=leak_cases(), density=st.sampled_from([0.0, 0.2, 0.5, 1.0]))
-def test_no_leakage_from_future_external_boundaries(mode, train, case, density):
+def test_no_leakage_from_future_external_boundaries(mode, training, case, density):
     """External boundaries are an input too: changing b (and x) after t leaves logits up to t alone."""
     n, L, seed, p_space, cuts = case
     model = tiny_model(mode)
@@ -285,11 +316,11 @@ def test_no_leakage_from_future_external_boundaries(mode, train, case, density):
     for i, t in enumerate(cuts):
         x2[i, t + 1:] = random_tokens(gen, 1, L - t - 1, p_space=p_space)[0]
         b2[i, t + 1:] = torch.rand(L - t - 1, generator=gen) < 0.5
-    out1 = forward(model, x, train, boundaries=b)
-    out2 = forward(model, x2, train, boundaries=b2)
+    out1 = forward(model, x, training, boundaries=b)
+    out2 = forward(model, x2, training, boundaries=b2)
     for i, t in enumerate(cuts):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
-                     msg=f"[{mode} train={train}] row {i}, logits up to t={t} of L={L}:")
+                     msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
 
 
 @pytest.mark.parametrize("mode", PREDICTOR_MODES)
@@ -297,15 +328,15 @@ def test_predictor_modes_make_mixed_boundaries(mode):
     """Guards the leakage test above: the tiny predictor models really pool (mix of 0 and 1)."""
     model = tiny_model(mode)
     x = random_tokens(torch.Generator().manual_seed(7), 8, 64)
-    for train in (False, True):
-        b = forward(model, x, train).boundaries.float()
+    for training in (False, True):
+        b = forward(model, x, training).boundaries.float()
         # {0, 1} up to float error (straight-through: hard - soft.detach() + soft)
         assert ((b - b.round()).abs() < 1e-5).all() and set(b.round().unique().tolist()) <= {0.0, 1.0}
         b = b.round()
         frac = b.mean().item()
-        assert 0.1 < frac < 0.6, f"{mode} train={train}: boundary fraction {frac:.2f}"
+        assert 0.1 < frac < 0.6, f"{mode} training={training}: boundary fraction {frac:.2f}"
         mixed = ((b.sum(1) > 0) & (b.sum(1) < b.shape[1])).float().mean().item()
-        assert mixed >= 0.75, f"{mode} train={train}: only {mixed:.0%} of rows mix 0/1 boundaries"
+        assert mixed >= 0.75, f"{mode} training={training}: only {mixed:.0%} of rows mix 0/1 boundaries"
 
 
 @pytest.mark.parametrize("mode", PREDICTOR_MODES)
@@ -318,10 +349,10 @@ def test_predictor_modes_pool_with_their_own_decisions(mode):
     x = random_tokens(gen, 2, 50)
     gold1 = torch.rand(2, 50, generator=gen) < 0.3
     gold2 = ~gold1
-    for train in (False, True):
-        o1 = forward(model, x, train, targets=x, boundaries=gold1)
-        o2 = forward(model, x, train, targets=x, boundaries=gold2)
-        assert_close(o1.logits, o2.logits, atol=1e-6, msg=f"{mode} train={train}:")
+    for training in (False, True):
+        o1 = forward(model, x, training, targets=x, boundaries=gold1)
+        o2 = forward(model, x, training, targets=x, boundaries=gold2)
+        assert_close(o1.logits, o2.logits, atol=1e-6, msg=f"{mode} training={training}:")
         assert torch.equal(o1.boundaries.float(), o2.boundaries.float())
 
 
@@ -571,7 +602,7 @@ def test_gradient_reaches_boundaries_through_b_matrix(st_):
 def test_whitespace_boundaries_are_the_spaces(case):
     n, L, seed, p_space, _ = case
     x = random_tokens(torch.Generator().manual_seed(seed), n, L, p_space=p_space)
-    out = forward(tiny_model("whitespace"), x, train=False)
+    out = forward(tiny_model("whitespace"), x, training=False)
     assert torch.equal(out.boundaries.bool(), x == SPACE), f"x={x.tolist()}"
 
 
@@ -581,7 +612,7 @@ def test_fixed_boundaries_every_k_tokens(k):
     model = DynamicPoolingLM(tiny_config("fixed", fixed_factor=k)).eval()
     L = 13
     x = random_tokens(torch.Generator().manual_seed(k), 2, L)
-    out = forward(model, x, train=False)
+    out = forward(model, x, training=False)
     expected = torch.tensor([[(t + 1) % k == 0 for t in range(L)]] * 2)
     assert torch.equal(out.boundaries.bool(), expected)
 
@@ -811,3 +842,1201 @@ def test_greedy_generation_matches_full_forward(mode, prompt_len):
     assert torch.equal(got, seq), f"{mode}: generate {got.tolist()} vs full forward {seq.tolist()}"
     if out.boundaries is not None:      # the decoding crossed segment ends (and stayed in sync)
         assert out.boundaries[:, prompt_len:].sum() >= 3, f"{mode}: too few boundaries to test caching"
+
+
+# ==================================================================================================
+# GENERATION: cached decoding parity and sample.py
+# (formerly test_sample.py)
+# ==================================================================================================
+
+_SAMPLE_ROOT = Path(__file__).parent
+_SAMPLE_MODES = ['none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel']
+_SAMPLE_PREDICTOR_MODES = ['unigram', 'entropy', 'gumbel']
+_SAMPLE_V = 8        # vocabulary of the parity tests; id 0 is the space
+_SAMPLE_ALPHABET = [' '] + [chr(ord('a') + i) for i in range(26)]   # text8's, space_id 0
+_SAMPLE_SETTINGS = dict(deadline=None, derandomize=bool(os.environ.get('CI')), print_blob=True,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                               HealthCheck.function_scoped_fixture])
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny random models
+# ---------------------------------------------------------------------------------------------
+def _sample_predictor_linear(model):
+    """The boundary predictor's final Linear(., 1)."""
+    cands = [m for name, m in model.named_modules()
+             if isinstance(m, nn.Linear) and m.out_features == 1 and ('pred' in name or 'bound' in name)]
+    assert cands, "no boundary predictor Linear(., 1) found"
+    return cands[-1]
+
+
+def _sample_tokens(gen, n, L, vocab, p_space=0.3):
+    x = torch.randint(1, vocab, (n, L), generator=gen)
+    return torch.where(torch.rand(n, L, generator=gen) < p_space, torch.zeros_like(x), x)
+
+
+_SAMPLE_MODEL_CACHE = {}
+
+
+def _sample_tiny_model(mode, vocab=_SAMPLE_V, seed=0, rate=0.3, **extra):
+    """d_model 32, 2 heads x 16, d_inner 64, layers (1, 1, 1), dropout off, eval mode. Predictor modes get
+    strong predictor weights and a bias found by bisection so that about `rate` of tokens close a segment.
+    `extra`: more Config fields."""
+    key = (mode, vocab, seed, rate, tuple(sorted(extra.items())))
+    if key in _SAMPLE_MODEL_CACHE:
+        return _SAMPLE_MODEL_CACHE[key]
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=vocab, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, dropatt=0.0,
+                 layers=(1, 1, 1), boundary=mode, fixed_factor=3, whitespace_id=0, **extra)
+    model = DynamicPoolingLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.5)     # peaked predictions: argmax ties are out of reach
+        if mode in _SAMPLE_PREDICTOR_MODES:
+            lin = _sample_predictor_linear(model)
+            lin.weight.normal_(0.0, 3.0 / math.sqrt(lin.in_features))
+            x = _sample_tokens(torch.Generator().manual_seed(seed + 1), 4, 128, vocab)
+            lo, hi = -20.0, 20.0
+            for _ in range(30):
+                lin.bias.fill_((lo + hi) / 2)
+                frac = model(x).boundaries.float().mean().item()
+                lo, hi = ((lo + hi) / 2, hi) if frac < rate else (lo, (lo + hi) / 2)
+            # Bisection ends where one calibration token sits exactly on the threshold; step off it, or that
+            # token (same id at position 0 in any input) would be a tie for every test.
+            lin.bias.fill_((lo + hi) / 2 + 0.01)
+    _SAMPLE_MODEL_CACHE[key] = model
+    return model
+
+
+def _sample_full_forward(model, x):
+    """Full (uncached) forward → (logits, boundaries or None, predictor logits or None)."""
+    seen = []
+    hook = None
+    if model.cfg.boundary in _SAMPLE_PREDICTOR_MODES:
+        hook = _sample_predictor_linear(model).register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    try:
+        with torch.no_grad():
+            out = model(x)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return out.logits, out.boundaries, (seen[-1][..., 0] if seen else None)
+
+
+def _sample_no_threshold_ties(model, bp_logits):
+    """False when a predictor logit lies within float noise of the threshold: it may round either way in
+    two equal computations, and such inputs say nothing about the cache."""
+    if bp_logits is None:
+        return True
+    edge = math.log(model.cfg.threshold / (1 - model.cfg.threshold))
+    return bool(((bp_logits - edge).abs() > 1e-4).all())
+
+
+def _sample_check_parity(model, x, L, skip_ties=assume):
+    """Prefill x[:, :L], decode the rest one token at a time; compare with the full forward of x."""
+    full, full_b, bp = _sample_full_forward(model, x)
+    skip_ties(_sample_no_threshold_ties(model, bp))
+    logits, state = model.prefill(x[:, :L])
+    torch.testing.assert_close(logits, full[:, :L], atol=1e-5, rtol=0, msg=lambda m: f"prefill: {m}")
+    for t in range(L, x.size(1)):
+        step = model.decode(x[:, t], state)
+        torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=0, msg=lambda m: f"decode at t={t}: {m}")
+    assert state.length == x.size(1)
+    if full_b is None:
+        assert not state.boundaries
+        return 0
+    got = torch.stack(state.boundaries, 1)
+    assert got.shape == x.shape
+    assert torch.equal(got.bool(), full_b.bool()), f"decode boundaries {got.int()} != forward {full_b.int()}"
+    return int(full_b.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Cache parity
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def _sample_parity_case(draw):
+    B = draw(st.integers(1, 3))
+    L = draw(st.integers(1, 20))
+    n = draw(st.integers(1, 60))
+    tok = st.integers(0, _SAMPLE_V + 2).map(lambda t: 0 if t >= _SAMPLE_V else t)   # spaces ~ 4 / 11
+    rows = draw(st.lists(st.lists(tok, min_size=L + n, max_size=L + n), min_size=B, max_size=B))
+    return torch.tensor(rows, dtype=torch.long), L
+
+
+@pytest.mark.parametrize('mode', _SAMPLE_MODES)
+@settings(max_examples=10, **_SAMPLE_SETTINGS)
+@given(case=_sample_parity_case())
+def test_sample_cache_parity_with_full_forward(mode, case):
+    x, L = case
+    _sample_check_parity(_sample_tiny_model(mode), x, L)
+
+
+@pytest.mark.parametrize('mode', _SAMPLE_MODES)
+def test_sample_cache_parity_short_prompt_many_segments(mode):
+    """A one-character prompt that closes no segment, then 80 characters that close many; rows that close
+    segments at different times (and a row that closes none in the prompt while another does)."""
+    model = _sample_tiny_model(mode)
+    gen = torch.Generator().manual_seed(7)
+    x = _sample_tokens(gen, 3, 81, _SAMPLE_V)
+    # Pick first characters that do not close a segment on their own (in every mode).
+    _, b, _ = _sample_full_forward(model, torch.arange(_SAMPLE_V)[:, None])
+    opening = [t for t in range(_SAMPLE_V) if b is None or not b[t, 0]]
+    assert opening, "every single character closes a segment: the test model is degenerate"
+    x[:, 0] = opening[-1]
+    def no_ties(ok):
+        assert ok, "a predictor logit sits on the threshold: pick another seed"
+    n_closed = _sample_check_parity(model, x, 1, no_ties)
+    if mode != 'none':
+        assert n_closed >= 3 * 10, f"only {n_closed} segments closed: the test would not exercise pooling"
+    # Prompts longer than one segment too, one step at a time across the split point.
+    for L in (4, 17):
+        _sample_check_parity(model, x, L, no_ties)
+
+
+@pytest.mark.skipif('attn_chunk' not in {f.name for f in dataclasses.fields(Config)},
+                    reason='this dynpool has no chunked attention (Config.attn_chunk)')
+@pytest.mark.parametrize('mode', ['none', 'whitespace', 'entropy'])
+def test_sample_cache_parity_chunked_prefill(mode):
+    """Prompts several attention blocks long (attn_chunk 5): prefill's blockwise attention and the
+    cache it leaves agree with decode and with the full forward."""
+    model = _sample_tiny_model(mode, attn_chunk=5)
+    x = _sample_tokens(torch.Generator().manual_seed(13), 2, 60, _SAMPLE_V)
+
+    def no_ties(ok):
+        assert ok, "a predictor logit sits on the threshold: pick another seed"
+    for L in (4, 5, 23, 59):
+        _sample_check_parity(model, x, L, no_ties)
+
+
+def test_sample_cache_parity_cache_growth():
+    """decode beyond the capacity prefill reserved must grow the caches without changing results."""
+    model = _sample_tiny_model('entropy')
+    x = _sample_tokens(torch.Generator().manual_seed(3), 2, 70, _SAMPLE_V)
+    full, full_b, _ = _sample_full_forward(model, x)
+    logits, state = model.prefill(x[:, :3], capacity=4)
+    for t in range(3, 70):
+        torch.testing.assert_close(model.decode(x[:, t], state), full[:, t], atol=1e-5, rtol=0)
+    assert torch.equal(torch.stack(state.boundaries, 1), full_b.bool())
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. generate
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('mode', _SAMPLE_MODES)
+def test_sample_generate_greedy_equals_uncached_argmax_loop(mode):
+    model = _sample_tiny_model(mode)
+    x = _sample_tokens(torch.Generator().manual_seed(11), 3, 6, _SAMPLE_V)
+    n = 40
+    got = model.generate(x, n, greedy=True)
+    ref = x
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(ref).logits[:, -1]
+            top2 = logits.topk(2).values
+            assert bool((top2[:, 0] - top2[:, 1] > 1e-4).all()), "argmax tie: pick another seed"
+            ref = torch.cat([ref, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(got, ref)
+    assert not model.training
+
+
+@pytest.mark.parametrize('mode', ['none', 'whitespace', 'gumbel'])
+def test_sample_sample_takes_generates_steps_and_reports_what_the_model_did(mode):
+    """sample.sample = model.generate for the same generator seed, plus boundaries and entropies that
+    match the full forward of the generated text."""
+    model = _sample_tiny_model(mode)
+    x = _sample_tokens(torch.Generator().manual_seed(5), 2, 4, _SAMPLE_V)
+    kw = dict(temperature=0.8, top_k=5)
+    want = model.generate(x, 50, generator=torch.Generator().manual_seed(42), **kw)
+    tokens, b, ent = sample.sample(model, x, 50, generator=torch.Generator().manual_seed(42), **kw)
+    assert torch.equal(tokens, want)
+    full, full_b, _ = _sample_full_forward(model, tokens)
+    logp = torch.log_softmax(full, -1)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1) / math.log(2), atol=1e-4, rtol=0)
+    assert (b is None) == (full_b is None)
+    if b is not None:
+        assert torch.equal(b, full_b.bool())
+
+
+def test_sample_sample_never_draws_ids_beyond_the_alphabet():
+    model = _sample_tiny_model('whitespace')
+    x = torch.zeros(4, 1, dtype=torch.long)
+    tokens, _, _ = sample.sample(model, x, 60, temperature=5.0, generator=torch.Generator().manual_seed(0),
+                                 n_valid=3)
+    assert int(tokens.max()) < 3
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Segment display
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=50, **_SAMPLE_SETTINGS)
+@given(data=st.data())
+def test_sample_segment_display_reassembles(data):
+    text = data.draw(st.text(alphabet=''.join(_SAMPLE_ALPHABET), max_size=60))
+    b = data.draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
+    shown = sample.show_segments(text, b, '|')
+    assert shown.replace('|', '') == text
+    assert shown.count('|') == sum(b)
+    pieces = shown.split('|')            # each closed segment, then the open one
+    assert len(pieces) == sum(b) + 1
+    ends = [i for i, bi in enumerate(b) if bi]
+    starts = [0] + [e + 1 for e in ends]
+    assert pieces == [text[s:e + 1] for s, e in zip(starts, ends)] + [text[starts[-1]:]]
+    coloured = sample.show_segments(text, b, colour=True)
+    assert re.sub(r'\033\[[0-9;]*m', '', coloured) == text
+    assert sample.show_segments(text, None) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. sample.py end to end
+# ---------------------------------------------------------------------------------------------
+def _sample_save_ckpt(path, mode, vocab_size=27, rate=0.3):
+    """A checkpoint with train.py's keys: model, optimizer, scaler, step, epoch, pos, config (asdict),
+    vocab (alphabet, vocab_size, space_id), args, schedule, rng (numpy's state included)."""
+    model = _sample_tiny_model(mode, vocab=vocab_size, seed=1, rate=rate)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    state = dict(model=model.state_dict(), optimizer=opt.state_dict(), scaler={}, step=0, epoch=0, pos=0,
+                 config=dataclasses.asdict(model.cfg),
+                 vocab=dict(alphabet=_SAMPLE_ALPHABET[:vocab_size], vocab_size=vocab_size, space_id=0),
+                 args=dict(boundary=mode, data='data/text8', layers='1,1,1', seed=1337),
+                 schedule=dict(lr=1e-3, warmup=2, max_steps=10),
+                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
+                          cuda=None))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path
+
+
+@pytest.fixture(scope='module')
+def _sample_ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp('sample_runs')
+    return {mode: _sample_save_ckpt(root / f'tiny-{mode}' / 'ckpt.pt', mode) for mode in _SAMPLE_MODES}
+
+
+def _sample_env():
+    return dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+
+
+def _sample_main(argv, capsys):
+    rc = sample.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize('mode', _SAMPLE_MODES)
+def test_sample_cli_every_mode_shows_segments_that_reassemble(mode, _sample_ckpts, capsys):
+    prompt = 'The History of'
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts[mode], '--prompt', prompt, '--chars', 40, '--seed', 3,
+                                 '--temperature', 0.8, '--top-k', 20, '--show-segments', '--device', 'cpu'],
+                                capsys)
+    assert rc == 0, err
+    shown = out.rstrip('\n')
+    text = shown.replace('|', '')
+    assert text.startswith(prompt.lower()) and len(text) == len(prompt) + 40
+    assert set(text) <= set(_SAMPLE_ALPHABET)
+    rc, plain, _ = _sample_main(['--ckpt', _sample_ckpts[mode], '--prompt', prompt, '--chars', 40, '--seed', 3,
+                                 '--temperature', 0.8, '--top-k', 20], capsys)
+    assert plain.rstrip('\n') == text                     # marking segments does not change the text
+    if mode == 'none':
+        assert '|' not in shown and 'no segments' in err
+    else:
+        assert shown.count('|') > 0
+        model = _sample_tiny_model(mode, vocab=27, seed=1, rate=0.3)
+        ids = torch.tensor([[_SAMPLE_ALPHABET.index(c) for c in text]])
+        _, b, _ = _sample_full_forward(model, ids)
+        assert sample.show_segments(text, b[0].tolist()) == shown, "the marks are not the model's boundaries"
+    if mode == 'whitespace':
+        assert shown.count('|') == text.count(' ') and ' |' * text.count(' ') == re.sub(r'[^ |]', '', shown)
+
+
+def test_sample_cli_seed_reproducible_across_processes(_sample_ckpts, capsys):
+    """Same --seed → same text, in this process and in a fresh `python sample.py` process; another seed
+    gives another text; several samples come as one batch, separated by a line of dashes."""
+    argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'anarchism', '--chars', 60, '--seed', 9,
+            '--num-samples', 2, '--temperature', 1.0, '--device', 'cpu']
+    rc, first, _ = _sample_main(argv, capsys)
+    assert rc == 0
+    rc, again, _ = _sample_main(argv, capsys)
+    assert again == first
+    samples = first.rstrip('\n').split('\n' + '-' * 40 + '\n')
+    assert len(samples) == 2 and all(s.startswith('anarchism') and len(s) == 69 for s in samples)
+    assert samples[0] != samples[1]
+    rc, other, _ = _sample_main(argv[:-4] + ['--seed', 10, '--device', 'cpu'], capsys)
+    assert other != first
+    p = subprocess.run([sys.executable, 'sample.py'] + [str(a) for a in argv], cwd=_SAMPLE_ROOT,
+                       capture_output=True, text=True, timeout=120, env=_sample_env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == first
+
+
+def test_sample_cli_greedy_is_generate_greedy(_sample_ckpts, capsys):
+    rc, out, _ = _sample_main(['--ckpt', _sample_ckpts['gumbel'], '--prompt', 'the', '--chars', 30, '--greedy',
+                               '--seed', 1], capsys)
+    assert rc == 0
+    rc, out0, _ = _sample_main(['--ckpt', _sample_ckpts['gumbel'], '--prompt', 'the', '--chars', 30,
+                                '--temperature', 0, '--seed', 2], capsys)
+    assert out0 == out
+    model = _sample_tiny_model('gumbel', vocab=27, seed=1, rate=0.3)
+    x = torch.tensor([[_SAMPLE_ALPHABET.index(c) for c in 'the']])
+    want = ''.join(_SAMPLE_ALPHABET[i] for i in model.generate(x, 30, greedy=True)[0].tolist())
+    assert out == want + '\n'
+
+
+def test_sample_cli_entropy_trace_and_plot(_sample_ckpts, capsys, tmp_path):
+    ckpt = _sample_ckpts['entropy']
+    argv = ['--ckpt', ckpt, '--prompt', 'the cat', '--chars', 30, '--seed', 4]
+    rc, shown, _ = _sample_main(argv + ['--show-segments'], capsys)
+    rc, tsv, _ = _sample_main(argv + ['--entropy-trace'], capsys)
+    assert rc == 0
+    lines = tsv.rstrip('\n').split('\n')
+    assert lines[0].split('\t') == ['pos', 'char', 'entropy_bits', 'boundary']
+    rows = [line.split('\t') for line in lines[1:]]
+    assert len(rows) == 37 and all(len(r) == 4 for r in rows)
+    assert [int(r[0]) for r in rows] == list(range(37))
+    text = ''.join(r[1] for r in rows)
+    assert sample.show_segments(text, [r[3] == '1' for r in rows]) == shown.rstrip('\n')
+    assert all(0.0 <= float(r[2]) <= math.log2(27) + 1e-3 for r in rows)
+    # To a file, the text still printed.
+    rc, out, _ = _sample_main(argv + ['--entropy-trace', tmp_path / 't.tsv'], capsys)
+    assert (tmp_path / 't.tsv').read_text() == tsv and out == text + '\n'
+    pytest.importorskip('matplotlib')
+    rc, out, err = _sample_main(argv + ['--chars', 100, '--entropy-plot', tmp_path / 'fig.png'], capsys)
+    assert rc == 0, err
+    assert (tmp_path / 'fig.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_sample_cli_bad_prompt_is_one_line_error(_sample_ckpts, capsys):
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['whitespace'], '--prompt', 'Née 1999!'], capsys)
+    assert rc != 0 and out == ''
+    assert err.count('\n') == 1 and 'Traceback' not in err
+    for c in ("'é'", "'1'", "'9'", "'!'"):
+        assert c in err
+    assert "'n'" not in err                 # 'N' is lower-cased first: text8 is lower-case
+    # The same through a real process: exit code and stderr of the command line.
+    p = subprocess.run([sys.executable, 'sample.py', '--ckpt', str(_sample_ckpts['whitespace']), '--prompt', 'ça'],
+                       cwd=_SAMPLE_ROOT, capture_output=True, text=True, timeout=120, env=_sample_env())
+    assert p.returncode != 0 and p.stdout == ''
+    assert p.stderr.count('\n') == 1 and "'ç'" in p.stderr and 'Traceback' not in p.stderr
+
+
+def test_sample_cli_checkpoint_errors_are_one_line(_sample_ckpts, capsys, tmp_path):
+    good = torch.load(_sample_ckpts['fixed'], weights_only=False)
+    corrupt = tmp_path / 'corrupt.pt'
+    corrupt.write_bytes(_sample_ckpts['fixed'].read_bytes()[:2000])
+    (tmp_path / 'text.pt').write_text('not a checkpoint')
+    torch.save({k: v for k, v in good.items() if k != 'vocab'}, tmp_path / 'novocab.pt')
+    torch.save(dict(good, config=dict(good['config'], boundary='entropy')), tmp_path / 'mismatch.pt')
+    torch.save(dict(good, config=dict(good['config'], layers=(1, 0, 1))), tmp_path / 'badcfg.pt')
+    torch.save(dict(good, config=dict(good['config'], d_inner=48)), tmp_path / 'shapes.pt')
+    torch.save([1, 2, 3], tmp_path / 'list.pt')
+    cases = {tmp_path / 'missing' / 'ckpt.pt': 'not found', tmp_path / 'empty-run-dir': 'not found',
+             corrupt: 'corrupt', tmp_path / 'text.pt': 'corrupt', tmp_path / 'novocab.pt': 'vocab',
+             tmp_path / 'mismatch.pt': 'do not fit', tmp_path / 'badcfg.pt': 'invalid', tmp_path / 'list.pt': 'dict',
+             tmp_path / 'shapes.pt': 'size mismatch'}
+    (tmp_path / 'empty-run-dir').mkdir()
+    for path, words in cases.items():
+        rc, out, err = _sample_main(['--ckpt', path, '--prompt', 'a'], capsys)
+        assert rc != 0 and out == '', path
+        assert err.count('\n') == 1 and 'Traceback' not in err and words in err, (path, err)
+    # A run directory works as --ckpt.
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'].parent, '--prompt', 'a', '--chars', 5], capsys)
+    assert rc == 0 and len(out) == 7
+
+
+def test_sample_cli_unavailable_device_is_one_line(_sample_ckpts, capsys):
+    if torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--device', 'cuda'], capsys)
+    assert rc != 0 and err.count('\n') == 1 and 'CUDA' in err
+
+
+def test_sample_cli_empty_prompt_and_zero_chars(_sample_ckpts, capsys):
+    rc, out, _ = _sample_main(['--ckpt', _sample_ckpts['unigram'], '--prompt', '', '--chars', 10], capsys)
+    assert rc == 0 and len(out) == 12 and out[0] == ' '
+    rc, out, _ = _sample_main(['--ckpt', _sample_ckpts['unigram'], '--prompt', 'abc', '--chars', 0], capsys)
+    assert rc == 0 and out == 'abc\n'
+
+
+def test_sample_cli_reads_a_checkpoint_written_by_train_py(tmp_path, capsys):
+    """The contract with train.py: a 2-step tiny run's ckpt.pt samples, segments shown."""
+    data = tmp_path / 'data'
+    data.mkdir()
+    text = ('the quick brown fox jumps over the lazy dog ' * 60).encode('ascii')
+    alphabet = sorted(set(text.decode()))
+    ids = np.array([alphabet.index(chr(c)) for c in text], dtype=np.uint8)
+    for name, part in (('train', ids[:2000]), ('valid', ids[2000:2300]), ('test', ids[2300:])):
+        part.tofile(data / f'{name}.bin')
+    (data / 'meta.json').write_text(json.dumps(dict(alphabet=alphabet, vocab_size=len(alphabet),
+                                                    space_id=alphabet.index(' '), dtype='uint8')))
+    run = tmp_path / 'run'
+    try:
+        train.main(['--data', str(data), '--out', str(run), '--boundary', 'whitespace', '--device', 'cpu',
+                    '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--layers', '1,1,1',
+                    '--seq-len', '32', '--batch-size', '2', '--max-steps', '2', '--warmup', '1',
+                    '--eval-interval', '2', '--eval-window', '32', '--eval-step', '8', '--eval-max-chars', '100',
+                    '--eval-batch-size', '8', '--log-interval', '1'])
+    except SystemExit as e:
+        assert not e.code, capsys.readouterr().err
+    capsys.readouterr()
+    assert (run / 'ckpt.pt').is_file()
+    rc, out, err = _sample_main(['--ckpt', run / 'ckpt.pt', '--prompt', 'the lazy', '--chars', 30,
+                                 '--show-segments', '--seed', 0], capsys)
+    assert rc == 0, err
+    text = out.rstrip('\n').replace('|', '')
+    assert text.startswith('the lazy') and len(text) == 38
+    assert out.count('|') == text.count(' ')
+
+
+def test_sample_cli_loads_compiled_or_ddp_state_dicts(_sample_ckpts, capsys, tmp_path):
+    """Parameter names saved from a torch.compile'd or DDP-wrapped model ('_orig_mod.', 'module.') load."""
+    good = torch.load(_sample_ckpts['gumbel'], weights_only=False)
+    wrapped = {f'module._orig_mod.{k}': v for k, v in good['model'].items()}
+    torch.save(dict(good, model=wrapped), tmp_path / 'wrapped.pt')
+    argv = ['--prompt', 'abc', '--chars', 20, '--seed', 2, '--show-segments']
+    rc, want, _ = _sample_main(['--ckpt', _sample_ckpts['gumbel']] + argv, capsys)
+    rc, got, err = _sample_main(['--ckpt', tmp_path / 'wrapped.pt'] + argv, capsys)
+    assert rc == 0 and got == want, err
+
+
+@pytest.mark.parametrize('extra', [['--top-k', '0'], ['--chars', '-3'], ['--temperature', '-1'],
+                                   ['--num-samples', 'x']])
+def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
+    with pytest.raises(SystemExit) as e:
+        sample.main(['--ckpt', str(_sample_ckpts['fixed'])] + extra)
+    out, err = capsys.readouterr()
+    assert e.value.code != 0 and out == '' and err.count('\n') == 1 and err.startswith('sample.py: error:')
+
+
+# ==================================================================================================
+# DATA: cleaning rules, encoding and Unigram labels on real text, downloads, bad input
+# (formerly test_prepare_data.py)
+# ==================================================================================================
+
+_DATA_SHARED = Path(__file__).parent.parent / "shared" / "data"
+_DATA_SETTINGS = settings(deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")), database=None)
+_DATA_NIQQUD = [chr(c) for c in range(0x591, 0x5C8) if unicodedata.category(chr(c)) == "Mn"]
+_DATA_MARKERS = ["_START_ARTICLE_", "_START_SECTION_", "_START_PARAGRAPH_", "_NEWLINE_"]
+
+
+def _data_text(lang):
+    """Arbitrary Unicode mixed with the language's letters (both cases), digits, marks, markers."""
+    letters = LANGS[lang]["letters"]
+    own = st.sampled_from(list(letters + letters.upper() + "0123456789 \n\t.,'-\u05be") + _DATA_NIQQUD)
+    return st.lists(st.one_of(st.text(st.one_of(st.characters(), own), max_size=30),
+                              st.sampled_from(_DATA_MARKERS))).map("".join)
+
+
+def _data_decode(d, split, meta):
+    ids = np.fromfile(d / f"{split}.bin", dtype=meta["dtype"])
+    return "".join(meta["alphabet"][i] for i in ids)
+
+
+def _data_segments(text, labels):
+    segs, start = [], 0
+    for i in np.flatnonzero(labels):
+        segs.append(text[start:i + 1])
+        start = i + 1
+    return segs, text[start:]
+
+
+def _data_fail(argv, capsys, out=None):
+    """Runs main expecting a clean failure: exit code != 0, one `error:` line, last, no traceback,
+    and nothing under out that looks finished."""
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code != 0
+    assert err and err[-1].startswith("error: ")
+    assert sum(line.startswith("error:") for line in err) == 1 and "Traceback" not in "\n".join(err)
+    if out is not None and Path(out).exists():
+        names = [p.name for p in Path(out).rglob("*")]
+        assert not [n for n in names if n == "meta.json" or n.endswith(".bin") or n.endswith(".tmp")], names
+    return err[-1]
+
+
+def _data_slice(src, dst, nbytes=200_000):
+    if not src.exists():
+        pytest.skip(f"shared data {src} absent (only in this project's CI)")
+    raw = src.read_bytes()[:nbytes]
+    dst.write_bytes(raw[:raw.rfind(b"\n") + 1])
+    return dst
+
+
+# --- cleaning --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", sorted(LANGS))
+def test_data_clean_properties(lang):
+    allowed = set(LANGS[lang]["letters"]) | {" ", "\n"}
+
+    @_DATA_SETTINGS
+    @given(_data_text(lang))
+    def check(text):
+        out = clean(text, lang)
+        assert set(out) <= allowed
+        assert clean(out, lang) == out
+        assert "  " not in out and "\n\n" not in out
+        assert all(line and line == line.strip(" ") for line in out.split("\n")) or out == ""
+        assert not any(ch.isdigit() for ch in out)
+    check()
+
+
+@_DATA_SETTINGS
+@given(st.sampled_from(sorted(LANGS)), st.integers(min_value=0, max_value=10 ** 30), st.sampled_from(["", " ", "-", ".", "\t"]))
+def test_data_clean_digits_spelled(lang, n, glue):
+    words = LANGS[lang]["digits"].split()
+    spelled = " ".join(words[int(d)] for d in str(n))
+    assert clean(str(n), lang) == spelled
+    letter = LANGS[lang]["letters"][0]
+    assert clean(f"{letter}{glue}{n}{glue}{letter}", lang) == f"{letter} {spelled} {letter}"
+
+
+@_DATA_SETTINGS
+@given(st.lists(st.tuples(st.text(st.sampled_from(LANGS["he"]["letters"]), min_size=1, max_size=8),
+                          st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8), st.randoms()),
+                min_size=1, max_size=6))
+def test_data_clean_hebrew_diacritics_keep_words_whole(words):
+    plain, pointed = [], []
+    for w, marks, rnd in words:
+        chars = list(w)
+        for m in marks:  # marks follow some letter, as in pointed text
+            chars.insert(rnd.randint(1, len(chars)), m)
+        plain.append(w)
+        pointed.append("".join(chars))
+    assert clean(" ".join(pointed), "he") == " ".join(plain)
+
+
+def test_data_clean_examples():
+    assert clean("\n_START_ARTICLE_\nTitle\n_START_SECTION_\nA b\n_START_PARAGRAPH_\nOne._NEWLINE_Two", "en") \
+        == "title\na b\none\ntwo"
+    assert clean("PаyPal ﬁle Ｆull café  straße", "en") == "paypal file full cafe strasse"  # Cyrillic а
+    assert clean("Привет “quoted” — dash", "en") == "quoted dash"  # a Cyrillic word is no homoglyph
+    assert clean("Hyvää päivää, ÅLAND! café", "fi") == "hyvää päivää åland cafe"
+    assert clean("Tru\u031bo\u031b\u0300ng ĐẠI học 2006", "vi") == "trường đại học hai không không sáu"
+    assert clean("בְּרֵאשִׁית בָּרָא 12 בית־ספר (INR)", "he") == "בראשית ברא אחד שתיים בית ספר"
+    assert clean("  a \r\n\n\n b\t\u2028c  ", "en") == "a\nb\nc"
+    with pytest.raises(ValueError, match="supported: en, fi, he, vi"):
+        clean("x", "de")
+
+
+# --- end to end on real text -------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", sorted(LANGS))
+def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_data, "CHUNK", 300)  # many pieces, long lines cut at a space
+    src = _data_slice(_DATA_SHARED / "raw" / f"{lang}.txt", tmp_path / f"{lang}.txt")
+    argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300",
+            "--unigram-sample-chars", "100000"]
+    meta = prepare_data.main([str(a) for a in argv])
+    d = tmp_path / "out" / f"input-{lang}"
+    assert json.loads((d / "meta.json").read_text()) == meta
+    for key, typ in [("name", str), ("dataset", str), ("lang", str), ("alphabet", list), ("vocab_size", int),
+                     ("space_id", int), ("newline_id", int), ("dtype", str), ("sizes", dict), ("source", list),
+                     ("cleaning", dict), ("mean_word_length", float), ("unigram", dict)]:
+        assert isinstance(meta[key], typ), key
+    assert meta["alphabet"][:2] == ["\n", " "] and meta["vocab_size"] == len(meta["alphabet"]) and meta["dtype"] == "uint8"
+    text = {s: _data_decode(d, s, meta) for s in ("train", "valid", "test")}
+    raw = src.read_text(encoding="utf-8")
+    assert text["train"] + text["valid"] + text["test"] == clean(raw, lang) + "\n"
+    n = sum(map(len, text.values()))
+    assert len(text["valid"]) == len(text["test"]) == n // 20
+    assert meta["mean_word_length"] == pytest.approx(len(text["train"]) / text["train"].count(" "), abs=1e-3)
+
+    uni = meta["unigram"]
+    sp = spm.SentencePieceProcessor(model_file=str(d / uni["model"]))
+    for split, t in text.items():
+        labels = np.fromfile(d / f"{split}.unigram-300.bin", dtype=np.uint8)
+        assert len(labels) == len(t) and set(np.unique(labels)) <= {0, 1} and labels[-1] == 1
+        segs, rest = _data_segments(t, labels)
+        assert "".join(segs) == t and rest == ""
+        codes = np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)
+        assert labels[(codes == ord(" ")) | (codes == ord("\n"))].all()  # whitespace => Unigram boundary
+        for seg in segs:
+            word = seg[:-1] if seg[-1] in " \n" else seg
+            assert " " not in word and "\n" not in word
+            assert word == "" or sp.piece_to_id(word) != sp.unk_id(), seg
+        assert uni["shortening_factor"][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
+    assert 1 < uni["shortening_factor"]["train"] < meta["mean_word_length"]
+
+    if lang == "en":  # a re-run skips both steps and changes nothing
+        before = {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+        capsys.readouterr()
+        assert prepare_data.main([str(a) for a in argv]) == meta
+        assert capsys.readouterr().out.count("skipping") == 2
+        assert before == {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+
+
+def test_data_text8_input_kept_as_is(tmp_path, capsys):
+    src = _DATA_SHARED / "text8-head.txt"
+    if not src.exists():
+        pytest.skip(f"shared data {src} absent (only in this project's CI)")
+    raw = src.read_text()[:200_000]
+    (tmp_path / "t8.txt").write_text(raw)
+    meta = prepare_data.main(["--dataset", "text8", "--input", str(tmp_path / "t8.txt"), "--out-dir",
+                              str(tmp_path), "--unigram", "300"])
+    d = tmp_path / "text8"
+    assert meta["alphabet"] == [" "] + list("abcdefghijklmnopqrstuvwxyz") and meta["vocab_size"] == 27
+    assert meta["space_id"] == 0 and meta["newline_id"] is None and meta["dtype"] == "uint8"
+    assert meta["sizes"] == {"train": 180_000, "valid": 10_000, "test": 10_000}
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == raw
+    # a Unigram vocabulary the text cannot fill: clear advice, the finished splits stay usable
+    msg = _data_fail(["--dataset", "text8", "--input", tmp_path / "t8.txt", "--out-dir", tmp_path,
+                      "--unigram", "100000", "--force"], capsys)
+    assert "--unigram" in msg and "or less" in msg
+    assert not (d / "meta.json").exists() and not list(d.glob("*unigram-100000*"))
+
+
+# --- downloads against a local server ------------------------------------------------------------
+
+class _DataHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        srv = self.server
+        srv.log.append((self.path, self.headers.get("Range")))
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and srv.ranges:
+            start = int(rng.split("=")[1].split("-")[0])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        payload = body[start:]
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.path in srv.flaky:  # first attempt: the connection drops midway
+            srv.flaky.discard(self.path)
+            self.wfile.write(payload[:len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def _data_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataHandler)
+    srv.files, srv.flaky, srv.log, srv.ranges = {}, set(), [], True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.base = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_data_download_resumes(_data_server, tmp_path, ranges):
+    body = np.random.default_rng(0).bytes(300_000)
+    _data_server.files["/f.bin"], _data_server.ranges = body, ranges
+    _data_server.flaky.add("/f.bin")
+    dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=3, backoff=0)
+    assert dest.read_bytes() == body and not (tmp_path / "f.bin.part").exists()
+    if ranges:  # the second request asked only for the missing half
+        assert _data_server.log[-1] == ("/f.bin", f"bytes={len(body) // 2}-")
+    # a killed run left a .part: the next run continues it rather than starting over
+    (tmp_path / "g.bin.part").write_bytes(body[:1000])
+    prepare_data.download(_data_server.base + "/f.bin", tmp_path / "g.bin", retries=1, backoff=0)
+    assert (tmp_path / "g.bin").read_bytes() == body and _data_server.log[-1][1] == "bytes=1000-"
+
+
+def test_data_text8_download(_data_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_data, "CHUNK", 1000)  # text8 is one line: it is cut at spaces
+    words = np.random.default_rng(1).choice(["the", "cat", "sat", "on", "a", "mat"], 6000)
+    text = " " + " ".join(words)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("text8", text)
+    _data_server.files["/text8.zip"] = buf.getvalue()
+    _data_server.flaky.add("/text8.zip")
+    argv = ["--text8-url", _data_server.base + "/text8.zip", "--out-dir", str(tmp_path), "--unigram", "0",
+            "--retries", "2", "--backoff", "0"]
+    meta = prepare_data.main(argv)
+    d = tmp_path / "text8"
+    n = len(text)
+    assert meta["sizes"] == {"train": n - 2 * (n // 20), "valid": n // 20, "test": n // 20}
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == text
+    assert meta["source"] == [_data_server.base + "/text8.zip"] and meta["unigram"] is None
+    assert (d / "download" / "text8.zip").exists() and not list(d.rglob("*.part"))
+    requests = len(_data_server.log)
+    prepare_data.main(argv)  # finished: no network needed again
+    assert len(_data_server.log) == requests and "skipping" in capsys.readouterr().out
+
+
+def test_data_wiki40b_download(_data_server, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs = {split: [f"\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the "
+                    f"café opened._NEWLINE_It is Ｂig." for i in range(30)] for split in ("train", "validation", "test")}
+    tree = []
+    for split, texts in docs.items():
+        path = f"en/{split}-00000-of-00001.parquet"
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"wikidata_id": ["Q1"] * len(texts), "text": texts}), buf)
+        _data_server.files[f"/datasets/google/wiki40b/resolve/main/{path}"] = buf.getvalue()
+        tree.append({"type": "file", "path": path, "size": len(buf.getvalue())})
+    tree.append({"type": "file", "path": "en/README.md"})
+    _data_server.files["/api/datasets/google/wiki40b/tree/main/en"] = json.dumps(tree).encode()
+    _data_server.flaky.add("/datasets/google/wiki40b/resolve/main/en/validation-00000-of-00001.parquet")
+    meta = prepare_data.main(["--lang", "en", "--hf-base", _data_server.base, "--out-dir", str(tmp_path),
+                              "--unigram", "0", "--max-train-chars", "500", "--retries", "2", "--backoff", "0"])
+    d = tmp_path / "wiki40b-en"
+    assert meta["name"] == "wiki40b-en" and meta["dataset"] == "wiki40b" and len(meta["source"]) == 3
+    full_train = "\n".join(clean(t, "en") for t in docs["train"]) + "\n"
+    assert _data_decode(d, "train", meta) == full_train[:500]
+    assert _data_decode(d, "valid", meta) == "\n".join(clean(t, "en") for t in docs["validation"]) + "\n"
+    assert _data_decode(d, "test", meta).startswith("test zero\nin one nine nine zero the cafe opened\nit is big\n")
+    # the same shards fetched by hand: --input keeps their splits (named train/validation/test)
+    shards = sorted((d / "download").glob("*.parquet"))
+    manual = prepare_data.main(["--dataset", "wiki40b", "--lang", "en", "--input", *map(str, shards), "--name", "manual",
+                                "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500"])
+    assert manual["sizes"] == meta["sizes"] and manual["cleaning"]["split"].startswith("official")
+    for s in ("train", "valid", "test"):
+        assert (tmp_path / "manual" / f"{s}.bin").read_bytes() == (d / f"{s}.bin").read_bytes()
+
+
+def test_data_cc100_stream(_data_server, tmp_path):
+    lines = [f"Line {i}: Hello World, the stream goes on." for i in range(3000)]
+    _data_server.files["/en.txt.xz"] = lzma.compress("\n".join(lines).encode())
+    _data_server.flaky.add("/en.txt.xz")
+    meta = prepare_data.main(["--dataset", "cc100", "--lang", "en", "--cc100-base", _data_server.base,
+                              "--out-dir", str(tmp_path), "--unigram", "0", "--max-eval-chars", "300",
+                              "--max-train-chars", "2000", "--retries", "2", "--backoff", "0"])
+    d = tmp_path / "cc100-en"
+    want = clean("\n".join(lines[:200]), "en")
+    assert meta["sizes"] == {"train": 2000, "valid": 300, "test": 300}
+    got = "".join(_data_decode(d, s, meta) for s in ("valid", "test", "train"))
+    assert got == want[:2600]
+
+
+def test_data_server_down_names_url(_data_server, tmp_path, capsys):
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/text8.zip"
+    msg = _data_fail(["--text8-url", url, "--out-dir", tmp_path, "--retries", "1", "--backoff", "0"], capsys, tmp_path)
+    assert url in msg and "--input" in msg
+    msg = _data_fail(["--text8-url", _data_server.base + "/missing.zip", "--out-dir", tmp_path], capsys, tmp_path)
+    assert "404" in msg and "/missing.zip" in msg  # a 404 is not retried
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["empty", "binary", "not-utf8", "wrong-alphabet", "digits-only", "bad-zip",
+                                  "missing", "unknown-lang", "out-dir-is-file"])
+def test_data_bad_input(case, tmp_path, capsys):
+    f, lang, out = tmp_path / "in.txt", "en", tmp_path / "out"
+    contents = {"empty": b"", "binary": np.random.default_rng(0).bytes(5000) + b"\x00",
+                "not-utf8": bytes(range(0x80, 0x100)) * 40, "wrong-alphabet": "שלום עולם, מה נשמע?\n".encode() * 50,
+                "digits-only": b"2023 - 12 / 31\n", "unknown-lang": b"Hallo Welt\n", "out-dir-is-file": b"hello\n",
+                "missing": None}
+    if case == "bad-zip":
+        f = tmp_path / "in.zip"
+        f.write_bytes(b"PK\x03\x04 definitely not a zip")
+    elif contents[case] is not None:
+        f.write_bytes(contents[case])
+    if case == "unknown-lang":
+        lang = "de"
+    if case == "out-dir-is-file":
+        out = f / "sub"
+    msg = _data_fail(["--input", f, "--lang", lang, "--out-dir", out, "--unigram", "0"], capsys, out)
+    expect = {"empty": "no text", "binary": "binary", "not-utf8": "not UTF-8", "wrong-alphabet": "wrong --lang",
+              "digits-only": "wrong --lang", "bad-zip": "corrupt", "missing": "not found",
+              "unknown-lang": "supported: en, fi, he, vi", "out-dir-is-file": "cannot write"}[case]
+    assert expect in msg
+
+
+def test_data_invalid_utf8_is_reported_and_dropped(tmp_path, capsys):
+    f = tmp_path / "in.txt"
+    f.write_bytes(b"hello world\n" * 100 + b"bad \xff\xfe bytes\n" + b"good end\n")
+    meta = prepare_data.main(["--input", str(f), "--lang", "en", "--out-dir", str(tmp_path), "--unigram", "0"])
+    assert "dropped 2 invalid UTF-8 bytes (first at byte 1204)" in capsys.readouterr().err
+    d = tmp_path / "input-en"
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")).endswith("bad bytes\ngood end\n")
+
+
+def test_data_disk_full_leaves_nothing(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "in.txt"
+    f.write_text("hello world\n" * 1000)
+    calls = []
+
+    def full(fh, data):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fh.write(data)
+    monkeypatch.setattr(prepare_data, "_write", full)
+    out = tmp_path / "out"
+    msg = _data_fail(["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"], capsys, out)
+    assert "disk full" in msg
+
+
+def test_data_cli_exit_code_and_one_line(tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("hello\n")
+    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "xx",
+                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: unsupported language 'xx'")
+
+
+# ==================================================================================================
+# TRAINING: overlapping-window evaluation, exact resume, DDP, learning, user errors
+# (formerly test_train.py)
+# ==================================================================================================
+
+_TRAIN_ROOT = Path(__file__).parent
+_TRAIN_SHARED = Path(__file__).parent.parent / 'shared' / 'data'
+# A tiny model and short sequences: every run here takes a second or two on one CPU core.
+_TRAIN_TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
+               '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
+               '--eval-step', '8', '--eval-batch-size', '32', '--eval-max-chars', '400', '--log-interval', '1',
+               '--warmup', '2', '--lr', '3e-3']
+
+
+def _train_tiny_with(data, boundary):
+    return _TRAIN_TINY + ['--data', str(data), '--boundary', boundary]
+
+
+@pytest.fixture
+def _train_one_thread():
+    """Tiny models run fastest on one thread, and far faster than on two when the cores are busy."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _train_write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
+    """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space closes
+    its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    alphabet = sorted(set(text))
+    ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
+    ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
+    n_va, n_te = int(len(ids) * valid), int(len(ids) * test)
+    parts = dict(train=ids[:len(ids) - n_va - n_te], valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
+                 test=ids[len(ids) - n_te:])
+    space = alphabet.index(' ') if ' ' in alphabet else None
+    for name, arr in parts.items():
+        arr.tofile(root / f'{name}.bin')
+        if unigram:
+            (arr == space).astype(np.uint8).tofile(root / f'{name}.unigram-1000.bin')
+    meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space,
+                newline_id=alphabet.index('\n') if '\n' in alphabet else None, dtype='uint8',
+                sizes={k: len(v) for k, v in parts.items()}, mean_word_length=len(text) / max(1, text.count(' ')),
+                unigram={'vocab_size': 1000, 'model': None, 'shortening_factor': {}} if unigram else None)
+    (root / 'meta.json').write_text(json.dumps(meta))
+    return root
+
+
+def _train_words(n_chars, seed=0, letters='abcdefgh'):
+    """Random 'words' from a small alphabet: text that needs no shared data."""
+    rng = np.random.default_rng(seed)
+    words = [''.join(rng.choice(list(letters), size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
+    return ' '.join(words)[:n_chars]
+
+
+@pytest.fixture(scope='module')
+def _train_synth(tmp_path_factory):
+    return _train_write_dataset(tmp_path_factory.mktemp('synth') / 'synth', _train_words(40_000))
+
+
+@pytest.fixture(scope='module')
+def _train_text8(tmp_path_factory):
+    src = _TRAIN_SHARED / 'text8-head.txt'
+    if not src.is_file():
+        pytest.skip(f'{src} is absent (shared data lives beside the repo in the project CI)')
+    text = src.read_text()[:400_000]
+    return _train_write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
+
+
+def _train_log(out):
+    return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
+
+
+def _train_user_error(argv, capsys):
+    """Run train.main in-process, expect a user error: exit code != 0 and exactly one line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: '), err
+    return err[0]
+
+
+# ----------------------------------------------------------------------------- evaluation
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), window=st.integers(1, 64), step=st.integers(1, 64))
+def test_train_eval_windows_score_every_position_once(n, window, step):
+    step = min(step, window)
+    wins = train.eval_windows(n, window, step)
+    scored = np.zeros(n, dtype=int)
+    for start, end, first in wins:
+        assert 0 <= start <= first < end <= n and end - start == min(n, window)
+        scored[first:end] += 1
+        for j in (first, end - 1):  # context = characters before j in the window
+            assert j - start >= min(j, window - step)
+    assert (scored == 1).all()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+@pytest.mark.parametrize('boundary', ['none', 'whitespace', 'entropy'])
+def test_train_windowed_eval_equals_naive_per_character(boundary):
+    """Batched overlapping-window evaluation == scoring each character alone, with the context the windows
+    promise: the first `window` characters from the start, later ones from the start of the window whose
+    last `step` characters they are in, the tail from the last window that ends at the text's end."""
+    torch.manual_seed(0)
+    text = _train_words(71, seed=1)
+    alphabet = sorted(set(text))
+    tokens = np.array([alphabet.index(c) for c in text], dtype=np.uint8)
+    cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, dropatt=0.0,
+                 layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
+    model = DynamicPoolingLM(cfg).eval()
+    window, step = 16, 4
+    r = train.evaluate(model, tokens, window, step, batch_size=5, device='cpu')
+    n = len(tokens) - 1
+    x = torch.from_numpy(tokens.astype(np.int64))
+    naive = 0.0
+    assert (n - window) % step, 'the text should end in a partial window: the tail case'
+    with torch.no_grad():
+        for j in range(n):  # predict character j+1 from the window that scores it, cut right after j
+            start = 0 if j < window else min(-(-(j + 1 - window) // step) * step, n - window)
+            logits = model(x[None, start:j + 1]).logits[0, -1]
+            naive += F.cross_entropy(logits[None], x[j + 1:j + 2]).item()
+    assert r['chars'] == n
+    assert r['nats'] == pytest.approx(naive, rel=1e-5)
+    assert r['bpc'] == pytest.approx(naive / n / math.log(2), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_stop_and_resume_is_bit_identical(_train_synth, tmp_path, capsys):
+    # gumbel with dropout: the run uses the RNG for noise and dropout, all of which must be restored
+    common = _train_tiny_with(_train_synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '3',
+                                                        '--dropout', '0.1', '--dropatt', '0.1']
+    train.main(common + ['--out', str(tmp_path / 'a')])
+    train.main(common + ['--out', str(tmp_path / 'b'), '--stop-step', '4'])
+    assert 'stopped at step 4' in capsys.readouterr().out
+    assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)['step'] == 4
+    train.main(['--out', str(tmp_path / 'b'), '--resume', '--device', 'cpu'])  # the rest comes from the checkpoint
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
+    a = torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=False)
+    b = torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)
+    assert a['step'] == b['step'] == 6 and (a['epoch'], a['pos']) == (b['epoch'], b['pos'])
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    assert _train_log(tmp_path / 'a')[-1] == _train_log(tmp_path / 'b')[-1]  # the same test result
+    assert any(r.get('resumed_from') == 4 for r in _train_log(tmp_path / 'b'))
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_checkpoint_contents_and_data_epochs(tmp_path):
+    # 6400 train chars / 65 = 98 chunks = 6 steps of 16 per epoch: step 8 is 2 steps into epoch 1
+    data = _train_write_dataset(tmp_path / 'small', _train_words(8000))
+    out = tmp_path / 'r'
+    train.main(_train_tiny_with(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
+                                                    '--eval-interval', '8', '--out', str(out)])
+    ck = torch.load(out / 'ckpt.pt', weights_only=False)
+    for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'schedule', 'args'):
+        assert k in ck, k
+    assert set(ck['rng']) >= {'torch', 'numpy', 'python', 'cuda'}
+    assert (ck['epoch'], ck['pos']) == (1, 32)
+    assert Config(**ck['config']).boundary == 'unigram'
+    assert not list(out.glob('*.tmp'))
+    rec = [r for r in _train_log(out) if 'loss' in r]
+    assert rec and all(r.get('precision') is not None and r.get('recall') is not None for r in rec)
+    assert all(k in rec[-1] for k in ('bpc', 'sf', 'chars_per_s', 'lr', 'mem_mb'))
+
+
+def test_train_epoch_order_is_a_shuffled_rotation():
+    n, seq = 1000, 9
+    off, perm = train.epoch_order(n, seq, seed=3, epoch=0)
+    off1, perm1 = train.epoch_order(n, seq, seed=3, epoch=1)
+    assert (off, list(perm)) != (off1, list(perm1))  # a new shift and order every epoch ...
+    assert off == train.epoch_order(n, seq, seed=3, epoch=0)[0]  # ... that depends on (seed, epoch) only
+    stream = np.arange(n)
+    chunks = train.get_chunks(stream, off, perm, seq).numpy()
+    # chunk k is the k-th non-overlapping piece of seq+1 characters of the stream rotated by the offset
+    rotated = np.roll(stream, -off)[:len(perm) * (seq + 1)].reshape(len(perm), seq + 1)
+    assert sorted(perm) == list(range(n // (seq + 1)))
+    assert (chunks[np.argsort(perm)] == rotated).all()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_non_finite_loss_stops_and_keeps_checkpoint(_train_synth, tmp_path, capsys):
+    out = tmp_path / 'nan'
+    # Adam moves each weight by ~lr per step: lr 1e30 overflows the logits on the next step
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--lr', '1e30', '--warmup', '1',
+                            '--max-steps', '5', '--eval-interval', '1', '--out', str(out)], capsys)
+    assert 'non-finite' in msg
+    ck = torch.load(out / 'ckpt.pt', weights_only=False)  # the last checkpoint, written before the failure
+    assert all(torch.isfinite(v).all() for v in ck['model'].values())
+
+
+# ----------------------------------------------------------------------------- DDP
+def _train_free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_ddp_two_processes_match_single(_train_synth, tmp_path):
+    """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The processes get
+    the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...), without torchrun's agent."""
+    argv = _train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
+                                                           '--dropout', '0', '--dropatt', '0']
+    port = str(_train_free_port())
+    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp')],
+                              cwd=_TRAIN_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
+                                       WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                                       MASTER_PORT=port)) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
+    assert outs[0][0].strip().splitlines()[-1].startswith('test bpc ')
+    assert outs[1][0].strip() == ''  # only rank 0 logs
+    train.main(argv + ['--out', str(tmp_path / 'one')])
+    ddp, one = _train_log(tmp_path / 'ddp'), _train_log(tmp_path / 'one')
+    assert ddp[0]['world'] == 2 and one[0]['world'] == 1
+    for a, b in zip([r for r in ddp if 'loss' in r], [r for r in one if 'loss' in r]):
+        assert a['step'] == b['step'] and a['loss'] == pytest.approx(b['loss'], rel=1e-4, abs=1e-5)
+    wa = torch.load(tmp_path / 'ddp' / 'ckpt.pt', weights_only=False)['model']
+    wb = torch.load(tmp_path / 'one' / 'ckpt.pt', weights_only=False)['model']
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)  # Adam magnifies float noise
+    # evaluation splits the windows over the processes and sums their losses
+    assert ddp[-1]['split'] == 'test' and ddp[-1]['chars'] == one[-1]['chars']
+    assert ddp[-1]['bpc'] == pytest.approx(one[-1]['bpc'], rel=1e-3)
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_grad_accum_keeps_the_global_batch(_train_synth, tmp_path):
+    argv = _train_tiny_with(_train_synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
+                                                      '--dropatt', '0']
+    train.main(argv + ['--out', str(tmp_path / 'one')])
+    train.main(argv + ['--out', str(tmp_path / 'acc'), '--grad-accum', '2'])
+    one, acc = ([r['loss'] for r in _train_log(tmp_path / d) if 'loss' in r] for d in ('one', 'acc'))
+    assert len(one) == 2 and one == pytest.approx(acc, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- learning
+@pytest.mark.usefixtures('_train_one_thread')
+@pytest.mark.parametrize('boundary', train.MODES)
+def test_train_short_run_lowers_validation_bpc(boundary, _train_text8, tmp_path):
+    out = tmp_path / boundary
+    train.main(_train_tiny_with(_train_text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
+               '--eval-interval', '30', '--eval-window', '64', '--eval-step', '32', '--log-interval', '10',
+               '--out', str(out)])
+    valid = [r for r in _train_log(out) if r.get('split') == 'valid']
+    assert [r['step'] for r in valid] == [0, 30]
+    assert valid[-1]['bpc'] < valid[0]['bpc'] - 0.3, valid
+    test = [r for r in _train_log(out) if r.get('split') == 'test'][-1]
+    assert math.isfinite(test['bpc']) and test['sf'] >= 1.0
+
+
+# ----------------------------------------------------------------------------- user errors
+@pytest.fixture(scope='module')
+def _train_done_run(_train_synth, tmp_path_factory):
+    """A finished one-step run to resume from."""
+    out = tmp_path_factory.mktemp('done') / 'run'
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    train.main(_train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
+    torch.set_num_threads(n)
+    return out
+
+
+def _train_copy(run, tmp_path):
+    shutil.copytree(run, tmp_path / 'run')
+    return tmp_path / 'run'
+
+
+def test_train_error_missing_data(tmp_path, capsys):
+    msg = _train_user_error(['--data', str(tmp_path / 'nope'), '--device', 'cpu', '--out', str(tmp_path / 'o')], capsys)
+    assert 'python prepare_data.py' in msg
+    assert not (tmp_path / 'o').exists()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_error_unigram_without_labels(tmp_path, capsys):
+    data = _train_write_dataset(tmp_path / 'nolabels', _train_words(5000), unigram=False)
+    msg = _train_user_error(_train_tiny_with(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys)
+    assert 'unigram' in msg.lower()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_error_checkpoint_vocab_mismatch(_train_done_run, tmp_path, capsys):
+    run = _train_copy(_train_done_run, tmp_path)
+    before = (run / 'ckpt.pt').read_bytes()
+    other = _train_write_dataset(tmp_path / 'other', _train_words(5000, letters='xyz'))
+    msg = _train_user_error(['--out', str(run), '--resume', '--device', 'cpu', '--data', str(other)], capsys)
+    assert 'vocabulary' in msg
+    assert (run / 'ckpt.pt').read_bytes() == before
+
+
+@pytest.mark.parametrize('extra, words', [
+    (['--boundary', 'entropy'], '--boundary'),
+    (['--d-model', '64'], '--d-model'),
+])
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_error_resume_with_other_model_flags(_train_done_run, tmp_path, capsys, extra, words):
+    run = _train_copy(_train_done_run, tmp_path)
+    msg = _train_user_error(['--out', str(run), '--resume', '--device', 'cpu'] + extra, capsys)
+    assert words in msg
+
+
+@pytest.mark.parametrize('extra, words', [
+    (['--seq-len', '0'], '--seq-len'),
+    (['--eval-step', '64', '--eval-window', '32'], '--eval-step'),
+    (['--layers', '2,x'], '--layers'),
+    (['--batch-size', '3', '--grad-accum', '2'], '--batch-size'),
+    (['--boundary', 'bogus'], 'bogus'),
+    (['--no-such-flag'], '--no-such-flag'),
+])
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_error_bad_flags(_train_synth, tmp_path, capsys, extra, words):
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys)
+    assert words in msg
+    assert not (tmp_path / 'o').exists()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_error_existing_checkpoint_without_resume(_train_done_run, _train_synth, tmp_path, capsys):
+    run = _train_copy(_train_done_run, tmp_path)
+    before = (run / 'ckpt.pt').read_bytes(), (run / 'log.jsonl').read_bytes()
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'whitespace') + ['--out', str(run)], capsys)
+    assert '--resume' in msg
+    assert ((run / 'ckpt.pt').read_bytes(), (run / 'log.jsonl').read_bytes()) == before
+
+
+def test_train_error_resume_from_a_broken_checkpoint(tmp_path, capsys):
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    msg = _train_user_error(['--out', str(tmp_path / 'run'), '--resume', '--device', 'cpu'], capsys)
+    assert 'checkpoint' in msg
+
+
+def test_train_error_resume_without_checkpoint(tmp_path, capsys):
+    msg = _train_user_error(['--out', str(tmp_path / 'empty'), '--resume', '--device', 'cpu'], capsys)
+    assert 'no checkpoint' in msg
+
+
+def test_train_cli_error_is_one_line_without_traceback(tmp_path):
+    p = subprocess.run([sys.executable, 'train.py', '--data', str(tmp_path / 'missing'), '--device', 'cpu'],
+                       cwd=_TRAIN_ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith('error: ')
+    assert 'Traceback' not in p.stderr + p.stdout
