@@ -58,7 +58,7 @@ import zipfile
 import torch
 import torch.nn.functional as F
 
-from dynpool import Config, DynamicPoolingLM
+from dynpool import Config, DynamicPoolingLM, next_token
 
 # Key names the loader accepts, the first being what train.py writes; the others are common spellings.
 MODEL_KEYS = ('model', 'model_state', 'model_state_dict', 'state_dict')
@@ -249,14 +249,7 @@ def sample(model, x, n, temperature=1.0, top_k=None, greedy=False, generator=Non
         if n_valid is not None and n_valid < logits.size(-1):
             logits = logits.clone()
             logits[:, n_valid:] = float('-inf')
-        if greedy:
-            nxt = logits.argmax(-1)
-        else:
-            logits = logits.float() / max(temperature, 1e-6)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float('-inf'))
-            nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
+        nxt = next_token(logits, temperature, top_k, greedy, generator)
         out.append(nxt[:, None])
         logits = model.decode(nxt, state)
         ent.append(entropy_bits(logits)[:, None])
