@@ -353,7 +353,8 @@ def main(argv=None):
 
     # --- model and optimizer
     model = DynamicPoolingLM(cfg).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    # fused: one kernel over all parameters, ~3x cheaper than the default on CPU (bench.py --adam)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
     step, epoch, pos = 0, 0, 0
     if ckpt is not None:
         model.load_state_dict(ckpt['model'])
