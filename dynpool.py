@@ -270,10 +270,11 @@ def entropy_spikes(H, k=2):
     return spikes
 
 
-def gumbel_sigmoid(logits, temperature):
-    """Relaxed Bernoulli sample with a hard straight-through decision (Jang et al. 2017; paper §3.3)."""
+def gumbel_sigmoid(logits, temperature, u=None):
+    """Relaxed Bernoulli sample with a hard straight-through decision (Jang et al. 2017; paper §3.3).
+    u: the uniform noise (broadcast to logits), drawn fresh when None."""
     logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
-    u = torch.rand_like(logits).clamp(1e-6, 1 - 1e-6)
+    u = (torch.rand_like(logits) if u is None else u.expand_as(logits)).clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + u.log() - (-u).log1p()) / temperature)
     hard = (soft > 0.5).to(soft.dtype)
     return hard + soft - soft.detach()
@@ -398,6 +399,9 @@ class DynamicPoolingLM(nn.Module):
             self.down_norm = nn.LayerNorm(cfg.d_model)
             if cfg.boundary in PREDICTOR_MODES:
                 self.predictor = BoundaryPredictor(cfg)
+            if cfg.boundary == 'gumbel':  # the fixed evaluation noise, see decide()
+                noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
+                self.register_buffer('eval_noise', noise, persistent=False)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.apply(self._init_weights)
 
@@ -422,11 +426,17 @@ class DynamicPoolingLM(nn.Module):
         t = torch.arange(x.size(1), device=x.device)
         return ((t + 1) % self.cfg.fixed_factor == 0).float().expand_as(x)
 
-    def decide(self, logits):
-        """The predictor's own boundaries: rounded (unigram, entropy) or hard Gumbel-sigmoid in training."""
-        if self.cfg.boundary == 'gumbel' and self.training:
+    def decide(self, logits, start=0):
+        """The predictor's own boundaries for logits [B, L] of positions start … start+L-1."""
+        if self.cfg.boundary != 'gumbel':
+            return (torch.sigmoid(logits.float()) > self.cfg.threshold).float()
+        if self.training:
             return gumbel_sigmoid(logits, self.cfg.temperature)
-        return (torch.sigmoid(logits.float()) > self.cfg.threshold).float()
+        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of a
+        # predictor held near the prior α rarely fires), but with one fixed noise value per
+        # position: deterministic, and the decision at t still depends on x_{<=t} only.
+        pos = torch.arange(start, start + logits.size(1), device=logits.device) % self.eval_noise.numel()
+        return gumbel_sigmoid(logits, self.cfg.temperature, u=self.eval_noise[pos]).detach()
 
     def check_inputs(self, x, targets, boundaries):
         """Turn shape and dtype mistakes into one clear ValueError before any layer runs."""
@@ -551,7 +561,7 @@ class DynamicPoolingLM(nn.Module):
         else:
             h = self.stacks[0].step(h, self.u, self.v, state.caches[0])
             if cfg.boundary in PREDICTOR_MODES:
-                b = self.decide(self.predictor(h))[:, 0] > 0.5
+                b = self.decide(self.predictor(h), start=t)[:, 0] > 0.5
             elif cfg.boundary == 'whitespace':
                 b = token == cfg.whitespace_id
             else:

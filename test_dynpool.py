@@ -844,6 +844,22 @@ def test_greedy_generation_matches_full_forward(mode, prompt_len):
         assert out.boundaries[:, prompt_len:].sum() >= 3, f"{mode}: too few boundaries to test caching"
 
 
+
+def test_gumbel_evaluation_samples_with_fixed_noise():
+    """Gumbel in eval mode pools with one fixed noise draw per position (training samples; so did the
+    paper's code at evaluation): a predictor held at the prior α = 0.2 still closes ~20% of segments,
+    where noiseless rounding would close none, and the same ones on every call."""
+    model = DynamicPoolingLM(tiny_config("gumbel")).eval()
+    lin = predictor_last_linear(model)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.fill_(math.log(0.2 / 0.8))
+    x = random_tokens(torch.Generator().manual_seed(0), 2, 2000)
+    b1, b2 = model(x).boundaries, model(x).boundaries
+    assert torch.equal(b1, b2), "eval mode must be deterministic"
+    assert torch.equal(b1[0], b1[1]), "the noise depends on the position only, not on the row"
+    assert 0.15 < b1.mean().item() < 0.25, f"boundary rate {b1.mean().item():.3f}, expected ~0.2"
+
 # ==================================================================================================
 # GENERATION: cached decoding parity and sample.py
 # (formerly test_sample.py)
