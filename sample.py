@@ -1,14 +1,14 @@
 """
 Generate text from a dynpool checkpoint and show the segments the model chose.
 
-    python sample.py --ckpt runs/text8-whitespace/ckpt.pt --prompt "the history of" --chars 500 \\
+    python sample.py --ckpt out/text8-whitespace/ckpt.pt --prompt "the history of" --chars 500 \\
         --temperature 0.8 --top-k 20 --seed 1
-    python sample.py --ckpt runs/text8-whitespace --prompt "the history of" --show-segments
-    python sample.py --ckpt runs/text8-entropy/ckpt.pt --show-segments --color        # colours on a terminal
-    python sample.py --ckpt runs/text8-entropy/ckpt.pt --greedy --chars 200
-    python sample.py --ckpt runs/text8-entropy/ckpt.pt --num-samples 3 --seed 7 --device cuda
-    python sample.py --ckpt runs/text8-entropy/ckpt.pt --chars 120 --entropy-plot entropy.png
-    python sample.py --ckpt runs/text8-entropy/ckpt.pt --chars 120 --entropy-trace > trace.tsv
+    python sample.py --ckpt out/text8-whitespace --prompt "the history of" --show-segments
+    python sample.py --ckpt out/text8-entropy/ckpt.pt --show-segments --color        # colours on a terminal
+    python sample.py --ckpt out/text8-entropy/ckpt.pt --greedy --chars 200
+    python sample.py --ckpt out/text8-entropy/ckpt.pt --num-samples 3 --seed 7 --device cuda
+    python sample.py --ckpt out/text8-entropy/ckpt.pt --chars 120 --entropy-plot entropy.png
+    python sample.py --ckpt out/text8-entropy/ckpt.pt --chars 120 --entropy-trace > trace.tsv
 
 A real one in five minutes on 2 busy CPU cores, from text8's first 4M characters
 (test bpc 2.92 and shortening factor 3.9, on the first 20k test characters):
@@ -55,17 +55,11 @@ import re
 import sys
 import zipfile
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dynpool import Config, DynamicPoolingLM, next_token
-
-# Key names the loader accepts, the first being what train.py writes; the others are common spellings.
-MODEL_KEYS = ('model', 'model_state', 'model_state_dict', 'state_dict')
-CONFIG_KEYS = ('config', 'model_config', 'cfg', 'model_args')
-META_KEYS = ('vocab', 'meta', 'data_meta', 'dataset_meta')
-ALPHABET_KEYS = ('alphabet', 'chars', 'itos')
-SPACE_KEYS = ('space_id', 'space', 'whitespace_id')
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange
 ANSI_RESET = '\033[0m'
@@ -79,19 +73,8 @@ class SampleError(Exception):
 # Checkpoint
 
 
-def _first(d, keys):
-    for k in keys:
-        if k in d:
-            return d[k]
-    return None
-
-
 def _config_from_dict(cfg_dict):
-    """Config from a dict, ignoring keys that are not Config fields (training settings saved alongside)."""
-    if isinstance(cfg_dict, dict) and 'vocab_size' not in cfg_dict and isinstance(cfg_dict.get('model'), dict):
-        cfg_dict = cfg_dict['model']          # a training config that nests the model's
-    if dataclasses.is_dataclass(cfg_dict):
-        cfg_dict = dataclasses.asdict(cfg_dict)
+    """Config from dataclasses.asdict(Config), ignoring keys that are not Config fields."""
     if not isinstance(cfg_dict, dict):
         raise SampleError(f"the checkpoint's config is a {type(cfg_dict).__name__}, expected a dict "
                           f"(dataclasses.asdict(Config))")
@@ -114,10 +97,6 @@ def _strip_prefixes(state_dict):
 
 def _numpy_safe_globals():
     """numpy's array reconstruction, allowed for safe loading: train.py saves numpy's RNG state to resume."""
-    try:
-        import numpy as np
-    except ImportError:
-        return []
     core = getattr(np, '_core', None) or np.core     # numpy 2 / numpy 1
     dtypes = [type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float32,
                                           np.float64, np.bool_)]
@@ -149,36 +128,21 @@ def load_checkpoint(path, device='cpu', trust=False):
         raise SampleError(f"checkpoint {path} holds a {type(ckpt).__name__}, expected a dict with "
                           f"'model', 'config' and 'vocab'")
 
-    state, cfg_dict, meta = _first(ckpt, MODEL_KEYS), _first(ckpt, CONFIG_KEYS), _first(ckpt, META_KEYS)
-    if meta is None and _first(ckpt, ALPHABET_KEYS) is not None:
-        meta = ckpt                             # alphabet stored at the top level
-    missing = [name for name, val, keys in (('model state dict', state, MODEL_KEYS),
-                                            ('config', cfg_dict, CONFIG_KEYS),
-                                            ('vocabulary', meta, META_KEYS))
-               if val is None]
+    missing = [k for k in ('model', 'config', 'vocab') if k not in ckpt]
     if missing:
-        raise SampleError(f"checkpoint {path} lacks the {' and the '.join(missing)}: expected keys 'model', "
+        raise SampleError(f"checkpoint {path} lacks {', '.join(map(repr, missing))}: expected keys 'model', "
                           f"'config', 'vocab' (as train.py writes); found {sorted(map(str, ckpt))}")
-    if not isinstance(meta, dict) or _first(meta, ALPHABET_KEYS) is None:
-        found = sorted(map(str, meta)) if isinstance(meta, dict) else type(meta).__name__
-        raise SampleError(f"checkpoint {path}: its vocabulary lacks the alphabet (key 'alphabet'); found {found}")
-    alphabet = _first(meta, ALPHABET_KEYS)
-    if isinstance(alphabet, str):
-        alphabet = list(alphabet)
-    if isinstance(alphabet, dict):                 # {char: id}
-        alphabet = [c for c, _ in sorted(alphabet.items(), key=lambda kv: kv[1])]
+    state, cfg_dict, vocab = ckpt['model'], ckpt['config'], ckpt['vocab']
+    alphabet = vocab.get('alphabet') if isinstance(vocab, dict) else None
+    if not isinstance(alphabet, (list, tuple, str)) or not all(isinstance(c, str) for c in alphabet):
+        raise SampleError(f"checkpoint {path}: its 'vocab' needs 'alphabet', a list of characters (index = token id)")
     alphabet = list(alphabet)
-    if not all(isinstance(c, str) for c in alphabet):
-        raise SampleError(f"checkpoint {path}: the alphabet must be a list of strings (index = token id)")
 
     cfg = _config_from_dict(cfg_dict)
     if len(alphabet) > cfg.vocab_size:
         raise SampleError(f"checkpoint {path}: the alphabet has {len(alphabet)} characters but the model's "
                           f"vocab_size is {cfg.vocab_size}")
-    space_id = _first(meta, SPACE_KEYS)
-    if space_id is None:
-        space_id = cfg.whitespace_id if cfg.whitespace_id is not None else (
-            alphabet.index(' ') if ' ' in alphabet else None)
+    space_id = vocab.get('space_id')
 
     if not isinstance(state, dict):
         raise SampleError(f"checkpoint {path}: the model state dict is a {type(state).__name__}, expected a dict")

@@ -265,8 +265,8 @@ def main(argv=None):
             die(f'--resume but there is no checkpoint at {ckpt_path}')
         try:
             ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=False)
-        except Exception as e:
-            die(f'cannot read checkpoint {ckpt_path}: {e}')
+        except Exception as e:  # first line only: unpickling errors run over several
+            die(f'cannot read checkpoint {ckpt_path}: {(str(e).strip() or type(e).__name__).splitlines()[0]}')
         if not isinstance(ckpt, dict) or {'args', 'config', 'vocab', 'model', 'rng'} - ckpt.keys():
             die(f'{ckpt_path} is not a checkpoint written by train.py')
         for k in KEPT_ON_RESUME:
@@ -289,10 +289,28 @@ def main(argv=None):
         layers = ()
     if len(layers) != 3 or min(layers) < 0:
         die(f'--layers must be three counts like 2,8,2, not {args.layers}')
+
+    def bad(k, rule):
+        die(f'--{k.replace("_", "-")} must be {rule}, not {getattr(args, k)}')
     for k in ('seq_len', 'batch_size', 'grad_accum', 'max_steps', 'eval_window', 'eval_step', 'eval_interval',
-              'eval_batch_size', 'log_interval', 'd_model', 'n_head', 'd_head', 'd_inner'):
-        if getattr(args, k) < 1:
-            die(f'--{k.replace("_", "-")} must be at least 1, not {getattr(args, k)}')
+              'eval_batch_size', 'log_interval', 'd_model', 'n_head', 'd_head', 'd_inner',
+              'stop_step', 'fixed_factor', 'entropy_window'):  # (the last three may be None: not asked for)
+        if getattr(args, k) is not None and getattr(args, k) < 1:
+            bad(k, 'at least 1')
+    # `not x >= 0` also catches nan. A negative --grad-clip would flip the gradient (gradient ascent) and a
+    # negative --eval-max-chars would silently slice from the end; the others would crash with a traceback.
+    for k in ('warmup', 'eval_max_chars', 'grad_clip'):
+        if not getattr(args, k) >= 0:
+            bad(k, 'at least 0')
+    if not args.lr > 0:
+        bad('lr', 'positive')
+    for k in ('dropout', 'dropatt'):
+        if not 0 <= getattr(args, k) < 1:
+            bad(k, 'in [0, 1)')
+    if args.temperature is not None and not args.temperature > 0:
+        bad('temperature', 'positive (the Gumbel-sigmoid divides by it)')
+    if not 0 <= args.seed < 2**32:
+        bad('seed', 'in [0, 2**32) (numpy takes no other seeds)')
     if args.eval_step > args.eval_window:
         die(f'--eval-step {args.eval_step} is larger than --eval-window {args.eval_window}: '
             f'characters between windows would never be scored')
@@ -302,8 +320,6 @@ def main(argv=None):
         die(f'--amp {args.amp} is supported here on cuda and cpu only')
     if args.amp == 'fp16' and device_type != 'cuda':
         die('--amp fp16 needs a CUDA GPU (use bf16 or off on CPU)')
-    if args.stop_step is not None and args.stop_step < 1:
-        die(f'--stop-step must be at least 1, not {args.stop_step}')
 
     meta, splits, labels = load_data(args.data, args.boundary)
     if len(splits['train']) < args.batch_size * (args.seq_len + 1):
@@ -363,7 +379,7 @@ def main(argv=None):
         step, epoch, pos = ckpt['step'], ckpt['epoch'], ckpt['pos']
         torch.set_rng_state(ckpt['rng']['torch'])
         if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
-            torch.cuda.set_rng_state_all(ckpt['rng']['cuda'])
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
         np.random.set_state(ckpt['rng']['numpy'])
         random.setstate(ckpt['rng']['python'])
     if RANK > 0:  # dropout masks should differ between ranks; rank 0 keeps the saved stream
@@ -422,10 +438,17 @@ def main(argv=None):
                      step=step, epoch=epoch, pos=pos, config=dataclasses.asdict(cfg), vocab=vocab, args=vars(args),
                      schedule=dict(lr=args.lr, warmup=args.warmup, max_steps=args.max_steps),
                      rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
-                              cuda=torch.cuda.get_rng_state_all() if device_type == 'cuda' else None))
+                              # this process's GPU only: all of them would not restore on a machine with fewer
+                              cuda=torch.cuda.get_rng_state(device) if device_type == 'cuda' else None))
         tmp = ckpt_path.with_suffix('.tmp')
-        torch.save(state, tmp)
+        with open(tmp, 'wb') as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename, or a power cut could leave an empty ckpt.pt
         os.replace(tmp, ckpt_path)  # atomic: a crash mid-save never leaves a broken checkpoint
+
+    def kept():
+        return f'the last good checkpoint is {ckpt_path}' if ckpt_path.exists() else 'no checkpoint was written yet'
 
     def run_eval(split):
         tokens = splits[split]
@@ -438,16 +461,15 @@ def main(argv=None):
 
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
-    n_params = sum(p.numel() for p in raw_model.parameters())
     log(dict(preset=preset_name, device=device, world=WORLD, amp=amp, boundary=args.boundary,
-             params=n_params, layers=args.layers, d_model=args.d_model, seq_len=args.seq_len,
+             params=raw_model.num_params(), layers=args.layers, d_model=args.d_model, seq_len=args.seq_len,
              batch_size=args.batch_size, max_steps=args.max_steps, lr=args.lr,
              resumed_from=step if ckpt is not None else None, data=str(args.data), out=str(out_dir)))
     del ckpt
 
     # --- the loop
     stop = min(args.max_steps, args.stop_step or args.max_steps)
-    if step == 0 and stop > 0:
+    if step == 0:
         run_eval('valid')
     order_epoch, offset, perm = None, 0, None
     t0, chars_done = time.time(), 0
@@ -479,13 +501,12 @@ def main(argv=None):
             torch.distributed.all_reduce(stats)
         stats = (stats / (args.grad_accum * WORLD)).tolist()
         # Stop before a non-finite loss or gradient reaches the weights, so the last checkpoint stays good.
-        kept = f'the last good checkpoint is {ckpt_path}' if ckpt_path.exists() else 'no checkpoint was written yet'
         if not math.isfinite(stats[0]):
-            die(f'non-finite loss ({stats[0]}) at step {step}; stopped, {kept}')
+            die(f'non-finite loss ({stats[0]}) at step {step}; stopped, {kept()}')
         scaler.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or float('inf'))
         if not scaler.is_enabled() and not torch.isfinite(norm):  # (with fp16 the scaler skips such steps)
-            die(f'non-finite gradient at step {step}; stopped, {kept}')
+            die(f'non-finite gradient at step {step}; stopped, {kept()}')
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
