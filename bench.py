@@ -39,7 +39,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dynpool import Config, DynamicPoolingLM, downsample, upsample
+from dynpool import BoundaryPredictor, Config, DynamicPoolingLM, downsample, sinusoids, upsample
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -92,7 +92,26 @@ def parse_args(argv=None):
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    args.layers = tuple(int(n) for n in args.layers.split(','))
+    # bad values stop here with a usage line, not with a traceback from a child process
+    try:
+        args.layers = tuple(int(n) for n in args.layers.split(','))
+    except ValueError:
+        p.error(f'--layers takes pre,shortened,post counts such as 2,8,2, got {args.layers!r}')
+    try:
+        for name in args.configs.split(',') + ([args.profile] if args.profile else []):
+            model_config(args, name)  # Config's own checks: layers, factors, sizes
+    except ValueError as e:
+        p.error(str(e))
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f'--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        p.error(f'--device {args.device}: CUDA is not available')
+    if args.clock == 'cpu' and device.type != 'cpu':
+        p.error('--clock cpu times CPU work only: use it with --device cpu')
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
+        p.error('--steps and --rounds must be at least 1, --warmup at least 0')
     if args.amp == 'auto':
         args.amp = 'bf16' if args.device.startswith('cuda') else 'off'
     if args.peak_n is None:
@@ -105,26 +124,46 @@ def parse_args(argv=None):
 
 
 def parse_config(name):
-    """'vanilla' | 'fixedK' | 'wsK' → (boundary mode, shortening factor or None)."""
+    """'vanilla' | 'fixedK' | 'wsK' → (boundary mode, shortening factor or None); ValueError otherwise."""
     if name == 'vanilla':
         return 'none', None
     for prefix, mode in (('fixed', 'fixed'), ('ws', 'whitespace')):
         if name.startswith(prefix):
-            k = float(name[len(prefix):])
-            if mode == 'fixed' and k != int(k):
-                raise SystemExit(f'fixed pooling needs an integer factor, got {name}')
+            try:
+                k = float(name[len(prefix):])
+            except ValueError:
+                break
+            if not k >= 1 or (mode == 'fixed' and not k.is_integer()):
+                raise ValueError(f'configuration {name}: the factor must be at least 1 (an integer for fixed)')
             return mode, k
-    raise SystemExit(f'unknown configuration {name!r}: use vanilla, fixedK or wsK')
+    raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK or wsK (e.g. fixed2, ws5.5)')
 
 
-def build(args, name):
+def model_config(args, name):
     mode, k = parse_config(name)
     kw = dict(vocab_size=VOCAB, d_model=args.d_model, n_head=args.n_head, d_head=args.d_head, d_inner=args.d_inner,
               dropout=args.dropout, dropatt=args.dropatt, layers=args.layers, boundary=mode, whitespace_id=0,
               fixed_factor=int(k) if mode == 'fixed' else 2)
     if args.attn_chunk:
         kw['attn_chunk'] = args.attn_chunk
-    return DynamicPoolingLM(Config(**kw)).to(args.device), mode, k
+    return Config(**kw)
+
+
+def build(args, name):
+    mode, k = parse_config(name)
+    return DynamicPoolingLM(model_config(args, name)).to(args.device), mode, k
+
+
+def setup(args, name):
+    """The seeded model of configuration `name` in training mode, and its batch (x, y, b)."""
+    torch.manual_seed(args.seed)
+    model, mode, k = build(args, name)
+    return model.train(), mode, k, make_batch(args, mode, k, torch.Generator().manual_seed(args.seed))
+
+
+def n_segments(L, mode, k):
+    """Complete segments per row: L // k for fixedK; wsK places exactly round(L / k) boundaries."""
+    return L // int(k) if mode == 'fixed' else max(1, round(L / k))
 
 
 def make_batch(args, mode, k, gen):
@@ -133,7 +172,7 @@ def make_batch(args, mode, k, gen):
     x = torch.randint(0, VOCAB, (B, L + 1), generator=gen)
     b = None
     if mode == 'whitespace':
-        n = max(1, round(L / k))
+        n = n_segments(L, mode, k)
         b = torch.zeros(B, L)
         for row in b:
             row[torch.randperm(L, generator=gen)[:n]] = 1
@@ -146,8 +185,7 @@ def stack_lengths(args, mode, k):
     L, (pre, short, post) = args.seq_len, args.layers
     if mode == 'none':
         return [(pre + short + post, L)]
-    S = L // int(k) if mode == 'fixed' else max(1, round(L / k))
-    return [(pre, L), (short, 1 + S), (post, L)]
+    return [(pre, L), (short, 1 + n_segments(L, mode, k)), (post, L)]
 
 
 FLOP_FORMULA = ("model FLOPs of a step = 3 × forward (backward = 2 × forward); forward = Σ over stacks of\n"
@@ -227,12 +265,8 @@ def train_step(model, opt, x, y, b, amp):
 
 def run_one(args, name):
     """Warm up, time args.steps steps, print one JSON line for the parent."""
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    model, mode, k = build(args, name)
-    model.train()
+    model, mode, k, (x, y, b) = setup(args, name)
     opt = make_adam(args, model)
-    x, y, b = make_batch(args, mode, k, gen)
     if args.compile:
         model = torch.compile(model)
     cuda = args.device.startswith('cuda')
@@ -294,11 +328,7 @@ def time_fn(fn, device, repeats=5):
 
 def time_pieces(args, name, step_time):
     """Forward + backward time of each piece of configuration `name`, times how often a step runs it."""
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    model, mode, k = build(args, name)
-    model.train()
-    x, y, b = make_batch(args, mode, k, gen)
+    model, mode, k, (x, y, b) = setup(args, name)
     B, L, D, dev = args.batch, args.seq_len, args.d_model, args.device
     layer = model.stacks[0].layers[0]
     rows = []
@@ -311,7 +341,6 @@ def time_pieces(args, name, step_time):
             out.float().sum().backward()
         return run
 
-    from dynpool import sinusoids
     for layers, n in stack_lengths(args, mode, k):
         h = torch.randn(B, n, D, device=dev)
         pos = sinusoids(torch.arange(n - 1, -1, -1, device=dev), D)
@@ -323,10 +352,9 @@ def time_pieces(args, name, step_time):
         bb = model.external_boundaries(x, b)
         rows.append(('pooling + upsampling (B-matrix mean, gather)', time_fn(fwd_bwd(
             lambda h: upsample(model.down_norm(downsample(h, bb, model.null_group)), bb) + h, h), dev)))
-        from dynpool import BoundaryPredictor
         pred = BoundaryPredictor(model.cfg).to(dev)
         rows.append(('boundary predictor (unigram/entropy/gumbel only; not in ws)', time_fn(fwd_bwd(
-            lambda h: F.binary_cross_entropy_with_logits(pred(h), (b if b is not None else bb)), h), dev)))
+            lambda h: F.binary_cross_entropy_with_logits(pred(h), bb), h), dev)))
     rows.append(('embedding + logits + loss', time_fn(fwd_bwd(
         lambda e: F.cross_entropy(model.lm_head(e + model.embed(x)).flatten(0, 1).float(), y.flatten()),
         torch.zeros(B, L, D, device=dev)), dev)))
@@ -433,8 +461,6 @@ def main():
     global clock
     args = parse_args()
     if args.clock == 'cpu':
-        if args.device != 'cpu':
-            raise SystemExit('--clock cpu times CPU work only: use it with --device cpu')
         clock = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -444,10 +470,8 @@ def main():
         return bench_generate(args)
     if args.profile:
         from torch.profiler import profile
-        torch.manual_seed(args.seed)
-        model, mode, k = build(args, args.profile)
+        model, _, _, (x, y, b) = setup(args, args.profile)
         opt = make_adam(args, model)
-        x, y, b = make_batch(args, mode, k, torch.Generator().manual_seed(args.seed))
         for _ in range(max(1, args.warmup)):
             train_step(model, opt, x, y, b, args.amp)
         with profile() as prof:
@@ -457,8 +481,6 @@ def main():
         return
 
     names = args.configs.split(',')
-    for n in names:
-        parse_config(n)
     cuda = args.device.startswith('cuda')
     dev_name = torch.cuda.get_device_name() if cuda else f'CPU, {torch.get_num_threads()} threads'
     if args.clock == 'cpu':
@@ -497,7 +519,7 @@ def main():
     for n in names:
         row = table[n]
         speed = f'{van["time"] / row["time"]:7.2f}×' if van else '       -'
-        memr = f'{row["mem"] / van["mem"]:9.2f}' if van else '        -'
+        memr = f'{row["mem"] / van["mem"]:9.2f}' if van and van['mem'] > 0 else '        -'
         fps = row['flops'] / row['time']
         print(f'{n:8s} {row["sf"]:6.2f} {row["time"] * 1e3:9.0f} {args.batch * args.seq_len / row["time"]:9.0f} {speed} '
               f'{fmt_bytes(row["peak"]):>14s} {fmt_bytes(row["mem"]):>13s} {memr} {row["flops"] / 1e9:8.1f} '

@@ -22,7 +22,8 @@ Notable features
   ones -> test, the rest -> train up to its cap. A single --input file: first 90% train, 5% valid,
   5% test (cut on characters, like text8), read up to max-train-chars / 0.9 characters.
 - Downloads: urllib only, progress on stderr, retry with exponential back-off, resume with HTTP
-  Range after a dropped connection, written to *.part and renamed only when the size matches.
+  Range after a dropped connection, written to *.part and renamed only when the size matches (a
+  .part of the wrong size is deleted, so the next run starts over rather than trusting it).
 - Every output is written to *.tmp and renamed when complete; meta.json is written last, so a
   directory without meta.json is never a finished one. Re-runs skip finished steps (--force).
 - Unigram boundaries (the paper's subword supervision): SentencePiece is trained on whole words (one per sentence,
@@ -90,6 +91,11 @@ def die(msg, code=1):
     sys.exit(code)
 
 
+def _why(e):
+    """An exception's message, or its type's name where it has none."""
+    return str(e) or type(e).__name__
+
+
 def _lang(lang):
     if lang not in LANGS:
         raise ValueError(f"unsupported language {lang!r}; supported: {', '.join(sorted(LANGS))}")
@@ -115,7 +121,7 @@ class _FoldTable(dict):
     def _fold(self, c):
         if c in self.letters:
             return c
-        if c in _LINE_BREAKS and c != "\r":
+        if c in _LINE_BREAKS:
             return "\n"
         d = unicodedata.decimal(c, None)
         if d is not None:  # "each digit its own word" (Sec. 4.1)
@@ -200,6 +206,12 @@ class DownloadError(Exception):
     pass
 
 
+def _range_total(headers):
+    """The full size from a Content-Range header ("bytes a-b/total" or "bytes */total"), else None."""
+    total = (headers.get("Content-Range") or "*/*").rsplit("/", 1)[1]
+    return int(total) if total.isdigit() else None
+
+
 class HTTPStream(io.RawIOBase):
     """A read-only file over HTTP. A dropped connection is retried with back-off and resumed
     with a Range request from the byte reached, so a caller never sees the interruption."""
@@ -219,13 +231,13 @@ class HTTPStream(io.RawIOBase):
         try:
             resp = urllib.request.urlopen(urllib.request.Request(self.url, headers=headers), timeout=self.timeout)
         except urllib.error.HTTPError as e:
-            if e.code == 416:  # nothing left after pos: the previous attempt had it all
-                self.total, self.resp = self.pos, io.BytesIO()
+            if e.code == 416:  # nothing left after pos: the previous attempt had it all, unless the
+                # server's size says the .part is longer than the file (download() then rejects it)
+                self.total, self.resp = _range_total(e.headers) or self.pos, io.BytesIO()
                 return
             raise
         if resp.status == 206:
-            total = resp.headers.get("Content-Range", "*/*").rsplit("/", 1)[1]
-            self.total = int(total) if total.isdigit() else None
+            self.total = _range_total(resp.headers)
         else:
             length = resp.headers.get("Content-Length")
             self.total = int(length) if length else None
@@ -249,9 +261,7 @@ class HTTPStream(io.RawIOBase):
                     raise DownloadError(f"{self.url}: HTTP {e.code} {e.reason}") from None
                 err = f"HTTP {e.code} {e.reason}"
             except (OSError, http.client.HTTPException) as e:
-                if getattr(e, "errno", None) == errno.ENOSPC:
-                    raise
-                err = getattr(e, "reason", None) or e or type(e).__name__
+                err = getattr(e, "reason", None) or _why(e)
             self.resp = None
             if attempt < self.retries:
                 wait = self.backoff * 2 ** attempt
@@ -302,9 +312,9 @@ def download(url, dest, retries=5, backoff=2.0):
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
-    stream = HTTPStream(url, pos=have, retries=retries, backoff=backoff)
     progress = _Progress(f"download {url}")
-    with open(part, "ab" if stream.pos else "wb") as f:
+    with HTTPStream(url, pos=have, retries=retries, backoff=backoff) as stream, \
+            open(part, "ab" if stream.pos else "wb") as f:
         while True:
             chunk = stream.read(1 << 20)
             if not chunk:
@@ -314,6 +324,8 @@ def download(url, dest, retries=5, backoff=2.0):
     progress(stream.pos, stream.total, final=True)
     size = part.stat().st_size
     if stream.total is not None and size != stream.total:
+        # a .part that does not match is not resumable (a later run would take it as complete)
+        part.unlink()
         raise DownloadError(f"{url}: got {size} bytes, expected {stream.total}")
     os.replace(part, dest)
     return dest
@@ -371,8 +383,18 @@ def text_pieces(fb, label):
         yield buf, ""
 
 
+def _need(module, why):
+    """Import an optional dependency, or stop with the pip command that installs it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pkg = module.split(".")[0]
+        die(f"{pkg} is not installed (pip install {pkg}); it is needed for {why}")
+
+
 def parquet_docs(path):
-    import pyarrow.parquet as pq  # only needed for wiki40b
+    pq = _need("pyarrow.parquet", "wiki40b parquet shards")
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
     col = "text" if "text" in names else next(
@@ -403,7 +425,7 @@ def file_pieces(path):
             with opener(path, "rb") as fb:
                 yield from text_pieces(fb, str(path))
     except (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError) as e:  # OSError: bad gzip/bz2 data
-        die(f"{path}: corrupt or unreadable ({e or type(e).__name__})")
+        die(f"{path}: corrupt or unreadable ({_why(e)})")
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):
             die(f"{path}: cannot read parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
@@ -468,7 +490,7 @@ class BinWriter:
 
 def _cut(all_path, out, sizes, dtype):
     """Split all.bin into consecutive parts {split: (start, length)}."""
-    data = np.memmap(all_path, dtype=dtype, mode="r") if os.path.getsize(all_path) else np.zeros(0, dtype)
+    data = _ids(all_path, dtype)
     for split, (start, length) in sizes.items():
         tmp = _tmp(out / f"{split}.bin")
         with open(tmp, "wb") as f:
@@ -478,28 +500,38 @@ def _cut(all_path, out, sizes, dtype):
     del data
 
 
+def _ids(path, dtype):
+    """The token ids of a .bin, memory-mapped (numpy cannot map an empty file)."""
+    return np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+
+
+def _text(ids, alphabet):
+    """Token ids -> the text they stand for."""
+    return np.array([ord(c) for c in alphabet], dtype="<u4")[ids].tobytes().decode("utf-32-le")
+
+
 def _decode_blocks(path, alphabet, dtype, block=1 << 21):
-    codes = np.array([ord(c) for c in alphabet], dtype="<u4")
-    data = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+    data = _ids(path, dtype)
     for i in range(0, len(data), block):
-        yield codes[data[i:i + block]].tobytes().decode("utf-32-le")
+        yield _text(data[i:i + block], alphabet)
 
 # -----------------------------------------------------------------------------
 # Unigram boundaries (the paper's subword-supervised boundary predictor)
 
 
-def train_unigram(out, alphabet, dtype, V, sample_chars, letters):
-    import sentencepiece as spm
-    train = out / "train.bin"
-    n = os.path.getsize(train) // np.dtype(dtype).itemsize
+def train_unigram(out, alphabet, dtype, V, sample_chars):
+    spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
+    data = _ids(out / "train.bin", dtype)
+    n = len(data)
+    if n == 0:
+        die("the train split is empty: nothing to fit Unigram on (pass --unigram 0)")
     # a few evenly spaced windows so the sample is not one article; edge words may be partial
     k = 8 if n > sample_chars else 1
     step, win = n // k, min(n, sample_chars) // k
-    if n == 0:
-        die("the train split is empty: nothing to fit Unigram on (pass --unigram 0)")
-    data, codes, words = np.memmap(train, dtype=dtype, mode="r"), np.array([ord(c) for c in alphabet], "<u4"), []
+    words = []
     for j in range(k):
-        words += codes[data[j * step: j * step + win]].tobytes().decode("utf-32-le").split()
+        words += _text(data[j * step: j * step + win], alphabet).split()
+    letters = "".join(c for c in alphabet if c not in " \n")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -564,13 +596,14 @@ def list_wiki40b(lang, base, retries, backoff):
     """Shard paths per split from the hub's tree API (never guessed), following pagination."""
     url, paths = f"{base}/api/datasets/google/wiki40b/tree/main/{lang}", []
     while url:
-        stream = HTTPStream(url, retries=retries, backoff=backoff)
+        with HTTPStream(url, retries=retries, backoff=backoff) as stream:
+            body = stream.read()
+            link = getattr(stream.resp, "headers", {}).get("Link", "")
         try:
-            entries = json.loads(stream.read().decode("utf-8"))
-        except ValueError:
+            entries = json.loads(body.decode("utf-8"))
+            paths += [e["path"] for e in entries if e.get("type") == "file" and e["path"].endswith(".parquet")]
+        except (ValueError, TypeError, AttributeError, KeyError):
             raise DownloadError(f"{url}: not a JSON file listing") from None
-        paths += [e["path"] for e in entries if e.get("type") == "file" and e["path"].endswith(".parquet")]
-        link = stream.resp.headers.get("Link", "") if hasattr(stream.resp, "headers") else ""
         m = re.search(r'<([^>]+)>;\s*rel="next"', link)
         url = m[1] if m else None
     shards = {s: sorted(p for p in paths if Path(p).name.startswith(s + "-")) for s in ("train", "validation", "test")}
@@ -658,19 +691,19 @@ def build_splits(args, out, alphabet, dtype, lang):
     # cc-100: decompress the .xz while it streams in, stop as soon as the caps are filled
     import lzma
     url = f"{args.cc100_base}/{lang}.txt.xz"
-    stream = HTTPStream(url, retries=args.retries, backoff=args.backoff)
     try:
-        with lzma.open(io.BufferedReader(stream, 1 << 20)) as fb:
+        with HTTPStream(url, retries=args.retries, backoff=args.backoff) as stream, \
+                lzma.open(io.BufferedReader(stream, 1 << 20)) as fb:
             one_stream(text_pieces(fb, url), T + 2 * E, head=True)
     except (lzma.LZMAError, EOFError) as e:
-        die(f"{url}: corrupt xz stream ({e or type(e).__name__})")
+        die(f"{url}: corrupt xz stream ({_why(e)})")
     return [url], f"first {E} chars valid, next {E} test, then train (cleaned chars)", stats
 
 # -----------------------------------------------------------------------------
 
 
 def count_id(path, dtype, value):
-    data = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+    data = _ids(path, dtype)
     return sum(int(np.count_nonzero(data[i:i + (1 << 24)] == value)) for i in range(0, len(data), 1 << 24))
 
 
@@ -736,6 +769,10 @@ def _main(args):
     for f in args.input or []:
         if not f.is_file():
             die(f"input file not found (or not a file): {f}")
+    V = args.unigram if args.unigram is not None else LANGS[args.lang]["unigram"]
+    if min(V, args.max_eval_chars, args.retries) < 0 or min(args.max_train_chars, args.unigram_sample_chars) < 1:
+        die("--unigram, --max-eval-chars and --retries must not be negative, "
+            "--max-train-chars and --unigram-sample-chars must be positive")
     lang = None if args.dataset == "text8" else args.lang  # text8 is already clean: kept as is
     name = args.name or {"text8": "text8", "input": f"input-{args.lang}"}.get(args.dataset, f"{args.dataset}-{args.lang}")
     out = args.out_dir / name
@@ -748,9 +785,6 @@ def _main(args):
         die(f"cannot write to output dir {out}: {e.strerror or e}")
     alphabet = TEXT8_ALPHABET if lang is None else ["\n", " "] + list(LANGS[lang]["letters"])
     dtype = "uint8" if len(alphabet) <= 256 else "uint16"
-    V = args.unigram if args.unigram is not None else LANGS[args.lang]["unigram"]
-    if V < 0 or args.max_train_chars < 1 or args.max_eval_chars < 0:
-        die("--unigram, --max-train-chars and --max-eval-chars must not be negative (train at least 1)")
     cleaning = {"lang": lang, "wiki40b_markers": "removed", "homoglyphs": lang not in (None, "he"),
                 "nfkc": lang is not None, "lowercase": lang is not None, "digits": "spelled" if lang else "kept",
                 "diacritics": {"he": "removed", "vi": "kept (NFC)", None: "n/a"}.get(lang, "folded to alphabet"),
@@ -773,11 +807,11 @@ def _main(args):
         sources, rule, stats = build_splits(args, out, alphabet, dtype, lang)
         sizes = {s: n_tokens(out / f"{s}.bin") for s in splits}
         total, src = sum(sizes.values()), ", ".join(map(str, sources))
-        letters = stats["letters"] if lang else total
-        if (stats["raw"] if lang else total) == 0 or letters <= 0:
+        raw, letters = (stats["raw"], stats["letters"]) if lang else (total, total)
+        if raw == 0 or letters <= 0:
             for s in splits:
                 (out / f"{s}.bin").unlink(missing_ok=True)
-            if (stats["raw"] if lang else total) == 0:
+            if raw == 0:
                 die(f"no text in {src} (empty input?)")
             die(f"none of the {stats['raw']} characters of {src} are {lang} letters "
                 f"({''.join(LANGS[lang]['letters'][:3])}...) apart from digits; wrong --lang?")
@@ -804,10 +838,9 @@ def _main(args):
             uni = old
         else:
             meta_path.unlink(missing_ok=True)
-            import sentencepiece as spm
-            letters = "".join(c for c in alphabet if c not in " \n")
+            spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
             t0 = time.time()
-            proto = train_unigram(out, alphabet, dtype, V, args.unigram_sample_chars, letters)
+            proto = train_unigram(out, alphabet, dtype, V, args.unigram_sample_chars)
             sp = spm.SentencePieceProcessor(model_proto=proto)
             sf = {}
             for s in splits:
