@@ -417,13 +417,14 @@ class DynamicPoolingLM(nn.Module):
 
     # --- boundaries -------------------------------------------------------------
 
-    def external_boundaries(self, x, boundaries):
-        """Boundaries that come from outside the network: given, or derived for fixed and whitespace."""
+    def external_boundaries(self, x, boundaries, start=0):
+        """Boundaries from outside the network for x [B, L] at positions start …: given, or derived
+        for fixed and whitespace."""
         if boundaries is not None:
             return boundaries.detach().float()
         if self.cfg.boundary == 'whitespace':
             return (x == self.cfg.whitespace_id).float()
-        t = torch.arange(x.size(1), device=x.device)
+        t = torch.arange(start, start + x.size(1), device=x.device)
         return ((t + 1) % self.cfg.fixed_factor == 0).float().expand_as(x)
 
     def decide(self, logits, start=0):
@@ -562,10 +563,8 @@ class DynamicPoolingLM(nn.Module):
             h = self.stacks[0].step(h, self.u, self.v, state.caches[0])
             if cfg.boundary in PREDICTOR_MODES:
                 b = self.decide(self.predictor(h), start=t)[:, 0] > 0.5
-            elif cfg.boundary == 'whitespace':
-                b = token == cfg.whitespace_id
             else:
-                b = torch.full_like(token, (t + 1) % cfg.fixed_factor == 0, dtype=torch.bool)
+                b = self.external_boundaries(token[:, None], None, start=t)[:, 0] > 0.5
             state.seg_sum += h[:, 0]
             state.seg_len += 1
             if b.any():
