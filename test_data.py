@@ -1,0 +1,410 @@
+"""Tests of prepare_data.py: cleaning rules, encoding and Unigram labels on real text, downloads
+against a local HTTP server, bad input.
+
+Run:   python -m pytest -q test_data.py   (real text from ../shared/data; those tests skip without it)
+"""
+
+
+import errno
+import http.server
+import io
+import json
+import lzma
+import os
+import socket
+import subprocess
+import sys
+import threading
+import unicodedata
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import prepare_data
+from prepare_data import LANGS, clean
+
+
+# ==================================================================================================
+# DATA: cleaning rules, encoding and Unigram labels on real text, downloads, bad input
+# (formerly test_prepare_data.py)
+# ==================================================================================================
+
+_DATA_SHARED = Path(__file__).parent.parent / "shared" / "data"
+_DATA_SETTINGS = settings(deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")), database=None)
+_DATA_NIQQUD = [chr(c) for c in range(0x591, 0x5C8) if unicodedata.category(chr(c)) == "Mn"]
+_DATA_MARKERS = ["_START_ARTICLE_", "_START_SECTION_", "_START_PARAGRAPH_", "_NEWLINE_"]
+
+
+def _data_text(lang):
+    """Arbitrary Unicode mixed with the language's letters (both cases), digits, marks, markers."""
+    letters = LANGS[lang]["letters"]
+    own = st.sampled_from(list(letters + letters.upper() + "0123456789 \n\t.,'-\u05be") + _DATA_NIQQUD)
+    return st.lists(st.one_of(st.text(st.one_of(st.characters(), own), max_size=30),
+                              st.sampled_from(_DATA_MARKERS))).map("".join)
+
+
+def _data_decode(d, split, meta):
+    ids = np.fromfile(d / f"{split}.bin", dtype=meta["dtype"])
+    return "".join(meta["alphabet"][i] for i in ids)
+
+
+def _data_segments(text, labels):
+    segs, start = [], 0
+    for i in np.flatnonzero(labels):
+        segs.append(text[start:i + 1])
+        start = i + 1
+    return segs, text[start:]
+
+
+def _data_fail(argv, capsys, out=None):
+    """Runs main expecting a clean failure: exit code != 0, one `error:` line, last, no traceback,
+    and nothing under out that looks finished."""
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code != 0
+    assert err and err[-1].startswith("error: ")
+    assert sum(line.startswith("error:") for line in err) == 1 and "Traceback" not in "\n".join(err)
+    if out is not None and Path(out).exists():
+        names = [p.name for p in Path(out).rglob("*")]
+        assert not [n for n in names if n == "meta.json" or n.endswith(".bin") or n.endswith(".tmp")], names
+    return err[-1]
+
+
+def _data_slice(src, dst, nbytes=200_000):
+    if not src.exists():
+        pytest.skip(f"shared data {src} absent (only in this project's CI)")
+    raw = src.read_bytes()[:nbytes]
+    dst.write_bytes(raw[:raw.rfind(b"\n") + 1])
+    return dst
+
+
+# --- cleaning --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", sorted(LANGS))
+def test_data_clean_properties(lang):
+    allowed = set(LANGS[lang]["letters"]) | {" ", "\n"}
+
+    @_DATA_SETTINGS
+    @given(_data_text(lang))
+    def check(text):
+        out = clean(text, lang)
+        assert set(out) <= allowed
+        assert clean(out, lang) == out
+        assert "  " not in out and "\n\n" not in out
+        assert all(line and line == line.strip(" ") for line in out.split("\n")) or out == ""
+        assert not any(ch.isdigit() for ch in out)
+    check()
+
+
+@_DATA_SETTINGS
+@given(st.sampled_from(sorted(LANGS)), st.integers(min_value=0, max_value=10 ** 30), st.sampled_from(["", " ", "-", ".", "\t"]))
+def test_data_clean_digits_spelled(lang, n, glue):
+    words = LANGS[lang]["digits"].split()
+    spelled = " ".join(words[int(d)] for d in str(n))
+    assert clean(str(n), lang) == spelled
+    letter = LANGS[lang]["letters"][0]
+    assert clean(f"{letter}{glue}{n}{glue}{letter}", lang) == f"{letter} {spelled} {letter}"
+
+
+@_DATA_SETTINGS
+@given(st.lists(st.tuples(st.text(st.sampled_from(LANGS["he"]["letters"]), min_size=1, max_size=8),
+                          st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8), st.randoms()),
+                min_size=1, max_size=6))
+def test_data_clean_hebrew_diacritics_keep_words_whole(words):
+    plain, pointed = [], []
+    for w, marks, rnd in words:
+        chars = list(w)
+        for m in marks:  # marks follow some letter, as in pointed text
+            chars.insert(rnd.randint(1, len(chars)), m)
+        plain.append(w)
+        pointed.append("".join(chars))
+    assert clean(" ".join(pointed), "he") == " ".join(plain)
+
+
+def test_data_clean_examples():
+    assert clean("\n_START_ARTICLE_\nTitle\n_START_SECTION_\nA b\n_START_PARAGRAPH_\nOne._NEWLINE_Two", "en") \
+        == "title\na b\none\ntwo"
+    assert clean("PаyPal ﬁle Ｆull café  straße", "en") == "paypal file full cafe strasse"  # Cyrillic а
+    assert clean("Привет “quoted” — dash", "en") == "quoted dash"  # a Cyrillic word is no homoglyph
+    assert clean("Hyvää päivää, ÅLAND! café", "fi") == "hyvää päivää åland cafe"
+    assert clean("Tru\u031bo\u031b\u0300ng ĐẠI học 2006", "vi") == "trường đại học hai không không sáu"
+    assert clean("בְּרֵאשִׁית בָּרָא 12 בית־ספר (INR)", "he") == "בראשית ברא אחד שתיים בית ספר"
+    assert clean("  a \r\n\n\n b\t\u2028c  ", "en") == "a\nb\nc"
+    with pytest.raises(ValueError, match="supported: en, fi, he, vi"):
+        clean("x", "de")
+
+
+# --- end to end on real text -------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", sorted(LANGS))
+def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_data, "CHUNK", 300)  # many pieces, long lines cut at a space
+    src = _data_slice(_DATA_SHARED / "raw" / f"{lang}.txt", tmp_path / f"{lang}.txt")
+    argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300",
+            "--unigram-sample-chars", "100000"]
+    meta = prepare_data.main([str(a) for a in argv])
+    d = tmp_path / "out" / f"input-{lang}"
+    assert json.loads((d / "meta.json").read_text()) == meta
+    for key, typ in [("name", str), ("dataset", str), ("lang", str), ("alphabet", list), ("vocab_size", int),
+                     ("space_id", int), ("newline_id", int), ("dtype", str), ("sizes", dict), ("source", list),
+                     ("cleaning", dict), ("mean_word_length", float), ("unigram", dict)]:
+        assert isinstance(meta[key], typ), key
+    assert meta["alphabet"][:2] == ["\n", " "] and meta["vocab_size"] == len(meta["alphabet"]) and meta["dtype"] == "uint8"
+    text = {s: _data_decode(d, s, meta) for s in ("train", "valid", "test")}
+    raw = src.read_text(encoding="utf-8")
+    assert text["train"] + text["valid"] + text["test"] == clean(raw, lang) + "\n"
+    n = sum(map(len, text.values()))
+    assert len(text["valid"]) == len(text["test"]) == n // 20
+    assert meta["mean_word_length"] == pytest.approx(len(text["train"]) / text["train"].count(" "), abs=1e-3)
+
+    uni = meta["unigram"]
+    sp = spm.SentencePieceProcessor(model_file=str(d / uni["model"]))
+    for split, t in text.items():
+        labels = np.fromfile(d / f"{split}.unigram-300.bin", dtype=np.uint8)
+        assert len(labels) == len(t) and set(np.unique(labels)) <= {0, 1} and labels[-1] == 1
+        segs, rest = _data_segments(t, labels)
+        assert "".join(segs) == t and rest == ""
+        codes = np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)
+        assert labels[(codes == ord(" ")) | (codes == ord("\n"))].all()  # whitespace => Unigram boundary
+        for seg in segs:
+            word = seg[:-1] if seg[-1] in " \n" else seg
+            assert " " not in word and "\n" not in word
+            assert word == "" or sp.piece_to_id(word) != sp.unk_id(), seg
+        assert uni["shortening_factor"][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
+    assert 1 < uni["shortening_factor"]["train"] < meta["mean_word_length"]
+
+    if lang == "en":  # a re-run skips both steps and changes nothing
+        before = {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+        capsys.readouterr()
+        assert prepare_data.main([str(a) for a in argv]) == meta
+        assert capsys.readouterr().out.count("skipping") == 2
+        assert before == {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+
+
+def test_data_text8_input_kept_as_is(tmp_path, capsys):
+    src = _DATA_SHARED / "text8-head.txt"
+    if not src.exists():
+        pytest.skip(f"shared data {src} absent (only in this project's CI)")
+    raw = src.read_text()[:200_000]
+    (tmp_path / "t8.txt").write_text(raw)
+    meta = prepare_data.main(["--dataset", "text8", "--input", str(tmp_path / "t8.txt"), "--out-dir",
+                              str(tmp_path), "--unigram", "300"])
+    d = tmp_path / "text8"
+    assert meta["alphabet"] == [" "] + list("abcdefghijklmnopqrstuvwxyz") and meta["vocab_size"] == 27
+    assert meta["space_id"] == 0 and meta["newline_id"] is None and meta["dtype"] == "uint8"
+    assert meta["sizes"] == {"train": 180_000, "valid": 10_000, "test": 10_000}
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == raw
+    # a Unigram vocabulary the text cannot fill: clear advice, the finished splits stay usable
+    msg = _data_fail(["--dataset", "text8", "--input", tmp_path / "t8.txt", "--out-dir", tmp_path,
+                      "--unigram", "100000", "--force"], capsys)
+    assert "--unigram" in msg and "or less" in msg
+    assert not (d / "meta.json").exists() and not list(d.glob("*unigram-100000*"))
+
+
+# --- downloads against a local server ------------------------------------------------------------
+
+class _DataHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        srv = self.server
+        srv.log.append((self.path, self.headers.get("Range")))
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and srv.ranges:
+            start = int(rng.split("=")[1].split("-")[0])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        payload = body[start:]
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.path in srv.flaky:  # first attempt: the connection drops midway
+            srv.flaky.discard(self.path)
+            self.wfile.write(payload[:len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def _data_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataHandler)
+    srv.files, srv.flaky, srv.log, srv.ranges = {}, set(), [], True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.base = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_data_download_resumes(_data_server, tmp_path, ranges):
+    body = np.random.default_rng(0).bytes(300_000)
+    _data_server.files["/f.bin"], _data_server.ranges = body, ranges
+    _data_server.flaky.add("/f.bin")
+    dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=3, backoff=0)
+    assert dest.read_bytes() == body and not (tmp_path / "f.bin.part").exists()
+    if ranges:  # the second request asked only for the missing half
+        assert _data_server.log[-1] == ("/f.bin", f"bytes={len(body) // 2}-")
+    # a killed run left a .part: the next run continues it rather than starting over
+    (tmp_path / "g.bin.part").write_bytes(body[:1000])
+    prepare_data.download(_data_server.base + "/f.bin", tmp_path / "g.bin", retries=1, backoff=0)
+    assert (tmp_path / "g.bin").read_bytes() == body and _data_server.log[-1][1] == "bytes=1000-"
+
+
+def test_data_text8_download(_data_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_data, "CHUNK", 1000)  # text8 is one line: it is cut at spaces
+    words = np.random.default_rng(1).choice(["the", "cat", "sat", "on", "a", "mat"], 6000)
+    text = " " + " ".join(words)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("text8", text)
+    _data_server.files["/text8.zip"] = buf.getvalue()
+    _data_server.flaky.add("/text8.zip")
+    argv = ["--text8-url", _data_server.base + "/text8.zip", "--out-dir", str(tmp_path), "--unigram", "0",
+            "--retries", "2", "--backoff", "0"]
+    meta = prepare_data.main(argv)
+    d = tmp_path / "text8"
+    n = len(text)
+    assert meta["sizes"] == {"train": n - 2 * (n // 20), "valid": n // 20, "test": n // 20}
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == text
+    assert meta["source"] == [_data_server.base + "/text8.zip"] and meta["unigram"] is None
+    assert (d / "download" / "text8.zip").exists() and not list(d.rglob("*.part"))
+    requests = len(_data_server.log)
+    prepare_data.main(argv)  # finished: no network needed again
+    assert len(_data_server.log) == requests and "skipping" in capsys.readouterr().out
+
+
+def test_data_wiki40b_download(_data_server, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs = {split: [f"\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the "
+                    f"café opened._NEWLINE_It is Ｂig." for i in range(30)] for split in ("train", "validation", "test")}
+    tree = []
+    for split, texts in docs.items():
+        path = f"en/{split}-00000-of-00001.parquet"
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"wikidata_id": ["Q1"] * len(texts), "text": texts}), buf)
+        _data_server.files[f"/datasets/google/wiki40b/resolve/main/{path}"] = buf.getvalue()
+        tree.append({"type": "file", "path": path, "size": len(buf.getvalue())})
+    tree.append({"type": "file", "path": "en/README.md"})
+    _data_server.files["/api/datasets/google/wiki40b/tree/main/en"] = json.dumps(tree).encode()
+    _data_server.flaky.add("/datasets/google/wiki40b/resolve/main/en/validation-00000-of-00001.parquet")
+    meta = prepare_data.main(["--lang", "en", "--hf-base", _data_server.base, "--out-dir", str(tmp_path),
+                              "--unigram", "0", "--max-train-chars", "500", "--retries", "2", "--backoff", "0"])
+    d = tmp_path / "wiki40b-en"
+    assert meta["name"] == "wiki40b-en" and meta["dataset"] == "wiki40b" and len(meta["source"]) == 3
+    full_train = "\n".join(clean(t, "en") for t in docs["train"]) + "\n"
+    assert _data_decode(d, "train", meta) == full_train[:500]
+    assert _data_decode(d, "valid", meta) == "\n".join(clean(t, "en") for t in docs["validation"]) + "\n"
+    assert _data_decode(d, "test", meta).startswith("test zero\nin one nine nine zero the cafe opened\nit is big\n")
+    # the same shards fetched by hand: --input keeps their splits (named train/validation/test)
+    shards = sorted((d / "download").glob("*.parquet"))
+    manual = prepare_data.main(["--dataset", "wiki40b", "--lang", "en", "--input", *map(str, shards), "--name", "manual",
+                                "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500"])
+    assert manual["sizes"] == meta["sizes"] and manual["cleaning"]["split"].startswith("official")
+    for s in ("train", "valid", "test"):
+        assert (tmp_path / "manual" / f"{s}.bin").read_bytes() == (d / f"{s}.bin").read_bytes()
+
+
+def test_data_cc100_stream(_data_server, tmp_path):
+    lines = [f"Line {i}: Hello World, the stream goes on." for i in range(3000)]
+    _data_server.files["/en.txt.xz"] = lzma.compress("\n".join(lines).encode())
+    _data_server.flaky.add("/en.txt.xz")
+    meta = prepare_data.main(["--dataset", "cc100", "--lang", "en", "--cc100-base", _data_server.base,
+                              "--out-dir", str(tmp_path), "--unigram", "0", "--max-eval-chars", "300",
+                              "--max-train-chars", "2000", "--retries", "2", "--backoff", "0"])
+    d = tmp_path / "cc100-en"
+    want = clean("\n".join(lines[:200]), "en")
+    assert meta["sizes"] == {"train": 2000, "valid": 300, "test": 300}
+    got = "".join(_data_decode(d, s, meta) for s in ("valid", "test", "train"))
+    assert got == want[:2600]
+
+
+def test_data_server_down_names_url(_data_server, tmp_path, capsys):
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/text8.zip"
+    msg = _data_fail(["--text8-url", url, "--out-dir", tmp_path, "--retries", "1", "--backoff", "0"], capsys, tmp_path)
+    assert url in msg and "--input" in msg
+    msg = _data_fail(["--text8-url", _data_server.base + "/missing.zip", "--out-dir", tmp_path], capsys, tmp_path)
+    assert "404" in msg and "/missing.zip" in msg  # a 404 is not retried
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["empty", "binary", "not-utf8", "wrong-alphabet", "digits-only", "bad-zip",
+                                  "missing", "unknown-lang", "out-dir-is-file"])
+def test_data_bad_input(case, tmp_path, capsys):
+    f, lang, out = tmp_path / "in.txt", "en", tmp_path / "out"
+    contents = {"empty": b"", "binary": np.random.default_rng(0).bytes(5000) + b"\x00",
+                "not-utf8": bytes(range(0x80, 0x100)) * 40, "wrong-alphabet": "שלום עולם, מה נשמע?\n".encode() * 50,
+                "digits-only": b"2023 - 12 / 31\n", "unknown-lang": b"Hallo Welt\n", "out-dir-is-file": b"hello\n",
+                "missing": None}
+    if case == "bad-zip":
+        f = tmp_path / "in.zip"
+        f.write_bytes(b"PK\x03\x04 definitely not a zip")
+    elif contents[case] is not None:
+        f.write_bytes(contents[case])
+    if case == "unknown-lang":
+        lang = "de"
+    if case == "out-dir-is-file":
+        out = f / "sub"
+    msg = _data_fail(["--input", f, "--lang", lang, "--out-dir", out, "--unigram", "0"], capsys, out)
+    expect = {"empty": "no text", "binary": "binary", "not-utf8": "not UTF-8", "wrong-alphabet": "wrong --lang",
+              "digits-only": "wrong --lang", "bad-zip": "corrupt", "missing": "not found",
+              "unknown-lang": "supported: en, fi, he, vi", "out-dir-is-file": "cannot write"}[case]
+    assert expect in msg
+
+
+def test_data_invalid_utf8_is_reported_and_dropped(tmp_path, capsys):
+    f = tmp_path / "in.txt"
+    f.write_bytes(b"hello world\n" * 100 + b"bad \xff\xfe bytes\n" + b"good end\n")
+    meta = prepare_data.main(["--input", str(f), "--lang", "en", "--out-dir", str(tmp_path), "--unigram", "0"])
+    assert "dropped 2 invalid UTF-8 bytes (first at byte 1204)" in capsys.readouterr().err
+    d = tmp_path / "input-en"
+    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")).endswith("bad bytes\ngood end\n")
+
+
+def test_data_disk_full_leaves_nothing(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "in.txt"
+    f.write_text("hello world\n" * 1000)
+    calls = []
+
+    def full(fh, data):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fh.write(data)
+    monkeypatch.setattr(prepare_data, "_write", full)
+    out = tmp_path / "out"
+    msg = _data_fail(["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"], capsys, out)
+    assert "disk full" in msg
+
+
+def test_data_cli_exit_code_and_one_line(tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("hello\n")
+    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "xx",
+                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: unsupported language 'xx'")
