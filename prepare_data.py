@@ -34,7 +34,9 @@ Notable features
 
 import argparse
 import codecs
+import contextlib
 import errno
+import hashlib
 import http.client
 import io
 import json
@@ -51,37 +53,122 @@ import numpy as np
 
 # -----------------------------------------------------------------------------
 # languages: alphabet (id order after '\n' and ' '), digit names, default Unigram size
+# The alphabets, digit names and pipeline order are those of the paper's released cleaner.
 
-_VI_VOWELS = "aăâeêioôơuưy"
-_VI_TONES = "\u0300\u0301\u0303\u0309\u0323"  # grave, acute, tilde, hook, dot below
 _AZ = "abcdefghijklmnopqrstuvwxyz"
+_VI_VOWELS = "aăâeêioôơuưy"
+_VI_TONES = "\u0300\u0301\u0309\u0303\u0323"  # grave, acute, hook, tilde, dot below
 
 LANGS = {
     "en": dict(letters=_AZ, unigram=10000,
                digits="zero one two three four five six seven eight nine"),
     "fi": dict(letters=_AZ + "åäö", unigram=200,
                digits="nolla yksi kaksi kolme neljä viisi kuusi seitsemän kahdeksan yhdeksän"),
-    "he": dict(letters="".join(chr(c) for c in range(0x5D0, 0x5EB)), unigram=200,  # incl. finals
-               digits="אפס אחד שתיים שלוש ארבע חמש שש שבע שמונה תשע"),
-    "vi": dict(letters=_AZ + "đăâêôơư" + "".join(unicodedata.normalize("NFC", v + t)
-                                                 for v in _VI_VOWELS for t in _VI_TONES),
+    # 27 letters (finals included), then maqaf, geresh, gershayim (as in צה״ל)
+    "he": dict(letters="".join(chr(c) for c in range(0x5D0, 0x5EB)) + "\u05be\u05f3\u05f4",
+               unigram=200, digits="אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה"),
+    # no f, j, w, z; the tone-marked vowels precomposed (NFC)
+    "vi": dict(letters="abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + "".join(
+        unicodedata.normalize("NFC", v + t) for v in _VI_VOWELS for t in _VI_TONES),
                unigram=10000, digits="không một hai ba bốn năm sáu bảy tám chín"),
 }
 TEXT8_ALPHABET = [" "] + list(_AZ)
 
-# look-alike letters of other scripts, folded only inside words that also hold Latin letters
-# (so "pаypal" with a Cyrillic а becomes "paypal", but a Russian word does not become junk)
-_HOMOGLYPHS = dict(zip("аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅԜαονικρτυχεΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
-                       "aeopcyxijsdhlqwabekmhopctxijswaovikptuxeabezhikmnoptyx"))
-# Latin letters that no Unicode decomposition reduces to a basic letter
-_LATIN_EXTRA = {"ß": "ss", "æ": "ae", "œ": "oe", "þ": "th", "ð": "d", "đ": "d", "ı": "i",
-                "ł": "l", "ø": "o", "ŀ": "l", "ĸ": "k"}
-_HEBREW_EXTRA = {"װ": "וו", "ױ": "וי", "ײ": "יי"}  # Yiddish ligatures
+# --fold-accents only: Latin letters that no Unicode decomposition reduces to a basic letter
+_FOLD_EXTRA = {"ß": "ss", "æ": "ae", "œ": "oe", "þ": "th", "ð": "d", "đ": "d", "ı": "i",
+               "ł": "l", "ø": "o", "ŀ": "l", "ĸ": "k", "װ": "וו", "ױ": "וי", "ײ": "יי"}
 _MARKERS = re.compile(r"_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_")
-_HOMO_RE = re.compile("[" + "".join(_HOMOGLYPHS) + "]")
-_WORD_RE = re.compile(r"\w+")
-_LATIN_RE = re.compile("[A-Za-z]")
-_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_HOMOGLYPHS = {}
+
+
+def homoglyphs():
+    """{character: ASCII} from Unicode's confusables (UTS #39, package confusable-homoglyphs):
+    each non-ASCII character confusable with one ASCII character (or with ASCII punctuation
+    only, as “ with ''), plus the fullwidth forms U+FF01-FF5E through their NFKC form."""
+    if not _HOMOGLYPHS:
+        data = _need("confusable_homoglyphs.confusables", "the homoglyph map of the cleaning")
+        listed = {}  # the data lists confusables both ways; right-to-left ones wrapped in U+200E
+        for key, protos in data.confusables_data.items():
+            key = key.strip("\u200e")
+            for p in (h["c"].strip("\u200e") for h in protos):
+                if len(key) == 1 and not key.isascii() and p.isascii() and (
+                        len(p) == 1 or not any(ch.isalnum() for ch in p)):
+                    _HOMOGLYPHS.setdefault(key, p)  # the character's own prototype first
+                elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
+                    listed.setdefault(p, key)
+        for c, a in listed.items():
+            _HOMOGLYPHS.setdefault(c, a)
+        for cp in range(0xFF01, 0xFF5F):
+            a = unicodedata.normalize("NFKC", chr(cp))
+            _HOMOGLYPHS.setdefault(chr(cp), _HOMOGLYPHS.get(a, a))
+    return _HOMOGLYPHS
+
+
+def _lang(lang):
+    if lang not in LANGS:
+        raise ValueError(f"unsupported language {lang!r}; supported: {', '.join(sorted(LANGS))}")
+    return LANGS[lang]
+
+
+class _CharMap(dict):
+    """str.translate table of one language, filled lazily: each code point is decided once.
+    Per character, in the paper's order: homoglyph -> lower case -> digit -> alphabet."""
+
+    def __init__(self, lang, fold_accents):
+        L = _lang(lang)
+        self.letters, self.fold = set(L["letters"]) | {"\n"}, fold_accents
+        self.digits = {str(d): f" {w} " for d, w in enumerate(L["digits"].split())}
+        self.homoglyphs = homoglyphs() if lang != "he" else {}  # Hebrew letters look like l, o, v
+
+    def __missing__(self, cp):
+        out = self[cp] = self._map(chr(cp))
+        return out
+
+    def _map(self, c):
+        if c in self.letters:
+            return c
+        c = self.homoglyphs.get(c, c)
+        # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
+        low = "i" if c == "İ" else c.lower()
+        return "".join(self._keep(ch) for ch in low)
+
+    def _keep(self, ch):
+        if ch in self.letters:
+            return ch
+        if ch in self.digits:  # each digit its own word
+            return self.digits[ch]
+        return self._fold(ch) if self.fold else " "
+
+    def _fold(self, ch):
+        """--fold-accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a space."""
+        d = unicodedata.decimal(ch, None)
+        if d is not None:
+            return self.digits[str(d)]
+        t = "".join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize("NFKC", ch).lower())
+        base = "".join(x for x in unicodedata.normalize("NFD", t) if not unicodedata.combining(x))
+        for s in (t, unicodedata.normalize("NFC", base)):
+            if s and all(x in self.letters and x != "\n" for x in s):
+                return s
+        return "" if unicodedata.category(ch).startswith("M") else " "
+
+
+_TABLES = {}
+
+
+def clean(text: str, lang: str, fold_accents: bool = False) -> str:
+    """The paper's cleaning of raw text (its released text8-style cleaner) with dynpool's fixes.
+    Output: alphabet letters, single spaces and single newlines only, no empty lines, no spaces
+    at line ends; clean(clean(x)) == clean(x). fold_accents: é -> e etc. instead of a space."""
+    table = _TABLES.get((lang, fold_accents))
+    if table is None:
+        table = _TABLES[lang, fold_accents] = _CharMap(lang, fold_accents)
+    text = _MARKERS.sub("\n", text)
+    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
+    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    text = text.translate(table)
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    return "\n".join(line for line in lines if line)
 
 
 def die(msg, code=1):
@@ -95,79 +182,6 @@ def _why(e):
     """An exception's message, or its type's name where it has none."""
     return str(e) or type(e).__name__
 
-
-def _lang(lang):
-    if lang not in LANGS:
-        raise ValueError(f"unsupported language {lang!r}; supported: {', '.join(sorted(LANGS))}")
-    return LANGS[lang]
-
-
-class _FoldTable(dict):
-    """str.translate table filled lazily: every code point is decided once, then cached."""
-
-    def __init__(self, lang):
-        L = _lang(lang)
-        self.letters = set(L["letters"])
-        self.digits = L["digits"].split()
-        self.extra = _HEBREW_EXTRA if lang == "he" else _LATIN_EXTRA
-
-    def __missing__(self, cp):
-        out = self[cp] = self._fold(chr(cp))
-        return out
-
-    def _ok(self, s):
-        return s != "" and all(ch in self.letters for ch in s)
-
-    def _fold(self, c):
-        if c in self.letters:
-            return c
-        if c in _LINE_BREAKS:
-            return "\n"
-        d = unicodedata.decimal(c, None)
-        if d is not None:  # "each digit its own word" (Sec. 4.1)
-            return " " + self.digits[d] + " "
-        for t in (c, c.lower()):
-            if self._ok(t):
-                return t
-            t = "".join(self.extra.get(ch, ch) for ch in t)
-            if self._ok(t):
-                return t
-            base = "".join(ch for ch in unicodedata.normalize("NFD", t) if not unicodedata.combining(ch))
-            base = unicodedata.normalize("NFC", base)
-            if self._ok(base):  # é -> e where é is not a letter of the language
-                return base
-        if unicodedata.category(c).startswith("M"):
-            return ""  # niqqud and stray accents vanish without splitting the word
-        return " "
-
-
-_TABLES = {}
-
-
-def clean(text: str, lang: str) -> str:
-    """The paper's cleaning of raw text (Sec. 4.1). Output: alphabet letters, single spaces and
-    single newlines only, no empty lines, no spaces at line ends; clean(clean(x)) == clean(x)."""
-    table = _TABLES.get(lang)
-    if table is None:
-        table = _TABLES[lang] = _FoldTable(lang)
-    text = _MARKERS.sub("\n", text)
-    # NFKC folds compatibility forms (ligatures, full-width, superscripts, Hebrew presentation
-    # forms) and composes Vietnamese letters; lower-casing and everything else is in the table
-    if not text.isascii():  # ASCII is already NFKC
-        text = unicodedata.normalize("NFKC", text)
-    if lang != "he" and _HOMO_RE.search(text):  # rare: fix only the lines that need it
-        text = "\n".join(_WORD_RE.sub(_fold_mixed, line) if _HOMO_RE.search(line) else line
-                         for line in text.split("\n"))
-    text = text.translate(table)
-    lines = (" ".join(line.split()) for line in text.split("\n"))
-    return "\n".join(line for line in lines if line)
-
-
-_HOMO_MAP = {ord(k): v for k, v in _HOMOGLYPHS.items()}
-
-
-def _fold_mixed(m):
-    return m[0].translate(_HOMO_MAP) if _LATIN_RE.search(m[0]) else m[0]
 
 # -----------------------------------------------------------------------------
 # temp files: everything is written under a temporary name and renamed when complete
@@ -206,19 +220,30 @@ class DownloadError(Exception):
     pass
 
 
+class _Changed(Exception):
+    """The server's file is not the one a .part was cut from: start over, never splice."""
+
+
 def _range_total(headers):
     """The full size from a Content-Range header ("bytes a-b/total" or "bytes */total"), else None."""
     total = (headers.get("Content-Range") or "*/*").rsplit("/", 1)[1]
     return int(total) if total.isdigit() else None
 
 
+def _validator(headers):
+    """The version of a server file: a strong ETag, else Last-Modified, else None."""
+    etag = headers.get("ETag")
+    return etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
+
+
 class HTTPStream(io.RawIOBase):
     """A read-only file over HTTP. A dropped connection is retried with back-off and resumed
-    with a Range request from the byte reached, so a caller never sees the interruption."""
+    with a Range request from the byte reached, guarded by If-Range with the file's version
+    (ETag/Last-Modified): a file changed on the server raises _Changed instead of a splice."""
 
-    def __init__(self, url, pos=0, retries=5, backoff=2.0, timeout=60):
+    def __init__(self, url, pos=0, retries=5, backoff=2.0, timeout=60, validator=None, total=None):
         self.url, self.pos, self.retries, self.backoff, self.timeout = url, pos, retries, backoff, timeout
-        self.total, self.resp = None, None
+        self.validator, self.total, self.resp = validator, total, None
         self._retry(lambda: None)  # connects
 
     def readable(self):
@@ -228,6 +253,8 @@ class HTTPStream(io.RawIOBase):
         headers = {"User-Agent": "dynpool-prepare-data"}
         if self.pos:
             headers["Range"] = f"bytes={self.pos}-"
+            if self.validator:
+                headers["If-Range"] = self.validator
         try:
             resp = urllib.request.urlopen(urllib.request.Request(self.url, headers=headers), timeout=self.timeout)
         except urllib.error.HTTPError as e:
@@ -236,12 +263,16 @@ class HTTPStream(io.RawIOBase):
                 self.total, self.resp = _range_total(e.headers) or self.pos, io.BytesIO()
                 return
             raise
-        if resp.status == 206:
-            self.total = _range_total(resp.headers)
-        else:
-            length = resp.headers.get("Content-Length")
-            self.total = int(length) if length else None
-            skip = self.pos  # server ignored Range: throw away what we already have
+        version = _validator(resp.headers)
+        total = _range_total(resp.headers) if resp.status == 206 else (
+            int(resp.headers["Content-Length"]) if resp.headers.get("Content-Length") else None)
+        if self.pos and ((self.validator and version != self.validator) or (
+                self.total is not None and total is not None and total != self.total)):
+            resp.close()
+            raise _Changed(f"{self.url} changed on the server since the download began")
+        self.validator, self.total = version, total
+        if self.pos and resp.status != 206:  # same file, server ignored Range: skip what we have
+            skip = self.pos
             while skip:
                 got = resp.read(min(skip, 1 << 20))
                 if not got:
@@ -304,17 +335,34 @@ class _Progress:
 
 
 def download(url, dest, retries=5, backoff=2.0):
-    """Fetch url to dest via dest.part (resumed if present); rename only once the size checks."""
+    """Fetch url to dest via dest.part, resumed only while the server's file is the same one
+    (its version is kept in dest.part.json); rename only once the size checks."""
     dest = Path(dest)
     if dest.exists():
         print(f"have {dest}")
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    have = part.stat().st_size if part.exists() else 0
+    part, info = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.json")
+    try:
+        version = json.loads(info.read_text()) if part.exists() else {}
+    except (OSError, ValueError):
+        version = {}
+    have = part.stat().st_size if version else 0  # a .part of unknown version is not resumed
+    for _ in range(2):
+        try:
+            return _fetch(url, dest, part, info, have, version, retries, backoff)
+        except _Changed as e:
+            print(f"{e}; starting over", file=sys.stderr)
+            have, version = 0, {}
+    raise DownloadError(f"{url}: the file keeps changing on the server")
+
+
+def _fetch(url, dest, part, info, have, version, retries, backoff):
     progress = _Progress(f"download {url}")
-    with HTTPStream(url, pos=have, retries=retries, backoff=backoff) as stream, \
-            open(part, "ab" if stream.pos else "wb") as f:
+    with HTTPStream(url, pos=have, retries=retries, backoff=backoff, validator=version.get("validator"),
+                    total=version.get("total")) as stream, open(part, "ab" if stream.pos else "wb") as f:
+        if not stream.pos:
+            info.write_text(json.dumps({"url": url, "validator": stream.validator, "total": stream.total}))
         while True:
             chunk = stream.read(1 << 20)
             if not chunk:
@@ -326,8 +374,10 @@ def download(url, dest, retries=5, backoff=2.0):
     if stream.total is not None and size != stream.total:
         # a .part that does not match is not resumable (a later run would take it as complete)
         part.unlink()
+        info.unlink(missing_ok=True)
         raise DownloadError(f"{url}: got {size} bytes, expected {stream.total}")
     os.replace(part, dest)
+    info.unlink(missing_ok=True)
     return dest
 
 # -----------------------------------------------------------------------------
@@ -407,8 +457,9 @@ def parquet_docs(path):
                 yield (t.decode("utf-8", "replace") if isinstance(t, bytes) else t), "\n"
 
 
-def file_pieces(path):
-    """(text, separator) pieces of a raw .txt / .zip / .xz / .gz / .bz2 / .parquet file."""
+def file_pieces(path, downloaded=False):
+    """(text, separator) pieces of a raw .txt / .zip / .xz / .gz / .bz2 / .parquet file.
+    A corrupt downloaded file is removed, so that the next run fetches it again."""
     import bz2, gzip, lzma, zipfile
     path = Path(path)
     suffix = path.suffix.lower()
@@ -425,11 +476,21 @@ def file_pieces(path):
             with opener(path, "rb") as fb:
                 yield from text_pieces(fb, str(path))
     except (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError) as e:  # OSError: bad gzip/bz2 data
-        die(f"{path}: corrupt or unreadable ({_why(e)})")
+        _corrupt(path, _why(e), downloaded)
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):
-            die(f"{path}: cannot read parquet ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+            _corrupt(path, str(e).splitlines()[0] if str(e) else type(e).__name__, downloaded)
         raise
+
+
+def _corrupt(path, why, downloaded):
+    """Stop on a corrupt file; a downloaded one (and its blob in the hub cache) is removed first."""
+    if downloaded:
+        real = path.resolve()
+        path.unlink(missing_ok=True)
+        real.unlink(missing_ok=True)
+        die(f"downloaded {path} is corrupt ({why}); it was removed: re-run to fetch it again")
+    die(f"{path}: corrupt or unreadable ({why})")
 
 # -----------------------------------------------------------------------------
 # encoding: cleaned text -> token ids, streamed into a .bin under a character cap
@@ -438,12 +499,13 @@ def file_pieces(path):
 class BinWriter:
     """Cleans (text, separator) pieces and appends their ids to path.tmp, stopping at cap."""
 
-    def __init__(self, path, alphabet, dtype, lang, cap=None):
+    def __init__(self, path, alphabet, dtype, lang, cap=None, fold_accents=False):
         self.path, self.tmp, self.lang, self.cap = Path(path), _tmp(path), lang, cap
         self.lut = np.full(0x110000, -1, dtype=np.int32)
         self.lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
         self.dtype, self.f = dtype, open(self.tmp, "wb")
-        self.n = self.raw_chars = self.letters = 0
+        self.n = self.raw_chars = self.letters = self.signs = 0
+        self.fold_accents = fold_accents
         self.clean_s, self.pending, self.full = 0.0, "", False
         if lang:
             words = LANGS[lang]["digits"].split()
@@ -455,10 +517,13 @@ class BinWriter:
         if self.lang:
             t0 = time.perf_counter()
             self.raw_chars += len(text)
-            from_digits = sum(text.count(d) * k for d, k in self.digit_cost)
-            text = clean(text, self.lang)
-            # letters that did not come from spelling out digits: none at all means wrong --lang
-            self.letters += len(text) - text.count(" ") - text.count("\n") - from_digits
+            n_digits = [text.count(d) for d, _ in self.digit_cost]
+            self.signs += len(text) - text.count(" ") - text.count("\n") - sum(n_digits) - sum(
+                map(len, _MARKERS.findall(text)))
+            text = clean(text, self.lang, self.fold_accents)
+            # letters that did not come from spelling out digits: few of them means wrong --lang
+            self.letters += len(text) - text.count(" ") - text.count("\n") - sum(
+                n * k for n, (_, k) in zip(n_digits, self.digit_cost))
             self.clean_s += time.perf_counter() - t0
         if text:
             if self.n or not self.lang:
@@ -520,7 +585,7 @@ def _decode_blocks(path, alphabet, dtype, block=1 << 21):
 
 
 def train_unigram(out, alphabet, dtype, V, sample_chars):
-    spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
+    _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
     data = _ids(out / "train.bin", dtype)
     n = len(data)
     if n == 0:
@@ -532,23 +597,67 @@ def train_unigram(out, alphabet, dtype, V, sample_chars):
     for j in range(k):
         words += _text(data[j * step: j * step + win], alphabet).split()
     letters = "".join(c for c in alphabet if c not in " \n")
+    ok, result = _in_child(_fit_unigram, words + list(letters), letters, V)
+    if ok:
+        return result
+    m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", result)
+    if m:
+        die(f"--unigram {V} is too large for this text (SentencePiece allows at most {m[2]} here); "
+            f"pass --unigram {m[2]} or less, or --unigram 0 to skip Unigram boundaries")
+    die(f"SentencePiece failed: {result}")
+
+
+def _fit_unigram(words, letters, V):
+    """(True, model proto) or (False, SentencePiece's message); run in a child process."""
+    import sentencepiece as spm
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             # each letter once more as a word of its own, so letters the sample lacks still get a piece
-            sentence_iterator=iter(words + list(letters)), model_writer=model, model_type="unigram", vocab_size=V,
+            sentence_iterator=iter(words), model_writer=model, model_type="unigram", vocab_size=V,
             # whole words in, identity normalisation, no dummy prefix: pieces are plain substrings
             normalization_rule_name="identity", add_dummy_prefix=False, split_by_whitespace=True,
             remove_extra_whitespaces=False, character_coverage=1.0, required_chars=letters,
             bos_id=-1, eos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
             max_sentence_length=1 << 16, num_threads=min(4, os.cpu_count() or 1), minloglevel=2)
     except RuntimeError as e:
-        m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
-        if m:
-            die(f"--unigram {V} is too large for this text (SentencePiece allows at most {m[2]} here); "
-                f"pass --unigram {m[2]} or less, or --unigram 0 to skip Unigram boundaries")
-        die(f"SentencePiece failed: {str(e).splitlines()[0]}")
-    return model.getvalue()
+        return False, (str(e).splitlines() or ["RuntimeError"])[0]
+    return True, model.getvalue()
+
+
+def _child_main(conn, fn, args):
+    conn.send(fn(*args))
+    conn.close()
+
+
+def _in_child(fn, *args):
+    """fn(*args) in a child process that ignores Ctrl-C: SentencePiece's C++ loop would hold
+    off Python's handler until training ends, so on Ctrl-C the parent kills the child at once."""
+    import multiprocessing as mp
+    import signal
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through exec
+    try:
+        child = ctx.Process(target=_child_main, args=(send, fn, args), daemon=True)
+        child.start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    send.close()
+    try:
+        while not recv.poll(0.1):
+            if not child.is_alive():
+                break
+        if not recv.poll():
+            return False, f"the training process died (exit code {child.exitcode})"
+        return recv.recv()
+    except EOFError:
+        return False, f"the training process died (exit code {child.exitcode})"
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        recv.close()
 
 
 def unigram_labels(sp, split_path, out_path, alphabet, dtype):
@@ -592,24 +701,56 @@ def unigram_labels(sp, split_path, out_path, alphabet, dtype):
 # sources
 
 
-def list_wiki40b(lang, base, retries, backoff):
-    """Shard paths per split from the hub's tree API (never guessed), following pagination."""
-    url, paths = f"{base}/api/datasets/google/wiki40b/tree/main/{lang}", []
-    while url:
-        with HTTPStream(url, retries=retries, backoff=backoff) as stream:
-            body = stream.read()
-            link = getattr(stream.resp, "headers", {}).get("Link", "")
+WIKI40B = "google/wiki40b"
+
+
+def _hub_error(e):
+    """One line for an error raised inside huggingface_hub (or its HTTP client)."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
+def list_wiki40b(lang, args):
+    """Shard paths per split, listed by huggingface_hub (never guessed); offline (HF_HUB_OFFLINE=1)
+    the shards already in the local cache."""
+    hub = _need("huggingface_hub", "wiki40b downloads")
+    if _need("huggingface_hub.constants", "wiki40b downloads").HF_HUB_OFFLINE:
         try:
-            entries = json.loads(body.decode("utf-8"))
-            paths += [e["path"] for e in entries if e.get("type") == "file" and e["path"].endswith(".parquet")]
-        except (ValueError, TypeError, AttributeError, KeyError):
-            raise DownloadError(f"{url}: not a JSON file listing") from None
-        m = re.search(r'<([^>]+)>;\s*rel="next"', link)
-        url = m[1] if m else None
+            root = Path(hub.snapshot_download(WIKI40B, repo_type="dataset", cache_dir=args.hf_cache,
+                                              allow_patterns=[f"{lang}/*.parquet"], local_files_only=True))
+        except Exception as e:
+            raise DownloadError(f"offline (HF_HUB_OFFLINE) and no cached {WIKI40B} shards for {lang!r}: "
+                                f"{_hub_error(e)}") from None
+        paths = [str(p.relative_to(root)) for p in sorted((root / lang).glob("*.parquet"))]
+    else:
+        api = hub.HfApi(endpoint=args.hf_base)
+        try:
+            paths = [f.path for f in api.list_repo_tree(WIKI40B, path_in_repo=lang, repo_type="dataset")
+                     if f.path.endswith(".parquet")]
+        except Exception as e:
+            raise DownloadError(f"{args.hf_base or 'the hub'}: cannot list {WIKI40B}/{lang}: {_hub_error(e)}") from None
     shards = {s: sorted(p for p in paths if Path(p).name.startswith(s + "-")) for s in ("train", "validation", "test")}
     if not shards["train"]:
-        raise DownloadError(f"{base}: no wiki40b parquet shards for language {lang!r}")
+        raise DownloadError(f"{WIKI40B}: no parquet shards for language {lang!r}")
     return shards
+
+
+def hub_download(path, args):
+    """One wiki40b shard through huggingface_hub's cache (resumed, token from HF_TOKEN or login)."""
+    hub = _need("huggingface_hub", "wiki40b downloads")
+    for attempt in range(args.retries + 1):
+        try:
+            return hub.hf_hub_download(WIKI40B, path, repo_type="dataset", cache_dir=args.hf_cache,
+                                       endpoint=args.hf_base)
+        except Exception as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            err = _hub_error(e)
+            if (status is not None and status < 500 and status not in (408, 429)) \
+                    or type(e).__name__ in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") \
+                    or attempt == args.retries:
+                raise DownloadError(f"{path}: {err}") from None
+        wait = args.backoff * 2 ** attempt
+        print(f"{path}: {err}; retry {attempt + 1}/{args.retries} in {wait:.1f}s", file=sys.stderr)
+        time.sleep(wait)
 
 
 def _split_of(path):
@@ -623,7 +764,7 @@ def _split_of(path):
 def build_splits(args, out, alphabet, dtype, lang):
     """Writes train/valid/test.bin; returns (sources, split rule, cleaning stats)."""
     E, T = args.max_eval_chars, args.max_train_chars
-    stats = {"clean_s": 0.0, "raw": 0, "letters": 0}
+    stats = {"clean_s": 0.0, "raw": 0, "letters": 0, "signs": 0}
 
     def run(writer, pieces):
         last = time.time()
@@ -637,16 +778,17 @@ def build_splits(args, out, alphabet, dtype, lang):
         stats["clean_s"] += writer.clean_s
         stats["raw"] += writer.raw_chars
         stats["letters"] += writer.letters
+        stats["signs"] += writer.signs
         return n
 
     def by_split(docs_for_split, names):
         for split, cap in (("train", T), ("valid", E), ("test", E)):
-            w = BinWriter(out / f"{split}.bin", alphabet, dtype, lang, cap)
+            w = BinWriter(out / f"{split}.bin", alphabet, dtype, lang, cap, args.fold_accents)
             run(w, docs_for_split(names[split]))
             _commit(w.tmp, out / f"{split}.bin")
 
     def one_stream(pieces, cap, head):
-        w = BinWriter(out / "all.bin", alphabet, dtype, lang, cap)
+        w = BinWriter(out / "all.bin", alphabet, dtype, lang, cap, args.fold_accents)
         N = run(w, pieces)
         if head:  # cc-100: valid and test first, so a capped stream fills them before train
             e = E if w.full or N >= 20 * E else N // 20
@@ -674,20 +816,19 @@ def build_splits(args, out, alphabet, dtype, lang):
         return [str(p) for p in args.input], rule, stats
     if args.dataset == "text8":
         zpath = download(args.text8_url, out / "download" / "text8.zip", args.retries, args.backoff)
-        one_stream(file_pieces(zpath), None, head=False)
+        one_stream(file_pieces(zpath, downloaded=True), None, head=False)
         return [args.text8_url], "first 90M train / next 5M valid / last 5M test", stats
     if args.dataset == "wiki40b":
-        shards = list_wiki40b(lang, args.hf_base, args.retries, args.backoff)
+        shards = list_wiki40b(lang, args)
         names = {"train": shards["train"], "valid": shards["validation"], "test": shards["test"]}
-        urls = []
+        used = []
 
         def docs(paths):
             for p in paths:
-                url = f"{args.hf_base}/datasets/google/wiki40b/resolve/main/{p}"
-                urls.append(url)
-                yield from parquet_docs(download(url, out / "download" / Path(p).name, args.retries, args.backoff))
+                used.append(f"hf://datasets/{WIKI40B}/{p}")
+                yield from file_pieces(hub_download(p, args), downloaded=True)
         by_split(docs, names)
-        return urls, "official wiki40b splits, capped", stats
+        return used, "official wiki40b splits, capped", stats
     # cc-100: decompress the .xz while it streams in, stop as soon as the caps are filled
     import lzma
     url = f"{args.cc100_base}/{lang}.txt.xz"
@@ -707,8 +848,25 @@ def count_id(path, dtype, value):
     return sum(int(np.count_nonzero(data[i:i + (1 << 24)] == value)) for i in range(0, len(data), 1 << 24))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Download, clean, split and encode data for dynpool.")
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors (exit 2, no usage dump)."""
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _url(value):
+    """An argparse type: an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s) URL")
+    return value.rstrip("/")
+
+
+def _parser():
+    p = _Parser(description="Download, clean, split and encode data for dynpool.")
     p.add_argument("--dataset", choices=["text8", "wiki40b", "cc100", "input"], default=None,
                    help="source; default text8 without --lang, wiki40b with it, input with --input and --lang")
     p.add_argument("--lang", default=None, help=f"language code, one of {', '.join(sorted(LANGS))}")
@@ -717,6 +875,9 @@ def main(argv=None):
                         "90/5/5, several named *train*/*valid*/*test* keep their splits")
     p.add_argument("--name", default=None, help="output dir name under --out-dir (default text8, wiki40b-<lang>, ...)")
     p.add_argument("--out-dir", type=Path, default=Path("data"), help="parent of the output directory (default data)")
+    p.add_argument("--fold-accents", action="store_true",
+                   help="fold letters outside the alphabet to its letters (é -> e, ß -> ss, niqqud dropped) "
+                        "instead of the paper's space")
     p.add_argument("--max-train-chars", type=int, default=400_000_000, help="cap on cleaned train characters (default 400M)")
     p.add_argument("--max-eval-chars", type=int, default=2_000_000, help="cap on cleaned valid and test characters each (default 2M)")
     p.add_argument("--unigram", type=int, default=None,
@@ -724,22 +885,31 @@ def main(argv=None):
     p.add_argument("--unigram-sample-chars", type=int, default=4_000_000,
                    help="train characters sampled to fit the Unigram model (default 4M)")
     p.add_argument("--force", action="store_true", help="redo finished steps (completed downloads are kept)")
-    p.add_argument("--hf-base", default=os.environ.get("DYNPOOL_HF_BASE", "https://huggingface.co"),
-                   help="Hugging Face hub base URL (env DYNPOOL_HF_BASE; default https://huggingface.co)")
-    p.add_argument("--text8-url", default=os.environ.get("DYNPOOL_TEXT8_URL", "http://mattmahoney.net/dc/text8.zip"),
+    p.add_argument("--hf-base", type=_url, default=None,
+                   help="Hugging Face hub endpoint (default: huggingface_hub's, i.e. HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--hf-cache", type=Path, default=None,
+                   help="huggingface_hub cache dir for the wiki40b shards (default: HF_HUB_CACHE or ~/.cache/huggingface/hub)")
+    p.add_argument("--text8-url", type=_url,
+                   default=os.environ.get("DYNPOOL_TEXT8_URL", "http://mattmahoney.net/dc/text8.zip"),
                    help="text8.zip URL (env DYNPOOL_TEXT8_URL; default mattmahoney.net)")
-    p.add_argument("--cc100-base", default=os.environ.get("DYNPOOL_CC100_BASE", "https://data.statmt.org/cc-100"),
+    p.add_argument("--cc100-base", type=_url, default=os.environ.get("DYNPOOL_CC100_BASE", "https://data.statmt.org/cc-100"),
                    help="cc-100 base URL holding <lang>.txt.xz (env DYNPOOL_CC100_BASE; default data.statmt.org)")
     p.add_argument("--retries", type=int, default=5, help="download retries per request (default 5)")
     p.add_argument("--backoff", type=float, default=2.0, help="first retry delay in seconds, doubled each retry (default 2)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     try:
         return _main(args)
     except KeyboardInterrupt:
-        die("interrupted", 130)
+        die("interrupted; finished steps and completed downloads kept (a re-run continues), "
+            "temp files removed", 130)
     except DownloadError as e:
-        hint = {"wiki40b": f"the {args.lang}/*.parquet shards of {args.hf_base}/datasets/google/wiki40b by hand and "
-                           f"pass --dataset wiki40b --lang {args.lang} --input <train-*, validation-*, test-* files>",
+        hint = {"wiki40b": f"the {args.lang}/*.parquet shards of {WIKI40B} (dataset on the Hugging Face hub) by "
+                           f"hand and pass --dataset wiki40b --lang {args.lang} --input <train-*, validation-*, "
+                           "test-* files>, or set HF_HUB_OFFLINE=1 to use the shards already cached",
                 "cc100": f"{args.cc100_base}/{args.lang}.txt.xz (or its head) by hand and pass --input FILE "
                          f"--lang {args.lang}"}.get(args.dataset, "the file by hand and pass --input FILE")
         die(f"download failed: {e}. Without network, fetch {hint}")
@@ -751,7 +921,8 @@ def main(argv=None):
         _remove_temps()
 
 
-def _main(args):
+def _resolve(args):
+    """Fills in --dataset and --lang, checks the flags; returns the Unigram size."""
     if args.dataset is None:
         args.dataset = ("input" if args.lang else "text8") if args.input else ("wiki40b" if args.lang else "text8")
     if args.dataset == "text8":
@@ -773,6 +944,62 @@ def _main(args):
     if min(V, args.max_eval_chars, args.retries) < 0 or min(args.max_train_chars, args.unigram_sample_chars) < 1:
         die("--unigram, --max-eval-chars and --retries must not be negative, "
             "--max-train-chars and --unigram-sample-chars must be positive")
+    return V
+
+
+@contextlib.contextmanager
+def _lock(out):
+    """An advisory lock on <out>/.lock for the whole run; the OS drops it when the process dies."""
+    import fcntl
+    f = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        die(f"{out} is being prepared by another run (pid {pid}); wait for it to finish or pass another --name")
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def fingerprint(path):
+    """Size, mtime and SHA-256 of an input file: a file edited in place is noticed on re-run."""
+    st, h = os.stat(path), hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+
+
+def cleaning_options(args, lang):
+    """Everything that decides the cleaned text; meta.json records it, re-runs compare it."""
+    if lang is None:
+        return {"lang": None, "pipeline": "text8 as is (a-z and space)", "fold_accents": False}
+    import importlib.metadata as md
+    homo = None
+    if lang != "he":
+        homo = f"Unicode confusables via confusable-homoglyphs {md.version('confusable-homoglyphs')}"
+    return {"lang": lang, "pipeline": "paper (wiki40b markers, homoglyphs, lower case, digits, alphabet)",
+            "homoglyphs": homo, "fold_accents": args.fold_accents,
+            "fixes": ["NFC first", "İ -> i"] + (["digit words without niqqud"] if lang == "he" else []),
+            "alphabet": LANGS[lang]["letters"]}
+
+
+def _differs(old, new):
+    """The options of an existing dataset that differ from this run's, as one short phrase."""
+    keys = sorted(set(old) | set(new), key=str)
+    return ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+
+
+def _main(args):
+    V = _resolve(args)
     lang = None if args.dataset == "text8" else args.lang  # text8 is already clean: kept as is
     name = args.name or {"text8": "text8", "input": f"input-{args.lang}"}.get(args.dataset, f"{args.dataset}-{args.lang}")
     out = args.out_dir / name
@@ -783,93 +1010,118 @@ def _main(args):
         probe.unlink()
     except OSError as e:
         die(f"cannot write to output dir {out}: {e.strerror or e}")
+    with _lock(out):
+        return _prepare(args, out, name, lang, V)
+
+
+def _prepare(args, out, name, lang, V):
     alphabet = TEXT8_ALPHABET if lang is None else ["\n", " "] + list(LANGS[lang]["letters"])
     dtype = "uint8" if len(alphabet) <= 256 else "uint16"
-    cleaning = {"lang": lang, "wiki40b_markers": "removed", "homoglyphs": lang not in (None, "he"),
-                "nfkc": lang is not None, "lowercase": lang is not None, "digits": "spelled" if lang else "kept",
-                "diacritics": {"he": "removed", "vi": "kept (NFC)", None: "n/a"}.get(lang, "folded to alphabet"),
-                "split": None, "max_train_chars": args.max_train_chars, "max_eval_chars": args.max_eval_chars,
-                "input": [str(f) for f in args.input] if args.input else None}
-    stamp_path, meta_path = out / ".splits.json", out / "meta.json"
-    splits = ("train", "valid", "test")
-
-    def n_tokens(path):
-        return os.path.getsize(path) // np.dtype(dtype).itemsize
-
-    stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() and not args.force else None
-    if stamp and stamp["key"] == [args.dataset, cleaning] and all(
-            (out / f"{s}.bin").exists() and n_tokens(out / f"{s}.bin") == stamp["sizes"][s] for s in splits):
-        print(f"splits done in {out}, skipping (--force redoes)")
-        sources, rule, rate = stamp["source"], stamp["rule"], stamp["rate"]
-    else:
-        for f in [meta_path, stamp_path, *out.glob("unigram-*.model"), *out.glob("*.unigram-*.bin")]:
-            f.unlink(missing_ok=True)  # stale outputs of an earlier run
-        sources, rule, stats = build_splits(args, out, alphabet, dtype, lang)
-        sizes = {s: n_tokens(out / f"{s}.bin") for s in splits}
-        total, src = sum(sizes.values()), ", ".join(map(str, sources))
-        raw, letters = (stats["raw"], stats["letters"]) if lang else (total, total)
-        if raw == 0 or letters <= 0:
-            for s in splits:
-                (out / f"{s}.bin").unlink(missing_ok=True)
-            if raw == 0:
-                die(f"no text in {src} (empty input?)")
-            die(f"none of the {stats['raw']} characters of {src} are {lang} letters "
-                f"({''.join(LANGS[lang]['letters'][:3])}...) apart from digits; wrong --lang?")
-        rate = stats["raw"] / stats["clean_s"] if stats["clean_s"] else None
-        if sizes["train"] == 0 or sizes["valid"] == 0 or sizes["test"] == 0:
-            print(f"warning: an empty split {sizes}; the input is very small", file=sys.stderr)
-        tmp = _tmp(stamp_path)
-        tmp.write_text(json.dumps({"key": [args.dataset, cleaning], "sizes": sizes, "source": sources,
-                                   "rule": rule, "rate": rate}))
-        _commit(tmp, stamp_path)
-    sizes = {s: n_tokens(out / f"{s}.bin") for s in splits}
+    cleaning = cleaning_options(args, lang)
+    key = {"dataset": args.dataset, **cleaning, "max_train_chars": args.max_train_chars,
+           "max_eval_chars": args.max_eval_chars, "input": [str(f) for f in args.input] if args.input else None}
+    inputs = [fingerprint(f) for f in args.input] if args.input else None
+    sizes, sources, rule, rate = _splits(args, out, alphabet, dtype, lang, key, inputs)
     space_id = alphabet.index(" ")
     n_space = count_id(out / "train.bin", dtype, space_id)
     mwl = sizes["train"] / n_space if n_space else None
-
-    uni = None
-    if V:
-        model_path = out / f"unigram-{V}.model"
-        label_paths = {s: out / f"{s}.unigram-{V}.bin" for s in splits}
-        old = json.loads(meta_path.read_text()).get("unigram") if meta_path.exists() and not args.force else None
-        if old and old.get("vocab_size") == V and model_path.exists() and all(
-                label_paths[s].exists() and os.path.getsize(label_paths[s]) == sizes[s] for s in splits):
-            print(f"unigram-{V} done, skipping (--force redoes)")
-            uni = old
-        else:
-            meta_path.unlink(missing_ok=True)
-            spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
-            t0 = time.time()
-            proto = train_unigram(out, alphabet, dtype, V, args.unigram_sample_chars)
-            sp = spm.SentencePieceProcessor(model_proto=proto)
-            sf = {}
-            for s in splits:
-                ones = unigram_labels(sp, out / f"{s}.bin", label_paths[s], alphabet, dtype)
-                sf[s] = round(sizes[s] / ones, 4) if ones else None
-            tmp = _tmp(model_path)
-            tmp.write_bytes(proto)
-            _commit(tmp, model_path)
-            uni = {"vocab_size": V, "model": model_path.name, "shortening_factor": sf}
-            print(f"unigram-{V}: trained and labelled in {time.time() - t0:.1f}s")
-
+    uni = _unigram(args, out, alphabet, dtype, V, sizes) if V else None
     meta = {"name": name, "dataset": args.dataset, "lang": args.lang, "alphabet": alphabet,
             "vocab_size": len(alphabet), "space_id": space_id,
             "newline_id": alphabet.index("\n") if "\n" in alphabet else None, "dtype": dtype,
-            "sizes": sizes, "source": sources, "cleaning": {**cleaning, "split": rule},
+            "sizes": sizes, "source": sources, "cleaning": {**key, "split": rule}, "inputs": inputs,
             "mean_word_length": round(mwl, 4) if mwl else None, "unigram": uni}
-    tmp = _tmp(meta_path)
+    tmp = _tmp(out / "meta.json")
     tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
-    _commit(tmp, meta_path)
+    _commit(tmp, out / "meta.json")
 
     print(f"\n== {out} ==")
     print(f"dataset {args.dataset}, lang {args.lang}, vocab {len(alphabet)} ({dtype}), split: {rule}")
-    print("chars: " + ", ".join(f"{s} {sizes[s]:,}" for s in splits))
+    print("chars: " + ", ".join(f"{s} {sizes[s]:,}" for s in SPLITS))
     print(f"mean word length (whitespace shortening factor, train): {mwl:.3f}" if mwl else "no spaces in train")
     if uni:
         print(f"unigram-{V} shortening factor: " + ", ".join(f"{s} {v}" for s, v in uni["shortening_factor"].items()))
     if rate:
         print(f"cleaning rate: {rate / 1e6:.2f} M chars/s")
     return meta
+
+
+SPLITS = ("train", "valid", "test")
+
+
+def _splits(args, out, alphabet, dtype, lang, key, inputs):
+    """Builds train/valid/test.bin unless an earlier run with the same options and input did;
+    returns (sizes, sources, split rule, cleaning rate)."""
+    stamp_path, itemsize = out / ".splits.json", np.dtype(dtype).itemsize
+    try:
+        stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else None
+    except ValueError:
+        stamp = None
+    if stamp and not args.force:
+        if stamp.get("key") != key:
+            die(f"{out} holds data prepared with other options ({_differs(stamp.get('key') or {}, key)}); "
+                "pass --force to rebuild it, or --name NEW for a separate dataset")
+        if stamp.get("inputs") != inputs:
+            print(f"input changed since {out} was prepared (size, mtime or SHA-256): rebuilding", file=sys.stderr)
+        elif all((out / f"{s}.bin").exists() and os.path.getsize(out / f"{s}.bin") == stamp["sizes"][s] * itemsize
+                 for s in SPLITS):
+            print(f"splits done in {out}, skipping (--force redoes)")
+            return stamp["sizes"], stamp["source"], stamp["rule"], stamp["rate"]
+    for f in [out / "meta.json", stamp_path, *out.glob("unigram-*.model"), *out.glob("*.unigram-*.bin")]:
+        f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
+    sources, rule, stats = build_splits(args, out, alphabet, dtype, lang)
+    sizes = {s: os.path.getsize(out / f"{s}.bin") // itemsize for s in SPLITS}
+    src = ", ".join(map(str, sources))
+    letters, signs = (stats["letters"], stats["signs"]) if lang else (sum(sizes.values()),) * 2
+    why = None
+    if stats["raw"] == 0 and lang or sum(sizes.values()) == 0 and not lang:
+        why = f"no text in {src} (empty input?)"
+    elif letters <= 0 or letters < 0.5 * signs:
+        why = (f"only {max(letters, 0)} of the {signs} non-space, non-digit characters of {src} are {lang} "
+               f"letters after cleaning ({''.join(LANGS[lang]['letters'][:3])}...); wrong --lang?")
+    elif min(sizes.values()) == 0:
+        why = (f"{src} is too small: it cleans to {sum(sizes.values())} characters, leaving an empty split "
+               f"({', '.join(f'{s} {n}' for s, n in sizes.items())}); give more text")
+    if why:
+        for s in SPLITS:
+            (out / f"{s}.bin").unlink(missing_ok=True)
+        die(why)
+    rate = stats["raw"] / stats["clean_s"] if stats["clean_s"] else None
+    tmp = _tmp(stamp_path)
+    tmp.write_text(json.dumps({"key": key, "inputs": inputs, "sizes": sizes, "source": sources,
+                               "rule": rule, "rate": rate}, ensure_ascii=False))
+    _commit(tmp, stamp_path)
+    return sizes, sources, rule, rate
+
+
+def _unigram(args, out, alphabet, dtype, V, sizes):
+    """Fits SentencePiece Unigram-V on train and labels every split, unless done already."""
+    meta_path, model_path = out / "meta.json", out / f"unigram-{V}.model"
+    label_paths = {s: out / f"{s}.unigram-{V}.bin" for s in SPLITS}
+    try:
+        old = json.loads(meta_path.read_text()).get("unigram") if meta_path.exists() and not args.force else None
+    except ValueError:
+        old = None
+    if old and old.get("vocab_size") == V and model_path.exists() and all(
+            label_paths[s].exists() and os.path.getsize(label_paths[s]) == sizes[s] for s in SPLITS):
+        print(f"unigram-{V} done, skipping (--force redoes)")
+        return old
+    meta_path.unlink(missing_ok=True)
+    spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
+    t0 = time.time()
+    print(f"unigram-{V}: training SentencePiece on up to {args.unigram_sample_chars:,} train characters",
+          file=sys.stderr, flush=True)
+    proto = train_unigram(out, alphabet, dtype, V, args.unigram_sample_chars)
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    sf = {}
+    for s in SPLITS:
+        ones = unigram_labels(sp, out / f"{s}.bin", label_paths[s], alphabet, dtype)
+        sf[s] = round(sizes[s] / ones, 4) if ones else None
+    tmp = _tmp(model_path)
+    tmp.write_bytes(proto)
+    _commit(tmp, model_path)
+    print(f"unigram-{V}: trained and labelled in {time.time() - t0:.1f}s")
+    return {"vocab_size": V, "model": model_path.name, "shortening_factor": sf}
 
 
 if __name__ == "__main__":

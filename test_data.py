@@ -6,15 +6,19 @@ Run:   python -m pytest -q test_data.py   (real text from ../shared/data; those 
 
 
 import errno
+import hashlib
 import http.server
 import io
 import json
 import lzma
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 import zipfile
 from pathlib import Path
@@ -84,26 +88,62 @@ def _data_slice(src, dst, nbytes=200_000):
     return dst
 
 
-# --- cleaning --------------------------------------------------------------------------------
+# --- cleaning ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("lang", sorted(LANGS))
-def test_data_clean_properties(lang):
+@pytest.mark.parametrize("fold", [False, True])
+def test_data_clean_properties(lang, fold):
     allowed = set(LANGS[lang]["letters"]) | {" ", "\n"}
 
     @_DATA_SETTINGS
     @given(_data_text(lang))
     def check(text):
-        out = clean(text, lang)
+        out = clean(text, lang, fold)
         assert set(out) <= allowed
-        assert clean(out, lang) == out
+        assert clean(out, lang, fold) == out
         assert "  " not in out and "\n\n" not in out
         assert all(line and line == line.strip(" ") for line in out.split("\n")) or out == ""
         assert not any(ch.isdigit() for ch in out)
     check()
 
 
+def test_data_alphabets_are_the_papers():
+    """The alphabets of the paper's cleaner: Vietnamese without f j w z and with 12 x 5
+    precomposed tone-marked vowels; Hebrew with maqaf, geresh and gershayim."""
+    for lang, L in LANGS.items():
+        letters = L["letters"]
+        assert len(set(letters)) == len(letters) and " " not in letters and "\n" not in letters
+        assert all(unicodedata.is_normalized("NFC", c) and len(c) == 1 for c in letters)
+    assert LANGS["en"]["letters"] == "abcdefghijklmnopqrstuvwxyz"
+    assert LANGS["fi"]["letters"] == LANGS["en"]["letters"] + "åäö"
+    vi = set(LANGS["vi"]["letters"])
+    assert not vi & set("fjwz") and set("ăâđêôơư") <= vi and len(vi) == 22 + 7 + 60
+    toned = ("àáảãạ ằắẳẵặ ầấẩẫậ èéẻẽẹ ềếểễệ ìíỉĩị òóỏõọ ồốổỗộ ờớởỡợ ùúủũụ ừứửữự ỳýỷỹỵ").replace(" ", "")
+    assert vi == set("abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + toned)
+    he = LANGS["he"]["letters"]
+    assert len(he) == 30 and {"\u05be", "\u05f3", "\u05f4"} <= set(he)
+    assert all(unicodedata.name(c).startswith("HEBREW LETTER") for c in he[:27])
+
+
 @_DATA_SETTINGS
-@given(st.sampled_from(sorted(LANGS)), st.integers(min_value=0, max_value=10 ** 30), st.sampled_from(["", " ", "-", ".", "\t"]))
+@given(st.sampled_from(sorted(LANGS)), st.data())
+def test_data_alphabet_letters_kept_others_split(lang, data):
+    """Every letter of the alphabet (and its capital) survives; a character that is not a
+    letter, digit or homoglyph of the alphabet splits the word, as in the paper (müller ->
+    m ller), whatever the script."""
+    letters = LANGS[lang]["letters"]
+    c = data.draw(st.sampled_from(letters))
+    assert clean(f"a{c}{c.upper()}", lang).endswith(c + c)
+    homo = prepare_data.homoglyphs() if lang != "he" else {}
+    other = data.draw(st.characters(blacklist_categories=("Cs",)).filter(
+        lambda o: not set((homo.get(o, o)).lower()) & set(letters + "0123456789") and o not in "İ\n"))
+    w = letters[0]
+    assert clean(f"{w}{other}{w}", lang) == f"{w} {w}"
+
+
+@_DATA_SETTINGS
+@given(st.sampled_from(sorted(LANGS)), st.integers(min_value=0, max_value=10 ** 30),
+       st.sampled_from(["", " ", "-", ".", "\t"]))
 def test_data_clean_digits_spelled(lang, n, glue):
     words = LANGS[lang]["digits"].split()
     spelled = " ".join(words[int(d)] for d in str(n))
@@ -113,10 +153,10 @@ def test_data_clean_digits_spelled(lang, n, glue):
 
 
 @_DATA_SETTINGS
-@given(st.lists(st.tuples(st.text(st.sampled_from(LANGS["he"]["letters"]), min_size=1, max_size=8),
+@given(st.lists(st.tuples(st.text(st.sampled_from(LANGS["he"]["letters"][:27]), min_size=1, max_size=8),
                           st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8), st.randoms()),
                 min_size=1, max_size=6))
-def test_data_clean_hebrew_diacritics_keep_words_whole(words):
+def test_data_fold_accents_keeps_pointed_hebrew_words_whole(words):
     plain, pointed = [], []
     for w, marks, rnd in words:
         chars = list(w)
@@ -124,20 +164,50 @@ def test_data_clean_hebrew_diacritics_keep_words_whole(words):
             chars.insert(rnd.randint(1, len(chars)), m)
         plain.append(w)
         pointed.append("".join(chars))
-    assert clean(" ".join(pointed), "he") == " ".join(plain)
+    assert clean(" ".join(pointed), "he", fold_accents=True) == " ".join(plain)
 
 
 def test_data_clean_examples():
     assert clean("\n_START_ARTICLE_\nTitle\n_START_SECTION_\nA b\n_START_PARAGRAPH_\nOne._NEWLINE_Two", "en") \
         == "title\na b\none\ntwo"
-    assert clean("PаyPal ﬁle Ｆull café  straße", "en") == "paypal file full cafe strasse"  # Cyrillic а
-    assert clean("Привет “quoted” — dash", "en") == "quoted dash"  # a Cyrillic word is no homoglyph
-    assert clean("Hyvää päivää, ÅLAND! café", "fi") == "hyvää päivää åland cafe"
-    assert clean("Tru\u031bo\u031b\u0300ng ĐẠI học 2006", "vi") == "trường đại học hai không không sáu"
-    assert clean("בְּרֵאשִׁית בָּרָא 12 בית־ספר (INR)", "he") == "בראשית ברא אחד שתיים בית ספר"
-    assert clean("  a \r\n\n\n b\t\u2028c  ", "en") == "a\nb\nc"
+    # the paper's pipeline: homoglyphs (Cyrillic а, fullwidth Ｆ, bold 𝐁) then lower case, and a
+    # letter outside the alphabet becomes a space
+    assert clean("PаyPal Ｆull 𝐁old ２０ café Müller", "en") == "paypal full bold two zero caf m ller"
+    assert clean("PаyPal café Müller straße", "en", fold_accents=True) == "paypal cafe muller strasse"
+    assert clean("Hyvää päivää, ÅLAND! café", "fi") == "hyvää päivää åland caf"
+    assert clean("Tru\u031bo\u031b\u0300ng ĐẠI học 2006 Wikipedia", "vi") \
+        == "trường đại học hai không không sáu ikipedia"  # NFD composed first (fix); no w
+    # Hebrew: no homoglyphs, niqqud splits the word as in the paper, digits spelled without
+    # niqqud (fix), geresh/gershayim/maqaf kept
+    assert clean("בְּרֵאשִׁית 12 בית־ספר צה״ל (INR)", "he") == "ב ר אש ית אחד שנים בית־ספר צה״ל"
+    assert clean("İstanbul", "en") == "istanbul"  # fix: not "i stanbul"
+    assert clean("  a \r\n\n\n b\t\u2028c  ", "en") == "a\nb c"
     with pytest.raises(ValueError, match="supported: en, fi, he, vi"):
         clean("x", "de")
+
+
+def test_data_homoglyph_map_covers_lookalikes():
+    """The map comes from Unicode's confusables; it covers Cyrillic and Greek lookalikes,
+    fullwidth and mathematical letters and digits, typographic quotes and dashes."""
+    H = prepare_data.homoglyphs()
+    for src, dst in [("аеорсухіјѕԁһԛԝАВЕКМНОРСТХЈЅԜ", "aeopcyxijsdhqwabekmhopctxjsw"),
+                     ("αονιρυΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "aovipuabezhlkmnoptyx")]:
+        assert "".join(H[c].lower() for c in src) == dst
+    # confusables' prototypes of 0, 1 and I are O, l and l (as in the paper's table); fullwidth
+    # forms go through NFKC, so fullwidth digits stay digits
+    def want(c, proto):
+        n = unicodedata.normalize("NFKC", c)
+        return proto.get(n, n).lower()
+    fullwidth = [chr(c) for c in range(0xFF10, 0xFF1A)] + [chr(c) for c in range(0xFF21, 0xFF3B)] \
+        + [chr(c) for c in range(0xFF41, 0xFF5B)]
+    assert all(H[c].lower() == want(c, {"I": "l"}) for c in fullwidth)
+    math = [chr(c) for c in range(0x1D400, 0x1D800) if unicodedata.normalize("NFKC", chr(c)).isalnum()
+            and unicodedata.normalize("NFKC", chr(c)).isascii()]
+    ok = [c for c in math if H.get(c, "").lower() == want(c, {"0": "O", "1": "l", "I": "l"})]
+    assert len(math) > 650 and len(ok) >= len(math) - 20  # the m-likes map to "rn", not one letter
+    assert "".join(H[c] for c in "𝐌𝐚𝐭𝐡𝟐𝟑") == "Math23" and clean("𝐌𝐚𝐭𝐡𝟐𝟑", "en") == "math two three"
+    assert {H[c] for c in "‘’‛′"} == {"'"} and {H[c] for c in "“”‟″"} == {"''"}
+    assert {H[c] for c in "‐‑‒–−"} == {"-"}
 
 
 # --- end to end on real text -------------------------------------------------------------------
@@ -210,31 +280,45 @@ def test_data_text8_input_kept_as_is(tmp_path, capsys):
 # --- downloads against a local server ------------------------------------------------------------
 
 class _DataHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
+    """Files with an ETag (honouring Range and If-Range), and the two calls huggingface_hub
+    makes: the tree listing of a dataset folder, and HEAD/GET of resolve/main/<file>."""
+
+    def do_HEAD(self):
+        self.do_GET(head=True)
+
+    def do_GET(self, head=False):
         srv = self.server
-        srv.log.append((self.path, self.headers.get("Range")))
-        body = srv.files.get(self.path)
+        path = self.path.split("?")[0]
+        srv.log.append((self.command, path, self.headers.get("Range")))
+        m = re.match(r"/api/datasets/google/wiki40b/tree/main/(\w+)$", path)
+        if m:
+            tree = [{"type": "file", "path": p[len("/datasets/google/wiki40b/resolve/main/"):], "size": len(b),
+                     "oid": hashlib.sha1(b).hexdigest()} for p, b in srv.files.items()
+                    if p.startswith(f"/datasets/google/wiki40b/resolve/main/{m[1]}/")]
+            return self._send(200, json.dumps(tree).encode(), head, {"Content-Type": "application/json"})
+        body = srv.files.get(path)
         if body is None:
-            self.send_error(404)
-            return
-        start = 0
-        rng = self.headers.get("Range")
-        if rng and srv.ranges:
+            return self.send_error(404)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        headers = {"ETag": etag, "X-Repo-Commit": "c" * 40} if srv.etags else {}
+        rng, if_range = self.headers.get("Range"), self.headers.get("If-Range")
+        if rng and srv.ranges and (if_range is None or if_range == etag):
             start = int(rng.split("=")[1].split("-")[0])
             if start >= len(body):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(body)}")
-                self.end_headers()
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        else:
-            self.send_response(200)
-        payload = body[start:]
-        self.send_header("Content-Length", str(len(payload)))
+                return self._send(416, b"", head, {"Content-Range": f"bytes */{len(body)}"})
+            headers["Content-Range"] = f"bytes {start}-{len(body) - 1}/{len(body)}"
+            return self._send(206, body[start:], head, headers, flaky=path in srv.flaky)
+        self._send(200, body, head, headers, flaky=path in srv.flaky and not head)
+
+    def _send(self, code, payload, head, headers, flaky=False):
+        self.send_response(code)
+        for k, v in {**headers, "Content-Length": str(len(payload))}.items():
+            self.send_header(k, v)
         self.end_headers()
-        if self.path in srv.flaky:  # first attempt: the connection drops midway
-            srv.flaky.discard(self.path)
+        if head:
+            return
+        if flaky:  # first attempt: the connection drops midway
+            self.server.flaky.discard(self.path.split("?")[0])
             self.wfile.write(payload[:len(payload) // 2])
             self.wfile.flush()
             self.close_connection = True
@@ -248,7 +332,7 @@ class _DataHandler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def _data_server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataHandler)
-    srv.files, srv.flaky, srv.log, srv.ranges = {}, set(), [], True
+    srv.files, srv.flaky, srv.log, srv.ranges, srv.etags = {}, set(), [], True, True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.base = f"http://127.0.0.1:{srv.server_address[1]}"
     yield srv
@@ -262,23 +346,45 @@ def test_data_download_resumes(_data_server, tmp_path, ranges):
     _data_server.files["/f.bin"], _data_server.ranges = body, ranges
     _data_server.flaky.add("/f.bin")
     dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=3, backoff=0)
-    assert dest.read_bytes() == body and not (tmp_path / "f.bin.part").exists()
+    assert dest.read_bytes() == body and not list(tmp_path.glob("f.bin.part*"))
     if ranges:  # the second request asked only for the missing half
-        assert _data_server.log[-1] == ("/f.bin", f"bytes={len(body) // 2}-")
-    # a killed run left a .part: the next run continues it rather than starting over
+        assert _data_server.log[-1] == ("GET", "/f.bin", f"bytes={len(body) // 2}-")
+    # a killed run left a .part and its version: the next run continues it
     (tmp_path / "g.bin.part").write_bytes(body[:1000])
+    etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+    (tmp_path / "g.bin.part.json").write_text(json.dumps({"validator": etag, "total": len(body)}))
     prepare_data.download(_data_server.base + "/f.bin", tmp_path / "g.bin", retries=1, backoff=0)
-    assert (tmp_path / "g.bin").read_bytes() == body and _data_server.log[-1][1] == "bytes=1000-"
+    assert (tmp_path / "g.bin").read_bytes() == body and _data_server.log[-1][2] == "bytes=1000-"
+
+
+@pytest.mark.parametrize("etags", [True, False])
+def test_data_download_changed_on_server_not_spliced(_data_server, tmp_path, capsys, etags):
+    """A .part cut from an old version of the file is not continued with the new one (If-Range
+    with the ETag, or the size where the server gives no version): the download starts over."""
+    old, new = b"A" * 50_000, b"B" * (50_000 if etags else 60_000)
+    _data_server.files["/f.bin"], _data_server.etags = old, etags
+    _data_server.flaky.add("/f.bin")
+    with pytest.raises(prepare_data.DownloadError):  # cut midway, no retries left
+        prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=0, backoff=0)
+    assert (tmp_path / "f.bin.part").read_bytes() == old[:25_000]
+    _data_server.files["/f.bin"] = new
+    dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=1, backoff=0)
+    assert dest.read_bytes() == new and not list(tmp_path.glob("f.bin.part*"))
+    assert "changed on the server" in capsys.readouterr().err
+
+
+def _data_zip(text):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("text8", text)
+    return buf.getvalue()
 
 
 def test_data_text8_download(_data_server, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(prepare_data, "CHUNK", 1000)  # text8 is one line: it is cut at spaces
     words = np.random.default_rng(1).choice(["the", "cat", "sat", "on", "a", "mat"], 6000)
     text = " " + " ".join(words)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("text8", text)
-    _data_server.files["/text8.zip"] = buf.getvalue()
+    _data_server.files["/text8.zip"] = _data_zip(text)
     _data_server.flaky.add("/text8.zip")
     argv = ["--text8-url", _data_server.base + "/text8.zip", "--out-dir", str(tmp_path), "--unigram", "0",
             "--retries", "2", "--backoff", "0"]
@@ -288,42 +394,68 @@ def test_data_text8_download(_data_server, tmp_path, capsys, monkeypatch):
     assert meta["sizes"] == {"train": n - 2 * (n // 20), "valid": n // 20, "test": n // 20}
     assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == text
     assert meta["source"] == [_data_server.base + "/text8.zip"] and meta["unigram"] is None
-    assert (d / "download" / "text8.zip").exists() and not list(d.rglob("*.part"))
+    assert (d / "download" / "text8.zip").exists() and not list(d.rglob("*.part*"))
     requests = len(_data_server.log)
     prepare_data.main(argv)  # finished: no network needed again
     assert len(_data_server.log) == requests and "skipping" in capsys.readouterr().out
+    # a corrupt archive in the download folder (Bad CRC-32): removed with advice, then refetched
+    z = bytearray((d / "download" / "text8.zip").read_bytes())
+    z[len(z) // 2] ^= 0xFF
+    (d / "download" / "text8.zip").write_bytes(bytes(z))
+    msg = _data_fail(argv + ["--force"], capsys)
+    assert "corrupt" in msg and "re-run to fetch it again" in msg
+    assert not (d / "download" / "text8.zip").exists() and not (d / "meta.json").exists()
+    assert prepare_data.main(argv)["sizes"] == meta["sizes"]
 
 
-def test_data_wiki40b_download(_data_server, tmp_path):
+def _data_wiki40b_docs():
+    return {split: [f"\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the "
+                    f"café opened._NEWLINE_It is Ｂig." for i in range(30)] for split in ("train", "validation", "test")}
+
+
+def _data_hub(srv):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    docs = {split: [f"\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the "
-                    f"café opened._NEWLINE_It is Ｂig." for i in range(30)] for split in ("train", "validation", "test")}
-    tree = []
+    docs = _data_wiki40b_docs()
     for split, texts in docs.items():
-        path = f"en/{split}-00000-of-00001.parquet"
         buf = io.BytesIO()
         pq.write_table(pa.table({"wikidata_id": ["Q1"] * len(texts), "text": texts}), buf)
-        _data_server.files[f"/datasets/google/wiki40b/resolve/main/{path}"] = buf.getvalue()
-        tree.append({"type": "file", "path": path, "size": len(buf.getvalue())})
-    tree.append({"type": "file", "path": "en/README.md"})
-    _data_server.files["/api/datasets/google/wiki40b/tree/main/en"] = json.dumps(tree).encode()
-    _data_server.flaky.add("/datasets/google/wiki40b/resolve/main/en/validation-00000-of-00001.parquet")
-    meta = prepare_data.main(["--lang", "en", "--hf-base", _data_server.base, "--out-dir", str(tmp_path),
-                              "--unigram", "0", "--max-train-chars", "500", "--retries", "2", "--backoff", "0"])
+        srv.files[f"/datasets/google/wiki40b/resolve/main/en/{split}-00000-of-00001.parquet"] = buf.getvalue()
+    srv.files["/datasets/google/wiki40b/resolve/main/en/README.md"] = b"not a shard"
+    return docs
+
+
+def test_data_wiki40b_through_huggingface_hub(_data_server, tmp_path):
+    """A fake hub on 127.0.0.1: huggingface_hub lists the shards and downloads them into its
+    cache; offline (HF_HUB_OFFLINE=1) a second dataset is made from that cache alone."""
+    docs = _data_hub(_data_server)
+    cache = tmp_path / "hf-cache"
+    meta = prepare_data.main(["--lang", "en", "--hf-base", _data_server.base, "--hf-cache", str(cache),
+                              "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500",
+                              "--retries", "2", "--backoff", "0"])
     d = tmp_path / "wiki40b-en"
     assert meta["name"] == "wiki40b-en" and meta["dataset"] == "wiki40b" and len(meta["source"]) == 3
+    assert meta["source"][0] == "hf://datasets/google/wiki40b/en/train-00000-of-00001.parquet"
     full_train = "\n".join(clean(t, "en") for t in docs["train"]) + "\n"
     assert _data_decode(d, "train", meta) == full_train[:500]
     assert _data_decode(d, "valid", meta) == "\n".join(clean(t, "en") for t in docs["validation"]) + "\n"
-    assert _data_decode(d, "test", meta).startswith("test zero\nin one nine nine zero the cafe opened\nit is big\n")
-    # the same shards fetched by hand: --input keeps their splits (named train/validation/test)
-    shards = sorted((d / "download").glob("*.parquet"))
-    manual = prepare_data.main(["--dataset", "wiki40b", "--lang", "en", "--input", *map(str, shards), "--name", "manual",
-                                "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500"])
-    assert manual["sizes"] == meta["sizes"] and manual["cleaning"]["split"].startswith("official")
+    assert _data_decode(d, "test", meta).startswith("test zero\nin one nine nine zero the caf opened\nit is big\n")
+    shards = sorted(cache.rglob("snapshots/*/en/*.parquet"))
+    assert len(shards) == 3 and not any("README" in p for _, p, _ in _data_server.log)
+    # offline: nothing asked of the server, the cached shards give the same splits
+    n = len(_data_server.log)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--lang", "en", "--hf-cache", str(cache),
+                        "--out-dir", str(tmp_path), "--name", "offline", "--unigram", "0", "--max-train-chars", "500"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert len(_data_server.log) == n
     for s in ("train", "valid", "test"):
-        assert (tmp_path / "manual" / f"{s}.bin").read_bytes() == (d / f"{s}.bin").read_bytes()
+        assert (tmp_path / "offline" / f"{s}.bin").read_bytes() == (d / f"{s}.bin").read_bytes()
+    # the same shards by hand: --input keeps their splits (named train/validation/test)
+    manual = prepare_data.main(["--dataset", "wiki40b", "--lang", "en", "--input", *map(str, shards), "--name",
+                                "manual", "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500"])
+    assert manual["sizes"] == meta["sizes"] and manual["cleaning"]["split"].startswith("official")
 
 
 def test_data_cc100_stream(_data_server, tmp_path):
