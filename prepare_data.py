@@ -631,20 +631,26 @@ def _child_main(conn, fn, args):
 
 
 def _in_child(fn, *args):
-    """fn(*args) in a child process that ignores Ctrl-C: SentencePiece's C++ loop would hold
+    """fn(*args) in a child process that never sees Ctrl-C: SentencePiece's C++ loop would hold
     off Python's handler until training ends, so on Ctrl-C the parent kills the child at once."""
     import multiprocessing as mp
     import signal
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child through exec
+    # SIGINT blocked while the child starts: it inherits the mask through exec and never sees
+    # Ctrl-C. A Ctrl-C meanwhile (other threads may take it) is noted and raised once it runs.
+    caught = []
+    old = signal.signal(signal.SIGINT, lambda *_: caught.append(1))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    child = None
     try:
         child = ctx.Process(target=_child_main, args=(send, fn, args), daemon=True)
         child.start()
-    finally:
+        send.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, old)
-    send.close()
-    try:
+        if caught:
+            raise KeyboardInterrupt
         while not recv.poll(0.1):
             if not child.is_alive():
                 break
@@ -654,9 +660,12 @@ def _in_child(fn, *args):
     except EOFError:
         return False, f"the training process died (exit code {child.exitcode})"
     finally:
-        if child.is_alive():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, old)
+        if child is not None and child.is_alive():
             child.kill()
-        child.join()
+        if child is not None and child.pid is not None:
+            child.join()
         recv.close()
 
 

@@ -540,3 +540,123 @@ def test_data_cli_exit_code_and_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "xx",
                         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: unsupported language 'xx'")
+
+
+# --- faults through the real CLI (issue 10): exit code, one error line, what is left on disk -----
+
+def _data_cli(*argv, timeout=120, **kw):
+    return subprocess.run([sys.executable, str(Path(prepare_data.__file__)), *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _data_one_line(r, code, *words):
+    """Exit code `code`, stderr one `error:` line naming `words`, no traceback."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--text8-url", "notaurl"], ["--text8-url", "not an http(s) URL"]),
+    (["--hf-base", "notaurl", "--lang", "en"], ["--hf-base", "not an http(s) URL"]),
+    (["--cc100-base", "ftp://x", "--dataset", "cc100", "--lang", "en"], ["--cc100-base"]),
+    (["--unigram", "many"], ["--unigram", "invalid int"]),
+    (["--bogus"], ["unrecognized arguments: --bogus"]),
+])
+def test_data_cli_bad_flags_one_line_exit_2(tmp_path, argv, words):
+    r = _data_cli(*argv, "--out-dir", tmp_path)
+    _data_one_line(r, 2, *words)
+    assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+def test_data_cli_tiny_input_is_an_error(tmp_path):
+    (tmp_path / "in.txt").write_text("hi\n")
+    r = _data_cli("--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0")
+    _data_one_line(r, 1, "too small", "empty split")
+    left = sorted(p.name for p in (tmp_path / "out" / "input-en").iterdir())
+    assert left == [".lock"], left  # no splits, no stamp, no meta.json that looks finished
+
+
+def test_data_cli_input_edited_in_place_is_noticed(tmp_path):
+    """Same path, same size, same mtime, other text: the SHA-256 in the fingerprint notices it."""
+    f, out = tmp_path / "in.txt", tmp_path / "out"
+    f.write_text("the cat sat on the mat\n" * 50)
+    argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
+    assert _data_cli(*argv).returncode == 0
+    d = out / "input-en"
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["inputs"][0]["size"] == f.stat().st_size and len(meta["inputs"][0]["sha256"]) == 64
+    st = f.stat()
+    f.write_text("the dog sat on the log\n" * 50)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = _data_cli(*argv)
+    assert r.returncode == 0 and "input changed" in r.stderr and "skipping" not in r.stdout
+    assert _data_decode(d, "train", json.loads((d / "meta.json").read_text())).startswith("the dog")
+
+
+def test_data_cli_other_options_never_mix(tmp_path):
+    """A dataset prepared with the paper's cleaning is not silently rebuilt or mixed with
+    --fold-accents: refused in one line, the data intact; --force rebuilds and records it."""
+    f, out = tmp_path / "in.txt", tmp_path / "out"
+    f.write_text("Café Müller opened in 1990.\n" * 40)
+    assert _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0").returncode == 0
+    d = out / "input-en"
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.name != ".lock"}
+    assert json.loads(before["meta.json"])["cleaning"]["fold_accents"] is False
+    r = _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0", "--fold-accents")
+    _data_one_line(r, 1, "other options", "fold_accents False -> True", "--force", "--name")
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.name != ".lock"} == before
+    r = _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0", "--fold-accents", "--force")
+    meta = json.loads((d / "meta.json").read_text())
+    assert r.returncode == 0 and meta["cleaning"]["fold_accents"] is True
+    assert _data_decode(d, "train", meta).startswith("cafe muller opened")
+
+
+def test_data_cli_second_run_refused_by_lock(tmp_path):
+    import fcntl
+    f, d = tmp_path / "in.txt", tmp_path / "out" / "input-en"
+    f.write_text("hello world\n" * 100)
+    d.mkdir(parents=True)
+    with open(d / ".lock", "a+") as held:  # a first run holds the dataset
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242")
+        held.flush()
+        r = _data_cli("--input", f, "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0")
+        _data_one_line(r, 1, "another run", "pid 4242")
+        assert sorted(p.name for p in d.iterdir()) == [".lock"]
+    assert _data_cli("--input", f, "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0").returncode == 0
+
+
+def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
+    """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
+    process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
+    src = _data_slice(_DATA_SHARED / "raw" / "vi.txt", tmp_path / "vi.txt", 3_000_000)
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, str(Path(prepare_data.__file__)), "--input", str(src), "--lang", "vi",
+                          "--out-dir", str(out), "--unigram", "8000", "--unigram-sample-chars", "3000000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = ""
+    for line in p.stderr:  # wait until the training has begun
+        err += line
+        if "training SentencePiece" in line:
+            break
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    for _ in range(100):  # and its process (if any) is up: then SentencePiece is running
+        kids = children.read_text().split() if children.exists() else []
+        if any(b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes() for k in kids
+               if Path(f"/proc/{k}/cmdline").exists()):
+            break
+        time.sleep(0.05)
+    time.sleep(1.5)
+    t0 = time.time()
+    p.send_signal(signal.SIGINT)
+    _, rest = p.communicate(timeout=60)
+    waited = time.time() - t0
+    lines = rest.strip().splitlines()
+    assert p.returncode == 130 and waited < 3.0, (p.returncode, waited, rest)
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted") and "Traceback" not in rest, rest
+    d = out / "input-vi"
+    assert (d / "train.bin").exists() and (d / ".splits.json").exists()
+    assert not (d / "meta.json").exists() and not list(d.glob("*unigram*")) and not list(d.glob("*.tmp"))
