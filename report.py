@@ -30,13 +30,19 @@ from pathlib import Path
 
 MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
 # Config fields that say nothing about the experiment: runs differing only in these (and the seed)
-# are the same experiment.
+# are the same experiment. Logging switches (TensorBoard, W&B) count among them too.
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',
                       'torch', 'device_name', 'world', 'preset'}
+
 # Shown in their own columns, so never repeated in the flags column.
-OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data', 'device'}
+OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
+
+
+def defines_experiment(key):
+    """Whether a config field is part of what an experiment is (beyond its seed)."""
+    return key not in NOT_THE_EXPERIMENT and 'wandb' not in key and 'tensorboard' not in key
 
 
 class ReportError(Exception):
@@ -113,7 +119,8 @@ def read_run(run):
         elif kind in ('train', 'eval') and isinstance(rec.get('step'), int):
             (train if kind == 'train' else evals).append(normalise(rec, kind, config))
     if config is None:
-        raise ReportError(f'{run / "log.jsonl"} has no config record; not a log written by train.py')
+        raise ReportError(f'{run / "log.jsonl"} has no config record; '
+                          f'not a log written by train.py')
     return config, train, evals
 
 
@@ -159,7 +166,7 @@ def chars_per_s(train, cfg):
     if last and last['train_chars'] and last['train_time']:
         return last['train_chars'] / last['train_time']
     per_step = (cfg.get('batch_size') or 0) * (cfg.get('seq_len') or 0)
-    chars, secs, prev = 0, 0.0, cfg.get('resumed_from') or 0
+    chars, secs, prev = 0, 0.0, 0
     for r in train:
         if r.get('chars_per_s') and r['step'] > prev:
             chars += (r['step'] - prev) * per_step
@@ -177,7 +184,6 @@ def summarize(run):
     done = bool(test)
     row = dict(run=run, config=cfg, mode=mode_label(cfg), boundary=cfg.get('boundary'),
                data=Path(str(cfg.get('data', '?'))).name, seed=cfg.get('seed'),
-               device=str(cfg.get('device', '?')).split(':')[0],
                steps=last['step'] if last else cfg.get('resumed_from') or 0,
                max_steps=cfg.get('max_steps'), done=done,
                status='done' if done else 'running' if lock_held(run) else 'stopped',
@@ -207,12 +213,12 @@ def value_at(curve, key, budget, interp=True):
 
 # ----------------------------------------------------------------------------- seeds
 def experiment_key(row):
-    """Everything that defines the experiment but the seed; old logs (no seed logged) stand alone."""
+    """All that defines the experiment but the seed; old logs (no seed logged) stand alone."""
     cfg = row['config']
     if 'seed' not in cfg:
         return ('run', str(row['run']))
     items = sorted((k, json.dumps(v, sort_keys=True)) for k, v in cfg.items()
-                   if k not in NOT_THE_EXPERIMENT and 'wandb' not in k and 'tensorboard' not in k)
+                   if defines_experiment(k))
     return (row['done'], tuple(items))
 
 
@@ -231,7 +237,7 @@ def group_rows(rows, budgets):
     out = []
     for members in groups.values():
         g = dict(members[0], n=len(members), members=members,
-                 seeds=','.join(str(m['seed']) for m in members),
+                 seeds=','.join('-' if m['seed'] is None else str(m['seed']) for m in members),
                  status='running' if any(m['status'] == 'running' for m in members)
                  else members[0]['status'])
         steps = sorted({m['steps'] for m in members})
@@ -264,8 +270,9 @@ def fmt(v, kind):
 def varying_flags(rows):
     """Per row, the flags (beyond mode and data) whose values differ between the rows shown."""
     cfgs = [r['config'] for r in rows]
-    keys = sorted(set.intersection(*(set(c) for c in cfgs)) - NOT_THE_EXPERIMENT - OWN_COLUMNS)
-    keys = [k for k in keys if len({json.dumps(c[k], sort_keys=True) for c in cfgs}) > 1]
+    keys = sorted(set.intersection(*(set(c) for c in cfgs)) - OWN_COLUMNS)
+    keys = [k for k in keys if defines_experiment(k)
+            and len({json.dumps(c[k], sort_keys=True) for c in cfgs}) > 1]
     return [' '.join(f'{k}={c[k]}' for k in keys) for c in cfgs]
 
 
@@ -307,7 +314,7 @@ def columns(budgets, grouped):
 
 
 def table(rows, cols, markdown):
-    """The rows as aligned text or as a Markdown table; the flags column only when it says something."""
+    """The rows as aligned text or a Markdown table; a flags column only where flags differ."""
     cols = [c for c in cols if c[0] != 'flags' or any(r['flags'] for r in rows)]
     cells = [[f(r) for _, f in cols] for r in rows]
     heads = [h for h, _ in cols]
@@ -333,6 +340,16 @@ def import_pyplot():
     return plt
 
 
+def check_plot_path(plt, path):
+    """A folder that exists and a format matplotlib writes, before any output."""
+    kinds = plt.gcf().canvas.get_supported_filetypes()
+    plt.close('all')
+    if path.suffix.lstrip('.').lower() not in kinds:
+        raise ReportError(f'--plot {path}: name it .png (or one of {", ".join(sorted(kinds))})')
+    if not path.parent.is_dir():
+        raise ReportError(f'--plot {path}: folder {path.parent} does not exist')
+
+
 def plot(plt, rows, groups, path):
     """Valid BPC against training characters, FLOPs and seconds (a line per run, a colour per
     mode), and test BPC against SF (the paper's Pareto figure: a point per experiment)."""
@@ -348,7 +365,8 @@ def plot(plt, rows, groups, path):
             shown.add(r['boundary'])
             ax.plot(*zip(*pts), '-' if r['done'] else '--', marker='.', label=label, alpha=0.8,
                     color=colour.get(r['boundary'], 'black'))
-        ax.set(xlabel=f'training {unit}', ylabel='valid BPC', title=f'valid BPC against training {unit}')
+        ax.set(xlabel=f'training {unit}', ylabel='valid BPC',
+               title=f'valid BPC against training {unit}')
         if not shown:
             ax.text(0.5, 0.5, f'no training {unit} in these logs\n(older train.py)',
                     ha='center', transform=ax.transAxes)
@@ -357,11 +375,13 @@ def plot(plt, rows, groups, path):
         ax.grid(alpha=0.3)
     pareto(axes[1, 1], colour, groups)
     fig.tight_layout()
-    fmt_ = path.suffix.lstrip('.').lower() or 'png'
+    fmt_ = path.suffix.lstrip('.').lower()
     tmp = path.with_name(f'.{path.name}.tmp')
     try:  # written aside and renamed: never a half-written figure
         fig.savefig(tmp, format=fmt_, dpi=120)
         os.replace(tmp, path)
+    except OSError as e:
+        raise ReportError(f'cannot write --plot {path}: {e.strerror or e}') from None
     finally:
         tmp.unlink(missing_ok=True)
         plt.close(fig)
@@ -418,10 +438,12 @@ def parse_budget(s):
 
 def parse_args(argv):
     p = Parser(description='Results table and plots of dynpool training runs.')
-    p.add_argument('runs', nargs='+', help='run directories (with log.jsonl) or folders holding them')
+    p.add_argument('runs', nargs='+',
+                   help='run directories (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
     p.add_argument('--plot', type=Path, metavar='OUT.png',
-                   help='also draw BPC against characters, FLOPs, seconds and SF (needs matplotlib)')
+                   help='also draw BPC against characters, FLOPs, seconds and SF '
+                        '(needs matplotlib)')
     for name, _, unit in BUDGETS:
         p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
                        help=f'valid BPC of each run at this many training {unit} '
@@ -456,8 +478,8 @@ def main(argv=None):
         sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
     rows = [summarize(run) for run in find_runs(args.runs)]
     plt = import_pyplot() if args.plot else None  # fail before printing anything
-    if args.plot and args.plot.parent and not args.plot.parent.is_dir():
-        raise ReportError(f'--plot {args.plot}: folder {args.plot.parent} does not exist')
+    if plt:
+        check_plot_path(plt, args.plot)
     budgets = resolve_budgets(args, rows)
     for r, flags in zip(rows, varying_flags(rows)):
         r['flags'] = flags
@@ -471,7 +493,8 @@ def main(argv=None):
                                                              args.markdown))
     if plt:
         plot(plt, rows, groups, args.plot)
-        print(f'\nplot: {args.plot}')
+        if not args.markdown:
+            print(f'\nplot: {args.plot}')
 
 
 if __name__ == '__main__':

@@ -1,7 +1,6 @@
-"""report.py on synthetic run directories: table numbers, seeds, budgets, old logs, errors, plots."""
+"""report.py on synthetic run directories: numbers, seeds, budgets, old logs, errors, plots."""
 import fcntl
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -16,7 +15,7 @@ CHARS_PER_STEP = 4 * 512
 
 
 def config(boundary='whitespace', seed=1337, **kw):
-    """A config record as train.py writes it (the fields report.py reads, and some it must ignore)."""
+    """A config record as train.py writes it (fields report.py reads, and some it ignores)."""
     return {**dict(kind='config', seed=seed, boundary=boundary, data='data/text8-head',
                    layers='1,4,1', d_model=128, n_head=2, d_head=64, d_inner=512, seq_len=512,
                    batch_size=4, max_steps=300, lr=1e-3, fixed_factor=None, prior=None,
@@ -33,7 +32,8 @@ def evals_and_steps(valid, test=None, sf=5.0, flops_per_step=1e9, secs_per_step=
             for s in (step - 50, step):
                 recs.append(dict(kind='train', step=s, train_chars=s * CHARS_PER_STEP,
                                  train_flops=s * flops_per_step, train_time=s * secs_per_step,
-                                 loss=2.0, bpc=bpc, sf=sf, chars_per_s=CHARS_PER_STEP / secs_per_step))
+                                 loss=2.0, bpc=bpc, sf=sf,
+                                 chars_per_s=CHARS_PER_STEP / secs_per_step))
         recs.append(dict(kind='eval', step=step, split='valid', bpc=bpc, sf=sf, eval_chars=20000,
                          subset=True, train_chars=step * CHARS_PER_STEP,
                          train_flops=step * flops_per_step, train_time=step * secs_per_step))
@@ -108,10 +108,10 @@ def test_text_table_shows_means_and_varying_flags(study, capsys):
 
 
 def test_budgets_interpolate_and_stop_at_the_end(study):
-    half = 150 * CHARS_PER_STEP  # between the evals at steps 100 (3.0) and 200 (2.5)
-    rows, _ = rows_of(study, ['--at-chars', str(half)])
-    assert rows['ws-s1']['at_chars'] == pytest.approx(2.75)
-    rows, _ = rows_of(study, ['--at-chars', str(half), '--no-interp'])
+    budget = 130 * CHARS_PER_STEP  # between the evals at steps 100 (3.0) and 200 (2.5)
+    rows, _ = rows_of(study, ['--at-chars', str(budget)])
+    assert rows['ws-s1']['at_chars'] == pytest.approx(3.0 + 0.3 * (2.5 - 3.0))
+    rows, _ = rows_of(study, ['--at-chars', str(budget), '--no-interp'])
     assert rows['ws-s1']['at_chars'] == 3.0
     rows, _ = rows_of(study, ['--at-chars', str(301 * CHARS_PER_STEP)])
     assert rows['ws-s1']['at_chars'] is None  # never got that far
@@ -238,3 +238,15 @@ def test_plot_writes_a_png(study, tmp_path, capsys):
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp' or 'tmp' in p.name] == []
     assert f'plot: {png}' in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_or_with_a_bad_name(study, tmp_path, monkeypatch, capsys):
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
+        with pytest.raises(report.ReportError, match='pip install matplotlib'):
+            report.main([str(study), '--plot', str(tmp_path / 'study.png')])
+    pytest.importorskip('matplotlib')
+    for name, says in (('study.xyz', 'name it .png'), ('nowhere/study.png', 'does not exist')):
+        with pytest.raises(report.ReportError, match=says):
+            report.main([str(study), '--plot', str(tmp_path / name)])
+    assert capsys.readouterr().out == '' and not list(tmp_path.glob('study*'))
