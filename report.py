@@ -254,8 +254,9 @@ def fmt(v, kind):
     """A number as the table shows it; '-' where it is missing."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return '-'
-    if isinstance(v, tuple):  # (mean, std)
-        return fmt(v[0], kind) + ('' if v[1] is None else ' ± ' + fmt(v[1], kind))
+    if isinstance(v, tuple):  # (mean, std); a std of exactly 0 (same characters) says nothing
+        quiet = v[1] is None or (v[1] == 0 and kind != 'bpc')
+        return fmt(v[0], kind) + ('' if quiet else ' ± ' + fmt(v[1], kind))
     if kind == 'bpc':
         return f'{v:.4f}'
     if kind == 'sf':
@@ -370,8 +371,9 @@ def plot(plt, rows, groups, path):
         if not shown:
             ax.text(0.5, 0.5, f'no training {unit} in these logs\n(older train.py)',
                     ha='center', transform=ax.transAxes)
-        if shown:
-            ax.legend(fontsize=8)
+        if shown:  # legend in the order of MODES, whatever order the runs came in
+            hl = sorted(zip(*ax.get_legend_handles_labels()), key=lambda h: mode_rank(h[1]))
+            ax.legend(*zip(*hl), fontsize=8)
         ax.grid(alpha=0.3)
     pareto(axes[1, 1], colour, groups)
     fig.tight_layout()
@@ -385,6 +387,11 @@ def plot(plt, rows, groups, path):
     finally:
         tmp.unlink(missing_ok=True)
         plt.close(fig)
+
+
+def mode_rank(b):
+    """Position of a boundary mode in MODES (unknown ones last)."""
+    return MODES.index(b) if b in MODES else len(MODES)
 
 
 def point_label(g):
