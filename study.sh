@@ -40,7 +40,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 train_flags=("$@")
-case $part in seeds|pareto|all) ;; *) code=2 die "--part must be seeds, pareto or all, not '$part'" ;; esac
+case $part in
+  seeds|pareto|all) ;;
+  *) code=2 die "--part must be seeds, pareto or all, not '$part'" ;;
+esac
 [[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be a positive whole number, not '$steps'"
 for s in $seeds $pareto_seeds; do
   [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers separated by spaces, not '$s'"
@@ -80,7 +83,11 @@ finished() { grep -q '"split": "test"' "$1/log.jsonl" 2>/dev/null; }
 n_done=0 n_resume=0
 for p in "${plan[@]}"; do
   d=$out/${p%% *}
-  if finished "$d"; then n_done=$((n_done + 1)); elif [ -f "$d/ckpt.pt" ]; then n_resume=$((n_resume + 1)); fi
+  if finished "$d"; then
+    n_done=$((n_done + 1))
+  elif [ -f "$d/ckpt.pt" ]; then
+    n_resume=$((n_resume + 1))
+  fi
 done
 n=${#plan[@]}
 echo "study: part $part, $n runs x $steps steps = $((n * steps)) training steps in $out" \
@@ -89,7 +96,12 @@ echo "train.py flags: --device cpu --max-steps $steps ${train_flags[*]}"
 for p in "${plan[@]}"; do echo "  ${p%% *}: $data_dir/${p#* }"; done
 [ $dry = 1 ] && exit 0
 
-trap 'echo "error: interrupted; finished runs and checkpoints in $out are kept, run the same command to resume" >&2; exit 130' INT
+interrupted() {
+  echo "error: interrupted; finished runs and checkpoints in $out are kept," \
+       "run the same command to resume" >&2
+  exit 130
+}
+trap interrupted INT
 command -v python >/dev/null || die "python is not on PATH"
 
 # One dataset per Unigram size: the same text, only the boundary labels differ.
@@ -116,11 +128,18 @@ done
 
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
-[ ${#dirs[@]} -gt 0 ] || die "no run in $out wrote a log"
-# Equal budgets: characters always; FLOPs where train.py logs them (it did not before issue 14).
-budgets=(--at-chars min)
-grep -q '"train_flops": [0-9]' "${dirs[0]}/log.jsonl" && budgets+=(--at-flops min)
-python report.py "${dirs[@]}" "${budgets[@]}"
-python report.py "${dirs[@]}" "${budgets[@]}" --markdown --plot "$out/$part.png" > "$out/$part.md" \
-  && echo "tables: $out/$part.md, plots: $out/$part.png"
-[ ${#failed[@]} -eq 0 ] || die "${#failed[@]} runs failed: ${failed[*]} (see their output above); rerun the same command to retry them"
+if [ ${#dirs[@]} -gt 0 ]; then
+  # Equal budgets: characters always; FLOPs where train.py logs them (it did not before issue 14).
+  budgets=(--at-chars min)
+  grep -q '"train_flops": [0-9]' "${dirs[0]}/log.jsonl" && budgets+=(--at-flops min)
+  python report.py "${dirs[@]}" "${budgets[@]}" || failed+=(report.py)
+  md=$out/$part.md
+  if python report.py "${dirs[@]}" "${budgets[@]}" --markdown --plot "$out/$part.png" > "$md.tmp"
+  then
+    mv "$md.tmp" "$md" && echo "tables: $md, plots: $out/$part.png"
+  else
+    rm -f "$md.tmp"; failed+=(report.py)
+  fi
+fi
+[ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above);" \
+  "run the same command again to retry"
