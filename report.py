@@ -1,0 +1,515 @@
+"""
+Results of dynpool runs: the table (BPC, SF, speed, cost; mean ± std over seeds) and the plots.
+
+    python report.py runs/study                       # every run below the folder
+    python report.py runs/a runs/b --markdown         # the same tables as Markdown (for README)
+    python report.py runs/study --at-chars 2M --at-flops min   # valid BPC at equal budgets
+    python report.py runs/study --plot study.png      # BPC against characters, FLOPs, seconds, SF
+
+A run is a directory holding train.py's log.jsonl (CPU or GPU alike). Each row shows its mode,
+seed, steps, training characters, training FLOPs, wall-clock seconds of training, the last valid
+BPC, the test BPC, the shortening factor (test, else the last valid one) and characters per
+second. Runs whose flags differ only in --seed are then pooled: mean ± sample std over seeds.
+A run without a test evaluation is 'running' (its <dir>/.lock is held) or 'stopped' (at
+--stop-step, killed or crashed) and has no test BPC.
+
+--at-chars / --at-flops / --at-time give each run's valid BPC at that training budget, linearly
+interpolated between the two validations around it (--no-interp: the last one at or before it);
+'-' where the run never got that far. 'min' means the largest budget every listed run reached.
+
+Reads the log schema of conventions (records with "kind") and the older one (no "kind": records
+with "split" are evaluations, others with "loss" training steps; no FLOPs or time: shown as '-').
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
+# Config fields that say nothing about the experiment: runs differing only in these (and the seed)
+# are the same experiment. Logging switches (TensorBoard, W&B) count among them too.
+NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',
+                      'torch', 'device_name', 'world', 'preset'}
+
+# Shown in their own columns, so never repeated in the flags column.
+OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
+BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
+           ('time', 'train_time', 'wall-clock seconds'))
+
+
+def defines_experiment(key):
+    """Whether a config field is part of what an experiment is (beyond its seed)."""
+    return key not in NOT_THE_EXPERIMENT and 'wandb' not in key and 'tensorboard' not in key
+
+
+class ReportError(Exception):
+    """A user mistake or an unreadable run: one line on stderr, exit 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump, exit 2 (conventions)
+        self.exit(2, f'error: {message} (see python report.py --help)\n')
+
+
+# ----------------------------------------------------------------------------- reading runs
+def find_runs(paths):
+    """Run directories: each path that holds log.jsonl, else every folder below it that does."""
+    runs = []
+    for p in map(Path, paths):
+        if p.is_file() and p.name == 'log.jsonl':
+            p = p.parent
+        if not p.exists():
+            raise ReportError(f'{p} does not exist; pass run directories written by train.py --out')
+        if (p / 'log.jsonl').is_file():
+            found = [p]
+        else:
+            found = sorted(f.parent for f in p.rglob('log.jsonl'))
+        if not found:
+            raise ReportError(f'{p} is not a run: no log.jsonl in it or below it '
+                              f'(pass a directory written by train.py --out, or a folder of them)')
+        runs += [r for r in found if r not in runs]
+    return runs
+
+
+def kind_of(rec):
+    """'config', 'train' or 'eval'; older logs have no 'kind' and are told apart by their keys."""
+    if 'kind' in rec:
+        return rec['kind']
+    if 'split' in rec:
+        return 'eval'
+    if 'loss' in rec:
+        return 'train'
+    return 'config'
+
+
+def read_records(log):
+    """The JSON records of a log; a torn last line (a run writing right now) is left out."""
+    lines = log.read_text(encoding='utf-8', errors='replace').splitlines()
+    recs = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                break
+            raise ReportError(f'{log} line {i + 1} is not JSON; is this a log written by train.py?')
+        if not isinstance(rec, dict):
+            raise ReportError(f'{log} line {i + 1} is not a JSON object; not a train.py log')
+        recs.append(rec)
+    return recs
+
+
+def read_run(run):
+    """config, train and eval records of one run, in the new schema's field names."""
+    config, train, evals = None, [], []
+    for rec in read_records(run / 'log.jsonl'):
+        kind = kind_of(rec)
+        if kind == 'config':
+            # A restart: --resume continues from resumed_from (records logged after that checkpoint
+            # are redone); without it the run started over.
+            start = rec.get('resumed_from') or 0
+            train = [r for r in train if r['step'] <= start]
+            evals = [r for r in evals if r['step'] <= start and rec.get('resumed_from') is not None]
+            config = rec
+        elif kind in ('train', 'eval') and isinstance(rec.get('step'), int):
+            (train if kind == 'train' else evals).append(normalise(rec, kind, config))
+    if config is None:
+        raise ReportError(f'{run / "log.jsonl"} has no config record; '
+                          f'not a log written by train.py')
+    return config, train, evals
+
+
+def normalise(rec, kind, config):
+    """A record with train_chars/train_flops/train_time (None where an old log lacks them)."""
+    rec = dict(rec)
+    if 'kind' not in rec:  # old schema: eval 'chars' counted evaluated characters
+        if kind == 'eval':
+            rec['eval_chars'] = rec.pop('chars', None)
+        bs, seq = (config or {}).get('batch_size'), (config or {}).get('seq_len')
+        rec['train_chars'] = rec['step'] * bs * seq if bs and seq else None
+    for k in ('train_chars', 'train_flops', 'train_time'):
+        rec.setdefault(k, None)
+    return rec
+
+
+def lock_held(run):
+    """Whether a process holds the flock on <run>/.lock (Linux: read from /proc/locks)."""
+    try:
+        st = (run / '.lock').stat()
+        locks = Path('/proc/locks').read_text()
+    except OSError:
+        return False
+    me = f'{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}'
+    return any(line.split()[1] == 'FLOCK' and me in line.split() for line in locks.splitlines()
+               if len(line.split()) > 5)
+
+
+# ----------------------------------------------------------------------------- one run's numbers
+def mode_label(cfg):
+    """The boundary source with the knob that makes it a point of the Pareto front."""
+    b = cfg.get('boundary', '?')
+    if b == 'fixed' and cfg.get('fixed_factor') is not None:
+        return f'fixed k={cfg["fixed_factor"]}'
+    if b == 'gumbel' and cfg.get('prior') is not None:
+        return f'gumbel α={cfg["prior"]}'
+    return str(b)
+
+
+def chars_per_s(train, cfg):
+    """Training characters per second over the run (old logs: from each logged interval's rate)."""
+    last = train[-1] if train else None
+    if last and last['train_chars'] and last['train_time']:
+        return last['train_chars'] / last['train_time']
+    per_step = (cfg.get('batch_size') or 0) * (cfg.get('seq_len') or 0)
+    chars, secs, prev = 0, 0.0, 0
+    for r in train:
+        if r.get('chars_per_s') and r['step'] > prev:
+            chars += (r['step'] - prev) * per_step
+            secs += (r['step'] - prev) * per_step / r['chars_per_s']
+        prev = r['step']
+    return chars / secs if secs else None
+
+
+def summarize(run):
+    """One row of the results table, with the validation curve for budgets and plots."""
+    cfg, train, evals = read_run(run)
+    valid = [e for e in evals if e.get('split') == 'valid']
+    test = [e for e in evals if e.get('split') == 'test']
+    last = max(train + evals, key=lambda r: r['step'], default=None)
+    done = bool(test)
+    row = dict(run=run, config=cfg, mode=mode_label(cfg), boundary=cfg.get('boundary'),
+               data=Path(str(cfg.get('data', '?'))).name, seed=cfg.get('seed'),
+               steps=last['step'] if last else cfg.get('resumed_from') or 0,
+               max_steps=cfg.get('max_steps'), done=done,
+               status='done' if done else 'running' if lock_held(run) else 'stopped',
+               valid=valid, valid_bpc=valid[-1]['bpc'] if valid else None,
+               valid_step=valid[-1]['step'] if valid else None,
+               test_bpc=test[-1]['bpc'] if done else None,
+               sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s(train, cfg))
+    for _, key, _ in BUDGETS:  # cumulative totals: the latest record that has them
+        row[key] = next((r[key] for r in sorted(train + evals, key=lambda r: -r['step'])
+                         if r[key] is not None), None)
+    return row
+
+
+def value_at(curve, key, budget, interp=True):
+    """Valid BPC at a training budget: interpolated between the validations around it, or the
+    last one at or before it; None where the run never reached the budget."""
+    pts = sorted((e[key], e['bpc']) for e in curve if e[key] is not None and e['bpc'] is not None)
+    if not pts or budget > pts[-1][0] or budget < pts[0][0]:
+        return None
+    before = [p for p in pts if p[0] <= budget][-1]
+    after = next(p for p in pts if p[0] >= budget)
+    if not interp or after[0] == before[0]:
+        return before[1]
+    w = (budget - before[0]) / (after[0] - before[0])
+    return before[1] + w * (after[1] - before[1])
+
+
+# ----------------------------------------------------------------------------- seeds
+def experiment_key(row):
+    """All that defines the experiment but the seed; old logs (no seed logged) stand alone."""
+    cfg = row['config']
+    if 'seed' not in cfg:
+        return ('run', str(row['run']))
+    items = sorted((k, json.dumps(v, sort_keys=True)) for k, v in cfg.items()
+                   if defines_experiment(k))
+    return (row['done'], tuple(items))
+
+
+def mean_std(values):
+    """(mean, sample std or None) of the values that exist; None if any is missing."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def group_rows(rows, budgets):
+    """One row per experiment: mean ± std over its seeds, in the order the runs came."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(experiment_key(r), []).append(r)
+    out = []
+    for members in groups.values():
+        g = dict(members[0], n=len(members), members=members,
+                 seeds=','.join('-' if m['seed'] is None else str(m['seed']) for m in members),
+                 status='running' if any(m['status'] == 'running' for m in members)
+                 else members[0]['status'])
+        steps = sorted({m['steps'] for m in members})
+        g['steps'] = steps[0] if len(steps) == 1 else f'{steps[0]}-{steps[-1]}'
+        for k in ('train_chars', 'train_flops', 'train_time', 'valid_bpc', 'test_bpc', 'sf',
+                  'chars_per_s') + tuple(f'at_{name}' for name, _ in budgets):
+            g[k] = mean_std([m.get(k) for m in members])
+        out.append(g)
+    return out
+
+
+# ----------------------------------------------------------------------------- tables
+def fmt(v, kind):
+    """A number as the table shows it; '-' where it is missing."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return '-'
+    if isinstance(v, tuple):  # (mean, std); a std of exactly 0 (same characters) says nothing
+        quiet = v[1] is None or (v[1] == 0 and kind != 'bpc')
+        return fmt(v[0], kind) + ('' if quiet else ' ± ' + fmt(v[1], kind))
+    if kind == 'bpc':
+        return f'{v:.4f}'
+    if kind == 'sf':
+        return f'{v:.2f}'
+    if kind == 'flops':
+        return f'{v:.3g}'.replace('e+', 'e')
+    if kind == 'time' and v < 100:
+        return f'{v:.3g}'
+    return f'{v:,.0f}'
+
+
+def varying_flags(rows):
+    """Per row, the flags (beyond mode and data) whose values differ between the rows shown."""
+    cfgs = [r['config'] for r in rows]
+    keys = sorted(set.intersection(*(set(c) for c in cfgs)) - OWN_COLUMNS)
+    keys = [k for k in keys if defines_experiment(k)
+            and len({json.dumps(c[k], sort_keys=True) for c in cfgs}) > 1]
+    return [' '.join(f'{k}={c[k]}' for k in keys) for c in cfgs]
+
+
+def steps_cell(r):
+    """Steps trained; an unfinished run shows its target and whether it is running or stopped."""
+    if not r['done']:
+        return f'{r["steps"]}/{r["max_steps"]} {r["status"]}'
+    return str(r['steps'])
+
+
+def valid_cell(r):
+    """Last valid BPC, with its step when that is not the run's last step."""
+    s = fmt(r['valid_bpc'], 'bpc')
+    if 'n' not in r and r['valid_step'] is not None and r['valid_step'] != r['steps']:
+        s += f' @{r["valid_step"]}'
+    return s
+
+
+def columns(budgets, grouped):
+    """(header, cell function) of the runs table, or of the mean ± std table."""
+    cols = [('run', lambda r: r['run'].as_posix())] if not grouped else []
+    cols += [('mode', lambda r: r['mode']), ('data', lambda r: r['data']),
+             ('flags', lambda r: r['flags'])]
+    cols += [('seeds', lambda r: r['seeds']), ('n', lambda r: str(r['n']))] if grouped else \
+        [('seed', lambda r: str(r['seed']) if r['seed'] is not None else '-')]
+    cols += [('steps', steps_cell),
+             ('train chars', lambda r: fmt(r['train_chars'], 'chars')),
+             ('train FLOPs', lambda r: fmt(r['train_flops'], 'flops')),
+             ('wall s', lambda r: fmt(r['train_time'], 'time')),
+             ('valid BPC', valid_cell),
+             ('test BPC', lambda r: fmt(r['test_bpc'], 'bpc')),
+             ('SF', lambda r: fmt(r['sf'], 'sf')),
+             ('chars/s', lambda r: fmt(r['chars_per_s'], 'cps'))]
+    for name, budget in budgets:
+        unit = dict(chars='chars', flops='FLOPs', time='s')[name]  # short: a column head
+        head = f'valid BPC @ {fmt(budget, name)} {unit}'
+        cols.append((head, lambda r, k=f'at_{name}': fmt(r[k], 'bpc')))
+    return cols
+
+
+def table(rows, cols, markdown):
+    """The rows as aligned text or a Markdown table; a flags column only where flags differ."""
+    cols = [c for c in cols if c[0] != 'flags' or any(r['flags'] for r in rows)]
+    cells = [[f(r) for _, f in cols] for r in rows]
+    heads = [h for h, _ in cols]
+    if markdown:
+        lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
+        return '\n'.join(lines + ['| ' + ' | '.join(c) + ' |' for c in cells])
+    widths = [max(len(x) for x in col) for col in zip(heads, *cells)]
+    left = {'run', 'mode', 'data', 'flags', 'seeds', 'steps'}
+    return '\n'.join('  '.join(x.ljust(w) if h in left else x.rjust(w)
+                               for x, w, h in zip(line, widths, heads)).rstrip()
+                     for line in [heads] + cells)
+
+
+# ----------------------------------------------------------------------------- plots
+def import_pyplot():
+    """matplotlib's pyplot without a display; one clear line where it is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ReportError('--plot needs matplotlib: pip install matplotlib') from None
+    return plt
+
+
+def check_plot_path(plt, path):
+    """A folder that exists and a format matplotlib writes, before any output."""
+    kinds = plt.gcf().canvas.get_supported_filetypes()
+    plt.close('all')
+    if path.suffix.lstrip('.').lower() not in kinds:
+        raise ReportError(f'--plot {path}: name it .png (or one of {", ".join(sorted(kinds))})')
+    if not path.parent.is_dir():
+        raise ReportError(f'--plot {path}: folder {path.parent} does not exist')
+
+
+def plot(plt, rows, groups, path):
+    """Valid BPC against training characters, FLOPs and seconds (a line per run, a colour per
+    mode), and test BPC against SF (the paper's Pareto figure: a point per experiment)."""
+    colour = {m: plt.get_cmap('tab10')(i) for i, m in enumerate(MODES)}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    for ax, (name, key, unit) in zip(axes.flat, BUDGETS):
+        shown = set()
+        for r in rows:
+            pts = sorted((e[key], e['bpc']) for e in r['valid'] if e[key] is not None)
+            if len(pts) < 1:
+                continue
+            label = r['boundary'] if r['boundary'] not in shown else None
+            shown.add(r['boundary'])
+            ax.plot(*zip(*pts), '-' if r['done'] else '--', marker='.', label=label, alpha=0.8,
+                    color=colour.get(r['boundary'], 'black'))
+        ax.set(xlabel=f'training {unit}', ylabel='valid BPC',
+               title=f'valid BPC against training {unit}')
+        if not shown:
+            ax.text(0.5, 0.5, f'no training {unit} in these logs\n(older train.py)',
+                    ha='center', transform=ax.transAxes)
+        if shown:  # legend in the order of MODES, whatever order the runs came in
+            hl = sorted(zip(*ax.get_legend_handles_labels()), key=lambda h: mode_rank(h[1]))
+            ax.legend(*zip(*hl), fontsize=8)
+        ax.grid(alpha=0.3)
+    pareto(axes[1, 1], colour, groups)
+    fig.tight_layout()
+    fmt_ = path.suffix.lstrip('.').lower()
+    tmp = path.with_name(f'.{path.name}.tmp')
+    try:  # written aside and renamed: never a half-written figure
+        fig.savefig(tmp, format=fmt_, dpi=120)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ReportError(f'cannot write --plot {path}: {e.strerror or e}') from None
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
+
+
+def mode_rank(b):
+    """Position of a boundary mode in MODES (unknown ones last)."""
+    return MODES.index(b) if b in MODES else len(MODES)
+
+
+def point_label(g):
+    """What sets a Pareto point apart within its mode: k, α, or the Unigram size (dataset name)."""
+    if g['boundary'] == 'unigram':
+        size = g['data'].rsplit('-u', 1)[-1]
+        return f'V={size}' if size.isdigit() else g['data']
+    return g['mode'].split(' ', 1)[-1]
+
+
+def pareto(ax, colour, groups):
+    """Test BPC against test SF, one point per experiment (error bars: std over seeds)."""
+    done = [g for g in groups if g['test_bpc'] is not None and g['sf'] is not None]
+    for b in MODES:
+        pts = sorted(((g['sf'], g['test_bpc'], g) for g in done if g['boundary'] == b),
+                     key=lambda p: p[0][0])
+        if not pts:
+            continue
+        xs, ys = [p[0][0] for p in pts], [p[1][0] for p in pts]
+        # a front only through variants (k, α, Unigram size); repeats of one variant are points
+        variants = {point_label(p[2]) for p in pts}
+        ax.errorbar(xs, ys, xerr=[p[0][1] or 0 for p in pts], yerr=[p[1][1] or 0 for p in pts],
+                    fmt='o-' if len(variants) > 1 else 'o', color=colour[b], label=b, capsize=3)
+        for x, y, p in zip(xs, ys, pts):
+            if len(variants) > 1:
+                ax.annotate(point_label(p[2]), (x, y), fontsize=7, xytext=(3, 3),
+                            textcoords='offset points')
+    ax.set(xlabel='shortening factor (test)', ylabel='test BPC',
+           title='test BPC against shortening factor')
+    if done:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, 'no finished runs yet', ha='center', transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+
+
+# ----------------------------------------------------------------------------- command line
+def parse_budget(s):
+    """'min' or a number with an optional k/M/G/T suffix (2M = 2e6)."""
+    if s == 'min':
+        return s
+    scale = {'k': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}.get(s[-1:], 1)
+    try:
+        v = float(s[:-1] if scale != 1 else s) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{s!r} is not a number (e.g. 2e6, 2M) or min') from None
+    if not v >= 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f'{s!r} must be a finite number >= 0')
+    return v
+
+
+def parse_args(argv):
+    p = Parser(description='Results table and plots of dynpool training runs.')
+    p.add_argument('runs', nargs='+',
+                   help='run directories (with log.jsonl) or folders holding them')
+    p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
+    p.add_argument('--plot', type=Path, metavar='OUT.png',
+                   help='also draw BPC against characters, FLOPs, seconds and SF '
+                        '(needs matplotlib)')
+    for name, _, unit in BUDGETS:
+        p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
+                       help=f'valid BPC of each run at this many training {unit} '
+                            f'(k/M/G/T suffixes; min = the most every run reached)')
+    p.add_argument('--no-interp', action='store_true',
+                   help='at a budget, take the last validation at or before it (no interpolation)')
+    return p.parse_args(argv)
+
+
+def resolve_budgets(args, rows):
+    """[(name, budget)] asked for, with 'min' turned into the largest budget all runs reached."""
+    budgets = []
+    for name, key, unit in BUDGETS:
+        b = getattr(args, f'at_{name}')
+        if b == 'min':
+            reach = [max(e[key] for e in r['valid'] if e[key] is not None)
+                     for r in rows if any(e[key] is not None for e in r['valid'])]
+            if not reach:
+                raise ReportError(f'--at-{name} min: no run logged training {unit} with its '
+                                  f'validations (older train.py logs lack FLOPs and time)')
+            b = min(reach)
+        if b is not None:
+            budgets.append((name, b))
+            for r in rows:
+                r[f'at_{name}'] = value_at(r['valid'], key, b, not args.no_interp)
+    return budgets
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if hasattr(sys.stdout, 'reconfigure'):
+        sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
+    rows = [summarize(run) for run in find_runs(args.runs)]
+    plt = import_pyplot() if args.plot else None  # fail before printing anything
+    if plt:
+        check_plot_path(plt, args.plot)
+    budgets = resolve_budgets(args, rows)
+    for r, flags in zip(rows, varying_flags(rows)):
+        r['flags'] = flags
+    groups = group_rows(rows, budgets)
+    for g, flags in zip(groups, varying_flags(groups)):
+        g['flags'] = flags
+    title = '### ' if args.markdown else ''
+    print(f'{title}Runs\n\n' + table(rows, columns(budgets, False), args.markdown))
+    if any(g['n'] > 1 for g in groups):
+        print(f'\n{title}Mean ± std over seeds\n\n' + table(groups, columns(budgets, True),
+                                                             args.markdown))
+    if plt:
+        plot(plt, rows, groups, args.plot)
+        if not args.markdown:
+            print(f'\nplot: {args.plot}')
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except ReportError as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print('error: interrupted; nothing was written', file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The CPU study of dynpool (issue 14): every mode over seeds, and the Pareto front, on the shared
+# text8 slice at train.py's CPU preset, then report.py's tables and plots.
+#
+#   bash study.sh --dry-run                      # the plan and its cost, nothing run
+#   bash study.sh                                # both parts, 1000 steps a run
+#   bash study.sh --part seeds --steps 2000      # one part, another budget
+#   bash study.sh --steps 3 -- --d-model 32 --layers 1,1,1   # flags after -- go to every train.py
+#
+# Parts (the runs they share, e.g. vanilla and fixed k=2 at seed 1337, run once):
+#   seeds   all six modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
+#           entropy, gumbel (alpha 0.2)
+#   pareto  at --pareto-seeds (1337): Unigram V = 200 500 1000 3000 5000 10000 (one dataset each),
+#           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4
+# Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
+# test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
+# where an interrupted study stopped. Keep the flags after -- the same for one --out.
+# At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
+# <out>/<part>.png.
+set -u
+
+part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0
+input=../shared/data/text8-head.txt data_dir=data
+die() { echo "error: $*" >&2; exit "${code:-1}"; }
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --part) part=${2-}; shift ;;
+    --steps) steps=${2-}; shift ;;
+    --out) out=${2-}; shift ;;
+    --seeds) seeds=${2-}; shift ;;
+    --pareto-seeds) pareto_seeds=${2-}; shift ;;
+    --input) input=${2-}; shift ;;
+    --data-dir) data_dir=${2-}; shift ;;
+    --dry-run) dry=1 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) code=2 die "unknown flag $1 (see bash study.sh --help; train.py flags go after --)" ;;
+  esac
+  shift
+done
+train_flags=("$@")
+case $part in
+  seeds|pareto|all) ;;
+  *) code=2 die "--part must be seeds, pareto or all, not '$part'" ;;
+esac
+[[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be a positive whole number, not '$steps'"
+for s in $seeds $pareto_seeds; do
+  [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers separated by spaces, not '$s'"
+done
+[ -n "$seeds$pareto_seeds" ] || code=2 die "no seeds given"
+out=${out:-runs/study-$steps}
+
+# The plan: one line per run, "name data train.py-flags", names unique per experiment.
+plan=()
+add() { local n=$1; for p in "${plan[@]}"; do [ "${p%% *}" = "$n" ] && return; done; plan+=("$*"); }
+if [ "$part" != pareto ]; then
+  for s in $seeds; do
+    add none-s$s          text8-head-u10000 --boundary none --seed $s
+    add fixed2-s$s        text8-head-u10000 --boundary fixed --fixed-factor 2 --seed $s
+    add whitespace-s$s    text8-head-u10000 --boundary whitespace --seed $s
+    add unigram-u10000-s$s text8-head-u10000 --boundary unigram --seed $s
+    add entropy-s$s       text8-head-u10000 --boundary entropy --seed $s
+    add gumbel-a0.20-s$s  text8-head-u10000 --boundary gumbel --prior 0.20 --seed $s
+  done
+fi
+if [ "$part" != seeds ]; then
+  for s in $pareto_seeds; do
+    for v in 200 500 1000 3000 5000 10000; do
+      add unigram-u$v-s$s text8-head-u$v --boundary unigram --seed $s
+    done
+    for a in 0.20 0.25 0.30 0.37 0.45; do
+      add gumbel-a$a-s$s text8-head-u10000 --boundary gumbel --prior $a --seed $s
+    done
+    add none-s$s text8-head-u10000 --boundary none --seed $s     # fixed k = 1 is vanilla
+    for k in 2 3 4; do
+      add fixed$k-s$s text8-head-u10000 --boundary fixed --fixed-factor $k --seed $s
+    done
+  done
+fi
+
+finished() { grep -q '"split": "test"' "$1/log.jsonl" 2>/dev/null; }
+n_done=0 n_resume=0
+for p in "${plan[@]}"; do
+  d=$out/${p%% *}
+  if finished "$d"; then
+    n_done=$((n_done + 1))
+  elif [ -f "$d/ckpt.pt" ]; then
+    n_resume=$((n_resume + 1))
+  fi
+done
+n=${#plan[@]}
+echo "study: part $part, $n runs x $steps steps = $((n * steps)) training steps in $out" \
+     "($n_done finished and skipped, $n_resume to resume, $((n - n_done - n_resume)) to start)"
+echo "train.py flags: --device cpu --max-steps $steps ${train_flags[*]}"
+for p in "${plan[@]}"; do echo "  ${p%% *}: $data_dir/${p#* }"; done
+[ $dry = 1 ] && exit 0
+
+interrupted() {
+  echo "error: interrupted; finished runs and checkpoints in $out are kept," \
+       "run the same command to resume" >&2
+  exit 130
+}
+trap interrupted INT
+command -v python >/dev/null || die "python is not on PATH"
+
+# One dataset per Unigram size: the same text, only the boundary labels differ.
+for p in "${plan[@]}"; do
+  rest=${p#* }; name=${rest%% *}
+  [ -f "$data_dir/$name/meta.json" ] && continue
+  [ -f "$input" ] || die "$input is missing (the first 4M characters of text8; pass --input FILE)"
+  echo "preparing $data_dir/$name"
+  python prepare_data.py --input "$input" --dataset text8 --out-dir "$data_dir" --name "$name" \
+      --unigram "${name##*-u}" || die "preparing $data_dir/$name failed (see above)"
+done
+
+failed=()
+for p in "${plan[@]}"; do
+  run=${p%% *} rest=${p#* }; d=$out/$run
+  if finished "$d"; then echo "== $run: finished, skipped"; continue; fi
+  read -r name flags <<< "$rest"
+  resume=(); [ -f "$d/ckpt.pt" ] && resume=(--resume)
+  echo "== $run ${resume[*]}"
+  # shellcheck disable=SC2086  # $flags is a list of flags
+  python train.py --data "$data_dir/$name" $flags --device cpu --max-steps "$steps" --out "$d" \
+      "${resume[@]}" "${train_flags[@]}" || failed+=("$run")
+done
+
+dirs=()
+for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
+if [ ${#dirs[@]} -gt 0 ]; then
+  # Equal budgets: characters always; FLOPs where train.py logs them (it did not before issue 14).
+  budgets=(--at-chars min)
+  grep -q '"train_flops": [0-9]' "${dirs[0]}/log.jsonl" && budgets+=(--at-flops min)
+  python report.py "${dirs[@]}" "${budgets[@]}" || failed+=(report.py)
+  md=$out/$part.md
+  if python report.py "${dirs[@]}" "${budgets[@]}" --markdown --plot "$out/$part.png" > "$md.tmp"
+  then
+    mv "$md.tmp" "$md" && echo "tables: $md, plots: $out/$part.png"
+  else
+    rm -f "$md.tmp"; failed+=(report.py)
+  fi
+fi
+[ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above);" \
+  "run the same command again to retry"
