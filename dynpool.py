@@ -94,8 +94,12 @@ class RelativeAttention(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, x):
-        """Whether x's device runs one scaled_dot_product_attention call ('auto': on GPUs)."""
-        return self.attention == 'sdpa' or (self.attention == 'auto' and x.device.type != 'cpu')
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
+        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
+        path there (README, Performance)."""
+        if self.attention == 'auto':
+            return x.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
 
     def heads(self, x):
         """x [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
@@ -152,17 +156,17 @@ class RelativeAttention(nn.Module):
         q_content, q_pos = self.queries(q, u, v)
         k, val = k.contiguous(), val.contiguous()
         r = F.pad(self.positions(pos), (0, 0, 0, 1))                       # [H, L+1, d_head]
-        fused = self.fused(x)
-        # 'sdpa': one block of all L queries. 'blocked': queries in blocks [a, e) that see keys
-        # 0 … e-1 only, so the future half of the score matrix is never computed, and each
-        # block's scores [B, H, e-a, e] stay small enough to live in cache.
-        chunk = L if fused else self.chunk
+        if self.fused(x):  # one call for all L queries, no Python loop over L
+            bias = self.position_bias(q_pos, r, 0, L, True)
+            return self.merge(x, self.attend(q_content, k, val, bias, True))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
+        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
         ys = []
-        for a in range(0, L, chunk):
-            e = min(a + chunk, L)
-            bias = self.position_bias(q_pos, r, a, e, fused)
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, fused))
-        return self.merge(x, torch.cat(ys, 2) if len(ys) > 1 else ys[0])
+        for a in range(0, L, self.chunk):
+            e = min(a + self.chunk, L)
+            bias = self.position_bias(q_pos, r, a, e, False)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, False))
+        return self.merge(x, torch.cat(ys, 2))
 
     def step(self, x, u, v, kv, r, at):
         """One new position per row, x [B, 1, D], at per-row positions at [B]; writes its k, v
@@ -737,7 +741,10 @@ class DynamicPoolingLM(nn.Module):
                              f"{getattr(x, 'dtype', type(x))} of shape {shape(x)}")
         if x.size(1) == 0:
             raise ValueError("x must hold at least one token")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
+        # Value checks read the tensor back, a host sync on GPUs: there, data is checked once
+        # when it is loaded (train.py), not per forward.
+        values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
+        if values and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), "
                              f"got [{int(x.min())}, {int(x.max())}]")
         if targets is not None and (not torch.is_tensor(targets) or targets.shape != x.shape):
@@ -751,7 +758,7 @@ class DynamicPoolingLM(nn.Module):
             if dt.is_complex or not (dt == torch.bool or dt.is_floating_point
                                      or dt in (torch.int64, torch.int32, torch.uint8)):
                 raise ValueError(f"boundaries must be bool, integer or float 0/1, got {dt}")
-            if dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
+            if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
                 raise ValueError("boundaries must hold only 0 and 1")
         if self.source is not None:
             self.source.check(targets, boundaries)
