@@ -6,19 +6,21 @@ an hourglass Transformer for character-level language modelling. A few layers ru
 the sequence is then pooled into variable-length segments, most layers run on the short sequence,
 and the result is upsampled back, without leaking the future, for a few final layers.
 
-    tokens ─ embed ─ pre stack ─┬─ boundary source ─ downsample ─ shortened stack ─ upsample ─┐
-                                └────────────────────── skip connection ──────────────────── + ─ post stack ─ logits
+    tokens ─ embed ─ pre ─┬─ source ─ pooling.down ─ shortened ─ pooling.up ─┐
+                          └────────────── skip connection ─────────────────── + ─ post ─ logits
 
 Notable features:
-- six boundary sources behind one switch, `Config.boundary`:
-  none (vanilla), fixed, whitespace, unigram, entropy, gumbel (paper §3);
-- Transformer-XL relative attention (Dai et al. 2019) in query blocks that skip the masked future,
-  the relative-position term aligned to keys by a copy-free shift;
+- six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
+  unigram, entropy, gumbel (paper §3); each is one `BoundarySource` class (decision, loss, targets);
+- Transformer-XL relative attention (Dai et al. 2019), as one fused scaled_dot_product_attention
+  call or in query blocks that skip the masked future (`Config.attention`);
 - pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
 - upsampling that gives token t only the last segment complete at t, so nothing leaks;
-- cached, incremental generation that runs the shortened stack once per closed segment.
+- cached, incremental generation that runs the shortened stage once per closed segment.
 
-Conventions (DESIGN.md): batch-first; b[n, t] = 1 means a segment ends at token t.
+Conventions: tensors are batch-first (tokens x [B, L], hidden states [B, L, D]); boundaries b are
+[B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1 starts the
+next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a boundary are pooled.
 
     from dynpool import Config, DynamicPoolingLM
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
@@ -26,37 +28,41 @@ Conventions (DESIGN.md): batch-first; b[n, t] = 1 means a segment ends at token 
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BOUNDARY_MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
-PREDICTOR_MODES = ('unigram', 'entropy', 'gumbel')
+# -----------------------------------------------------------------------------
+# Optional: a cheaper dropout mask on CPU. Every module below works with plain nn.Dropout instead
+# (replace `Dropout` by `nn.Dropout`); only the random masks, not their statistics, would change.
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout whose CPU training mask comes from 16-bit slices of 64-bit random integers: one
+    draw of PyTorch's serial CPU generator then serves four elements, cheaper than bernoulli_.
+    The drop probability is rounded to a multiple of 2^-16. GPU and torch.compile: nn.Dropout."""
+
+    def forward(self, x):
+        if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
+                or torch.compiler.is_compiling()):
+            return super().forward(x)
+        bits = torch.empty(x.numel() // 4, dtype=torch.int64).random_(-2 ** 63, None)
+        keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
+        # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
+        return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
+
 
 # -----------------------------------------------------------------------------
 # Relative attention (Transformer-XL, Dai et al. 2019 §3.3)
 
 
-class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers: one draw of
-    PyTorch's serial CPU generator then serves four elements: ~3× cheaper than F.dropout's bernoulli_
-    mask, a CPU training step ~10% faster. The drop probability is rounded to a multiple of 2^-16."""
-
-    def forward(self, x):
-        if not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4:
-            return super().forward(x)
-        bits = torch.empty(x.numel() // 4, dtype=torch.int64).random_(-2 ** 63, None)
-        keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
-        return x * keep.to(x.dtype).mul_(1 / (1 - self.p))  # masked_fill or x * bool: not vectorised on CPU
-
-
 def sinusoids(distances, dim):
     """Sinusoidal embeddings [N, dim] of relative distances [N]."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim))
-    angles = distances.float()[:, None] * inv_freq[None, :]
+    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -70,17 +76,10 @@ def rel_shift(x):
     return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
 
 
-@dataclass
-class KVCache:
-    """Keys and values of one attention layer during generation; rows may hold different lengths."""
-    k: torch.Tensor       # [B, H, capacity, d_head]
-    v: torch.Tensor       # [B, H, capacity, d_head]
-    length: torch.Tensor  # [B] int64, valid positions per row
-    r: Optional[torch.Tensor] = None  # [H, capacity, d_head] projected position embeddings by distance
-
-
 class RelativeAttention(nn.Module):
-    """Causal multi-head attention with learnable relative positions, post-norm residual."""
+    """Causal multi-head attention with learnable relative positions, post-norm residual.
+    `forward` runs a whole sequence, `step` one new position per row against a cache; both share
+    the projections (`heads`, `queries`, `positions`), `attend` and the output (`merge`)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -91,69 +90,102 @@ class RelativeAttention(nn.Module):
         self.drop = Dropout(cfg.dropout)
         self.dropatt = Dropout(cfg.dropatt)
         self.chunk = cfg.attn_chunk
+        self.attention = cfg.attention
         self.norm = nn.LayerNorm(cfg.d_model)
 
+    def fused(self, x):
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
+        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
+        path there (README, Performance)."""
+        if self.attention == 'auto':
+            return x.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
+
     def heads(self, x):
-        """x [B, L, D] → q, k, v, each [B, H, L, d_head]."""
+        """x [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
         B, L, _ = x.shape
         return self.qkv(x).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, x, pos, u, v, cache=None):
-        """Full causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0."""
-        B, L, _ = x.shape
-        q, k, val = self.heads(x)                                               # [B, H, L, d_head]
-        if cache is not None:
-            cache_write(cache, k, val)
-        r = self.r_net(pos).view(L, self.n_head, self.d_head).transpose(0, 1)  # [H, L, d_head]
-        r = F.pad(r, (0, 0, 0, 1))                                              # + a zero row for rel_shift
+    def queries(self, q, u, v):
+        """Content and position queries (q + u)/√d and (q + v)/√d, [B, H, L, d_head], in q's dtype
+        (the float32 biases would promote a bf16 q)."""
         scale = self.d_head ** -0.5
-        q_content = ((q + u[:, None]) * scale).flatten(0, 1)                   # [B*H, L, d_head]
-        q_pos = (q + v[:, None]) * scale                                        # [B, H, L, d_head]
-        k, val = k.flatten(0, 1), val.flatten(0, 1)                             # [B*H, L, d_head]
-        ys = []
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix is
-        # never computed, and each block's scores [B*H, e-a, e] stay small enough to live in cache.
-        for a in range(0, L, self.chunk):
-            e = min(a + self.chunk, L)
-            # Position term (q_i + v)·r_{i-j}: against distances e-1 … 0, then aligned to keys.
-            pos_scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2)).flatten(0, 1)
-            # Content term (q_i + u)·k_j, added to it by the same matmul.
-            scores = torch.baddbmm(pos_scores, q_content[:, a:e], k[:, :e].transpose(1, 2))  # [B*H, e-a, e]
-            future = torch.full((e - a, e), float('-inf'), dtype=scores.dtype, device=x.device).triu(a + 1)
-            p = self.dropatt((scores + future).softmax(-1))                    # -inf where key j > query i
-            ys.append(p @ val[:, :e])                                           # [B*H, e-a, d_head]
-        y = torch.cat(ys, 1).view(B, self.n_head, L, -1).transpose(1, 2).reshape(B, L, -1)  # [B, L, H*d_head]
+        return (((q + u.to(q.dtype)[:, None]) * scale).contiguous(),
+                (q + v.to(q.dtype)[:, None]) * scale)
+
+    def positions(self, emb):
+        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
+        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
+    def attend(self, q, k, v, bias, fused):
+        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d], k, v [B, H, n, d],
+        bias [B, H, m, n] (-inf where masked) → [B, H, m, d]. q carries the 1/√d scale."""
+        if fused:
+            p = self.dropatt.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+        B, H, m, n = bias.shape
+        # [B*H, m, n]: the bias and the content term added by one matmul
+        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, H, m, -1)
+
+    def merge(self, x, y):
+        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
+        y = y.transpose(1, 2).reshape(x.size(0), x.size(1), -1)            # [B, L, H*d_head]
         return self.norm(x + self.drop(self.out(y)))
 
-    def step(self, x, u, v, cache):
-        """One new position per row, x [B, 1, D], attending to the cache; writes its k, v at row length."""
-        q, k, val = self.heads(x)                                               # [B, H, 1, d_head]
-        pos = cache.length                                                      # position of the new token
-        cache_write(cache, k, val, at=pos)
-        C = cache.k.size(2)
-        dist = pos[:, None] - torch.arange(C, device=x.device)                  # [B, C] distance to each key
-        scale = self.d_head ** -0.5
-        # einsum, not a broadcast @, so that r is not copied once per row (2.3× faster decoding at B=4)
-        pos_scores = torch.einsum('bhqd,hcd->bhqc', (q + v[:, None]) * scale, cache.r)  # [B, H, 1, C] by distance
-        pos_scores = pos_scores.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(pos_scores))
-        scores = ((q + u[:, None]) * scale) @ cache.k.transpose(2, 3) + pos_scores       # [B, H, 1, C] by key
-        p = scores.masked_fill((dist < 0)[:, None, None, :], float('-inf')).softmax(-1)
-        y = (p @ cache.v).transpose(1, 2).reshape(x.size(0), 1, -1)
-        return self.norm(x + self.out(y))
+    def position_bias(self, q_pos, r, a, e, fused):
+        """Position term (q_i + v)·r_{i-j} of queries a … e-1 against keys 0 … e-1, -inf on future
+        keys → [B, H, e-a, e]; r [H, L+1, d] holds distances L-1 … 0 and a zero row."""
+        L = r.size(1) - 1
+        scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
+        future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
+        if not fused:
+            return scores.masked_fill(future, float('-inf'))
+        # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
+        # take such a mask as it is instead of copying it into a padded one.
+        bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
+        return bias.copy_(scores).masked_fill_(future, float('-inf'))
 
+    def forward(self, x, pos, u, v, kv=None):
+        """Causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0; kv: (k, v) cache
+        tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
+        L = x.size(1)
+        q, k, val = self.heads(x)                                          # [B, H, L, d_head]
+        if kv is not None:
+            kv[0][:, :, :L], kv[1][:, :, :L] = k, val
+        q_content, q_pos = self.queries(q, u, v)
+        k, val = k.contiguous(), val.contiguous()
+        r = F.pad(self.positions(pos), (0, 0, 0, 1))                       # [H, L+1, d_head]
+        if self.fused(x):  # one call for all L queries, no Python loop over L
+            bias = self.position_bias(q_pos, r, 0, L, True)
+            return self.merge(x, self.attend(q_content, k, val, bias, True))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
+        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
+        ys = []
+        for a in range(0, L, self.chunk):
+            e = min(a + self.chunk, L)
+            bias = self.position_bias(q_pos, r, a, e, False)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, False))
+        return self.merge(x, torch.cat(ys, 2))
 
-def cache_write(cache, k, v, at=None):
-    """Write k, v [B, H, n, d_head] into the cache at per-row offsets `at` (default: the start)."""
-    n = k.size(2)
-    start = torch.zeros_like(cache.length) if at is None else at
-    rows = torch.arange(k.size(0), device=k.device)[:, None]
-    cols = start[:, None] + torch.arange(n, device=k.device)                   # [B, n]
-    cache.k[rows, :, cols] = k.transpose(1, 2)
-    cache.v[rows, :, cols] = v.transpose(1, 2)
+    def step(self, x, u, v, kv, r, at):
+        """One new position per row, x [B, 1, D], at per-row positions at [B]; writes its k, v
+        into the cache kv there and attends to cache positions 0 … at. r [H, capacity, d_head]:
+        position keys by distance."""
+        q, k, val = self.heads(x)                                          # [B, H, 1, d_head]
+        rows = torch.arange(x.size(0), device=x.device)
+        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], val[:, :, 0]
+        q_content, q_pos = self.queries(q, u, v)
+        dist = at[:, None] - torch.arange(kv[0].size(2), device=x.device)  # [B, C] to each key
+        # einsum, not a broadcast @, so that r is not copied once per row
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
+        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        return self.merge(x, self.attend(q_content, kv[0], kv[1], bias, self.fused(x)))
 
 
 # -----------------------------------------------------------------------------
-# Feed-forward, layer, stack
+# Feed-forward, layer, stage
 
 
 class FeedForward(nn.Module):
@@ -161,8 +193,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(), Dropout(cfg.dropout),
-                                 nn.Linear(cfg.d_inner, cfg.d_model), Dropout(cfg.dropout))
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
+                                 Dropout(cfg.dropout))
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x):
@@ -177,14 +210,31 @@ class Layer(nn.Module):
         self.attn = RelativeAttention(cfg)
         self.ff = FeedForward(cfg)
 
-    def forward(self, x, pos, u, v, cache=None):
-        return self.ff(self.attn(x, pos, u, v, cache))
+    def forward(self, x, pos, u, v, kv=None):
+        return self.ff(self.attn(x, pos, u, v, kv))
 
-    def step(self, x, u, v, cache):
-        return self.ff(self.attn.step(x, u, v, cache))
+    def step(self, x, u, v, kv, r, at):
+        return self.ff(self.attn.step(x, u, v, kv, r, at))
 
 
-class Stack(nn.Module):
+@dataclass
+class KVCache:
+    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
+    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+
+    def reserve(self, n):
+        """Room for n positions; grows geometrically, so copies are amortised O(1) per token."""
+        C = self.k.size(3)
+        if n > C:
+            grow = max(n, 2 * C) - C
+            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
+            self.r = None
+
+
+class Stage(nn.Module):
     """Layers that share one relative-position grid of their own sequence length."""
 
     def __init__(self, cfg, n_layers):
@@ -193,63 +243,76 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_layers))
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, x, u, v, caches=None):
+    def forward(self, x, u, v, cache=None, lengths=None):
+        """x [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
         L = x.size(1)
-        pos = self.drop(sinusoids(torch.arange(L - 1, -1, -1, device=x.device), self.d_model).to(x.dtype))
+        pos = sinusoids(torch.arange(L - 1, -1, -1, device=x.device), self.d_model)
+        pos = self.drop(pos.to(x.dtype))                                   # [L, D]
+        if cache is not None:
+            cache.reserve(L)
         for i, layer in enumerate(self.layers):
-            x = layer(x, pos, u, v, None if caches is None else caches[i])
+            x = layer(x, pos, u, v, None if cache is None else (cache.k[i], cache.v[i]))
+        if cache is not None:
+            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
         return x
 
-    def step(self, x, u, v, caches):
-        for layer, cache in zip(self.layers, caches):
-            need = int(cache.length.max()) + 1
-            if need > cache.k.size(2):  # grow geometrically: amortised O(1) copies per token
-                grow = max(need, 2 * cache.k.size(2)) - cache.k.size(2)
-                cache.k, cache.v, cache.r = F.pad(cache.k, (0, 0, 0, grow)), F.pad(cache.v, (0, 0, 0, grow)), None
-            if cache.r is None:  # project position embeddings once per cache size, not once per token
-                dist = torch.arange(cache.k.size(2), device=x.device)
-                r = layer.attn.r_net(sinusoids(dist, self.d_model).to(x.dtype))
-                cache.r = r.view(-1, layer.attn.n_head, layer.attn.d_head).transpose(0, 1)
-            x = layer.step(x, u, v, cache)
+    def step(self, x, u, v, cache, advance=None):
+        """One new position per row, x [B, 1, D]; the rows where `advance` [B] (default: all)
+        keep it, the others overwrite it next time."""
+        at = cache.length
+        cache.reserve(int(at.max()) + 1)
+        if cache.r is None:  # project position embeddings once per cache size, not once per token
+            emb = sinusoids(torch.arange(cache.k.size(3), device=x.device), self.d_model)
+            cache.r = torch.stack([l.attn.positions(emb.to(x.dtype)) for l in self.layers])
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, u, v, (cache.k[i], cache.v[i]), cache.r[i], at)
+        cache.length = at + (1 if advance is None else advance.long())
         return x
 
-    def empty_caches(self, B, capacity, ref):
-        """One empty KVCache per layer, shaped like `ref`'s attention."""
-        return [KVCache(k=ref.new_zeros(B, l.attn.n_head, capacity, l.attn.d_head),
-                        v=ref.new_zeros(B, l.attn.n_head, capacity, l.attn.d_head),
-                        length=torch.zeros(B, dtype=torch.long, device=ref.device)) for l in self.layers]
+    def empty_cache(self, B, capacity, ref):
+        """An empty KVCache for this stage, in ref's dtype and device."""
+        n, H, d = len(self.layers), ref.size(0), ref.size(1)
+        return KVCache(k=ref.new_zeros(n, B, H, capacity, d), v=ref.new_zeros(n, B, H, capacity, d),
+                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
 # -----------------------------------------------------------------------------
 # Pooling through the boundary matrix (paper §2.2)
 
 
-def boundary_matrix(b):
-    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b."""
-    # Segment indices come from the hard decisions in int64, exact in any dtype (a bf16 running sum
-    # is not exact past 256); the float32 running sum below only carries the gradient.
+def segments(b):
+    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
+    segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
+    # int64, exact in any dtype: a bf16 running sum is not exact past 256.
     hard = (b.detach() > 0.5).long()
-    seg = hard.cumsum(1) - hard                          # [B, L] c_t = Σ_{i<t} b_i, the segment of token t
-    n_seg = hard.sum(1, keepdim=True)                    # [B, 1] complete segments per row
-    S = int(n_seg.max()) if b.numel() else 0
-    hit = (seg[..., None] == torch.arange(S, device=b.device)) & (seg < n_seg)[..., None]  # [B, L, S]
+    m = hard.cumsum(1)
+    return m - hard, m
+
+
+def boundary_matrix(b, bucket=1):
+    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b.
+    S is the most complete segments of a row, rounded up to a multiple of `bucket`."""
+    c, m = segments(b)
+    n_seg = m[:, -1:]                                    # [B, 1] complete segments per row
+    S = -(-int(n_seg.max()) // bucket) * bucket if b.numel() else 0
+    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < n_seg)[..., None]  # [B, L, S]
     # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
     # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
     c = b.float().cumsum(1) - b.float()
     return torch.where(hit, (1 + c - c.detach())[..., None], torch.zeros((), device=b.device))
 
 
-def downsample(h, b, null):
+def downsample(h, b, null, bucket=1):
     """Mean of h [B, L, D] over each complete segment, after the null group → [B, 1+S, D]."""
-    Bm = boundary_matrix(b).to(h.dtype)                  # [B, L, S]
+    Bm = boundary_matrix(b, bucket).to(h.dtype)          # [B, L, S]
     counts = Bm.sum(1)                                   # [B, S] segment lengths
     seg = torch.einsum('bls,bld->bsd', Bm, h) / counts.clamp(min=1)[..., None]
     return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), seg], 1)
 
 
 def upsample(s, b):
-    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null group)."""
-    m = (b.detach() > 0.5).long().cumsum(1)                                   # [B, L], exact as above
+    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
+    _, m = segments(b)                                                         # [B, L]
     out = s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))                # [B, L, D]
     if b.requires_grad:
         # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
@@ -258,8 +321,65 @@ def upsample(s, b):
     return out
 
 
+@dataclass
+class PoolingState:
+    """What MeanPooling carries from one generated token to the next."""
+    seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
+    seg_len: torch.Tensor  # [B] tokens in the open segment
+    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
+
+
+class MeanPooling(nn.Module):
+    """Segments → their mean after a learnable null group (down), and back to tokens so that token
+    t sees only segments complete at t (up). `forward`'s pieces and the incremental `step` side by
+    side; every boundary source except a future H-Net one pools this way."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.null_group = nn.Parameter(torch.randn(cfg.d_model))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.bucket = cfg.seg_bucket
+
+    def down(self, h, routing):
+        """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        return self.norm(downsample(h, routing.b, self.null_group, bucket))
+
+    def up(self, s, routing):
+        """Shortened-stage output s [B, 1+S, D] → [B, L, D]."""
+        return upsample(s, routing.b)
+
+    def rows(self, routing):
+        """[B] rows of down()'s output that the shortened stage keeps for generation."""
+        return 1 + routing.hard.sum(1)
+
+    def start(self, h, s, routing):
+        """The running state after a whole prompt: h, s as in down() and up()."""
+        c, m = segments(routing.b)
+        n_seg = m[:, -1]                                                   # [B]
+        open_seg = c == n_seg[:, None]                                     # [B, L] after the last b
+        return PoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
+                            last=s[torch.arange(s.size(0), device=s.device), n_seg])
+
+    def step(self, h, routing, state, shortened):
+        """One token's pre-stage output h [B, 1, D] → its upsampled input [B, 1, D]. `shortened`
+        (x [B, 1, D], advance [B] bool) → [B, 1, D] runs the shortened stage on closed segments."""
+        b = routing.hard[:, 0]
+        state.seg_sum += h[:, 0]
+        state.seg_len += 1
+        if b.any():
+            # Run the shortened stage once for the segment just closed, kept only where one closed.
+            mean = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+            s = shortened(self.norm(mean)[:, None], b)
+            state.last = torch.where(b[:, None], s[:, 0], state.last)
+            state.seg_sum = torch.where(b[:, None], 0.0, state.seg_sum)
+            state.seg_len = torch.where(b, 0, state.seg_len)
+        return state.last[:, None]
+
+
 # -----------------------------------------------------------------------------
-# Boundary sources (paper §3)
+# Boundary sources (paper §3): each decides where segments end, trains that decision (its
+# auxiliary loss) and names the targets its decisions are measured against.
 
 
 def entropy_spikes(H, k=2):
@@ -271,7 +391,7 @@ def entropy_spikes(H, k=2):
 
 
 def gumbel_sigmoid(logits, temperature, u=None):
-    """Relaxed Bernoulli sample with a hard straight-through decision (Jang et al. 2017; paper §3.3).
+    """Relaxed Bernoulli sample, hard straight-through decision (Jang et al. 2017; paper §3.3).
     u: the uniform noise (broadcast to logits), drawn fresh when None."""
     logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
     u = (torch.rand_like(logits) if u is None else u.expand_as(logits)).clamp(1e-6, 1 - 1e-6)
@@ -281,7 +401,7 @@ def gumbel_sigmoid(logits, temperature, u=None):
 
 
 def binomial_prior_loss(b, prior):
-    """-log Binomial(Σ_t b_t; L, α) / L, mean over the batch: keeps the boundary rate near α (§3.3)."""
+    """-log Binomial(Σ_t b_t; L, α) / L, batch mean: keeps the boundary rate near α (§3.3)."""
     L, n = b.size(1), b.sum(1)
     log_p = (math.lgamma(L + 1) - torch.lgamma(n + 1) - torch.lgamma(L - n + 1)
              + n * math.log(prior) + (L - n) * math.log(1 - prior))
@@ -289,15 +409,170 @@ def binomial_prior_loss(b, prior):
 
 
 class BoundaryPredictor(nn.Module):
-    """MLP d_model → d_inner → 1 on the pre stack's output: the logit of 'a segment ends here'."""
+    """MLP d_model → d_inner → 1 on the pre stage's output: the logit of 'a segment ends here'."""
 
     def __init__(self, cfg):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(), nn.Linear(cfg.d_inner, 1))
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 nn.Linear(cfg.d_inner, 1))
 
     def forward(self, h):
         return self.net(h).squeeze(-1)                   # [B, L]
 
+
+@dataclass
+class Routing:
+    """A boundary source's decisions for positions start … start+L-1."""
+    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
+    logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
+
+    @property
+    def hard(self):
+        return self.b.detach() > 0.5                     # [B, L] bool
+
+
+class BoundarySource(nn.Module):
+    """Where segments end. A source decides in `forward`, learns through `loss`, and pools with
+    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source."""
+    Pooling = MeanPooling
+
+    def forward(self, h, x, boundaries=None, start=0):
+        """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
+        start …; boundaries [B, L]: given ones, where the source takes them."""
+        raise NotImplementedError
+
+    def loss(self, routing, logits, x, boundaries):
+        """(auxiliary loss, bool targets [B, L] the decisions are measured against, or None);
+        logits [B, L, V] are the model's predictions."""
+        return torch.zeros((), device=logits.device), None
+
+    def check(self, targets, boundaries):
+        """Raise ValueError for inputs this source cannot train on."""
+
+    @staticmethod
+    def statistics(routing, targets):
+        """(shortening factor, precision, recall) of the decisions; the last two need targets."""
+        b = routing.b.detach()
+        sf = b.numel() / b.sum().clamp(min=1)
+        if targets is None:
+            return sf, None, None
+        pred = b > 0.5
+        tp = (pred & targets).sum()
+        return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
+
+
+class ExternalBoundaries(BoundarySource):
+    """Boundaries from outside the network: the ones given, else derived from the tokens."""
+
+    def forward(self, h, x, boundaries=None, start=0):
+        if boundaries is not None:
+            return Routing(boundaries.detach().float())
+        return Routing(self.derive(x, start).float())
+
+    def derive(self, x, start):
+        raise NotImplementedError
+
+
+class FixedBoundaries(ExternalBoundaries):
+    """b_t = 1 iff (t + 1) % k == 0: segments of k tokens."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.k = cfg.fixed_factor
+
+    def derive(self, x, start):
+        t = torch.arange(start, start + x.size(1), device=x.device)
+        return ((t + 1) % self.k == 0).expand_as(x)
+
+
+class WhitespaceBoundaries(ExternalBoundaries):
+    """b_t = 1 iff x_t is the space: the space closes its word."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.whitespace_id = cfg.whitespace_id
+
+    def derive(self, x, start):
+        return x == self.whitespace_id
+
+
+class PredictedBoundaries(BoundarySource):
+    """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
+    the threshold, so a decision at t depends on x_{<=t} only."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.predictor = BoundaryPredictor(cfg)
+        self.threshold = cfg.threshold
+
+    def forward(self, h, x, boundaries=None, start=0):
+        logits = self.predictor(h)                       # [B, L]
+        return Routing(self.decide(logits, start), logits)
+
+    def decide(self, logits, start):
+        return (torch.sigmoid(logits.float()) > self.threshold).float()
+
+    @staticmethod
+    def bce(routing, targets):
+        """The predictor's cross-entropy against bool targets [B, L], and the targets."""
+        return F.binary_cross_entropy_with_logits(routing.logits.float(), targets.float()), targets
+
+
+class UnigramBoundaries(PredictedBoundaries):
+    """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
+
+    def loss(self, routing, logits, x, boundaries):
+        return self.bce(routing, boundaries.bool())
+
+    def check(self, targets, boundaries):
+        if targets is not None and boundaries is None:
+            raise ValueError("boundary 'unigram' trains its predictor towards Unigram boundaries: "
+                             "pass boundaries= with targets")
+
+
+class EntropyBoundaries(PredictedBoundaries):
+    """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.window = cfg.entropy_window
+
+    def loss(self, routing, logits, x, boundaries):
+        logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
+        return self.bce(routing, entropy_spikes(-(logp.exp() * logp).sum(-1), self.window))
+
+
+class GumbelBoundaries(PredictedBoundaries):
+    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
+    measured against the spaces when whitespace_id is set, never trained towards them."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.temperature, self.prior = cfg.temperature, cfg.prior
+        self.whitespace_id = cfg.whitespace_id
+        noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
+        self.register_buffer('eval_noise', noise, persistent=False)
+
+    def decide(self, logits, start):
+        if self.training:
+            return gumbel_sigmoid(logits, self.temperature)
+        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
+        # a predictor held near the prior α rarely fires), but with one fixed noise value per
+        # position: deterministic, and the decision at t still depends on x_{<=t} only.
+        pos = torch.arange(start, start + logits.size(1), device=logits.device)
+        u = self.eval_noise[pos % self.eval_noise.numel()]
+        return gumbel_sigmoid(logits, self.temperature, u=u).detach()
+
+    def loss(self, routing, logits, x, boundaries):
+        spaces = None if self.whitespace_id is None else x == self.whitespace_id
+        return binomial_prior_loss(routing.b, self.prior), spaces
+
+
+# The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
+SOURCES = {'fixed': FixedBoundaries, 'whitespace': WhitespaceBoundaries,
+           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries}
+BOUNDARY_MODES = ('none',) + tuple(SOURCES)
+PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
 
 # -----------------------------------------------------------------------------
 # The model
@@ -313,30 +588,40 @@ class Config:
     d_inner: int = 2048
     dropout: float = 0.1
     dropatt: float = 0.1
-    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla runs sum(layers) at full length
+    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: sum(layers) at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
-    whitespace_id: Optional[int] = None  # token id of the space (whitespace mode; gumbel precision/recall)
+    whitespace_id: Optional[int] = None  # id of the space (whitespace; gumbel precision/recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
-    attn_chunk: int = 128              # queries per attention block: speed and memory only, not results
+    attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
+    attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
+    seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
         if self.boundary not in BOUNDARY_MODES:
-            raise ValueError(f"unknown boundary mode {self.boundary!r}; choose one of {', '.join(BOUNDARY_MODES)}")
+            raise ValueError(f"unknown boundary mode {self.boundary!r}; "
+                             f"choose one of {', '.join(BOUNDARY_MODES)}")
         if len(self.layers) != 3 or any(int(n) != n or n < 0 for n in self.layers):
-            raise ValueError(f"layers must be three counts (pre, shortened, post), got {self.layers!r}")
+            raise ValueError(f"layers must be three counts (pre, shortened, post), "
+                             f"got {self.layers!r}")
         if self.boundary != 'none' and self.layers[1] == 0:
-            raise ValueError(f"boundary {self.boundary!r} needs shortened layers, got layers={self.layers}")
+            raise ValueError(f"boundary {self.boundary!r} needs shortened layers, "
+                             f"got layers={self.layers}")
         if self.boundary == 'whitespace' and self.whitespace_id is None:
-            raise ValueError("boundary 'whitespace' needs whitespace_id (the token id of the space)")
+            raise ValueError("boundary 'whitespace' needs whitespace_id "
+                             "(the token id of the space)")
         if self.boundary == 'fixed' and self.fixed_factor < 1:
             raise ValueError(f"fixed_factor must be >= 1, got {self.fixed_factor}")
-        if self.attn_chunk < 1:
-            raise ValueError(f"attn_chunk must be >= 1, got {self.attn_chunk}")
+        if self.attention not in ('auto', 'sdpa', 'blocked'):
+            raise ValueError(f"attention must be 'auto', 'sdpa' or 'blocked', "
+                             f"got {self.attention!r}")
+        if self.attn_chunk < 1 or self.seg_bucket < 0:
+            raise ValueError(f"attn_chunk must be >= 1 and seg_bucket >= 0, "
+                             f"got {self.attn_chunk} and {self.seg_bucket}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         if self.vocab_size < 1 or self.d_model % 2:
@@ -349,16 +634,44 @@ class ModelOutput:
     logits: torch.Tensor                               # [B, L, V]
     loss: Optional[torch.Tensor] = None                # scalar: lm_loss + boundary_loss
     lm_loss: Optional[torch.Tensor] = None             # scalar: mean nats per character
-    boundary_loss: Optional[torch.Tensor] = None       # scalar: BCE (unigram, entropy) or prior (gumbel), else 0
-    boundaries: Optional[torch.Tensor] = None          # [B, L] boundaries used for pooling (None for vanilla)
-    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what the predictor is measured against
+    boundary_loss: Optional[torch.Tensor] = None       # scalar: the source's loss (0 if none)
+    boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
     shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
-    precision: Optional[torch.Tensor] = None           # scalar: predictor precision against boundary_targets
-    recall: Optional[torch.Tensor] = None              # scalar: predictor recall against boundary_targets
+    precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
+    recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
 
 
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None):
-    """Pick the next token [B] from logits [B, V]: argmax, or a sample at temperature among the top k."""
+@dataclass
+class Trunk:
+    """The network up to the logits: the last stage's output and the boundary decisions."""
+    h: torch.Tensor                    # [B, L, D]
+    routing: Optional[Routing] = None  # None for vanilla
+
+
+@dataclass
+class GenerationState:
+    """Everything decoding carries from one token to the next."""
+    caches: dict                       # stage name → KVCache
+    length: int                        # tokens consumed so far
+    pooling: object = None             # the pooling unit's running state (None for vanilla)
+    boundaries: Optional[torch.Tensor] = None  # [B, n] bool decisions of the last call's tokens
+
+
+@dataclass
+class GenerationStep:
+    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
+    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
+    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
+    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+
+
+def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+    """Pick the next token [B] from logits [B, V]: argmax, or a sample at temperature among the
+    top k; ids >= n_valid (padding beyond an alphabet) are never picked."""
+    if n_valid is not None and n_valid < logits.size(-1):
+        logits = logits.clone()
+        logits[:, n_valid:] = float('-inf')
     if greedy:
         return logits.argmax(-1)
     logits = logits.float() / max(temperature, 1e-6)
@@ -368,19 +681,22 @@ def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None
     return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
 
 
-@dataclass
-class GenerationState:
-    """Everything decoding carries from one character to the next."""
-    caches: list                     # [pre, shortened, post] lists of KVCache, one per layer
-    length: int                      # characters consumed so far
-    seg_sum: torch.Tensor            # [B, D] sum of pre-stack outputs of the open segment
-    seg_len: torch.Tensor            # [B] tokens in the open segment
-    upsampled: torch.Tensor          # [B, D] shortened-stack output of the last closed segment (or null group)
-    boundaries: list = field(default_factory=list)  # [B] bool decision per consumed character
+def _rename_old_keys(module, state_dict, prefix, *args):
+    """Load checkpoints from before the named stages (`stacks.0.` …) under today's names."""
+    stages = ('full_stack',) if module.source is None else ('pre', 'shortened', 'post')
+    renames = {f'stacks.{i}.': f'{name}.' for i, name in enumerate(stages)}
+    renames.update({'null_group': 'pooling.null_group', 'down_norm.': 'pooling.norm.',
+                    'predictor.': 'source.predictor.'})
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        for old, new in renames.items():
+            if key[len(prefix):].startswith(old):
+                state_dict[prefix + new + key[len(prefix) + len(old):]] = state_dict.pop(key)
+                break
 
 
 class DynamicPoolingLM(nn.Module):
-    """Hourglass character LM: pre stack, pooling, shortened stack, causal upsampling, post stack."""
+    """Hourglass character LM: pre stage, pooling, shortened stage, causal upsampling, post stage;
+    vanilla ('none') is one full-length stage."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -391,19 +707,20 @@ class DynamicPoolingLM(nn.Module):
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         pre, short, post = cfg.layers
+        self.source = None
         if cfg.boundary == 'none':
-            self.stacks = nn.ModuleList([Stack(cfg, pre + short + post)])
+            self.full_stack = Stage(cfg, pre + short + post)
+            self.stage_names = ('full_stack',)
         else:
-            self.stacks = nn.ModuleList([Stack(cfg, pre), Stack(cfg, short), Stack(cfg, post)])
-            self.null_group = nn.Parameter(torch.randn(cfg.d_model))
-            self.down_norm = nn.LayerNorm(cfg.d_model)
-            if cfg.boundary in PREDICTOR_MODES:
-                self.predictor = BoundaryPredictor(cfg)
-            if cfg.boundary == 'gumbel':  # the fixed evaluation noise, see decide()
-                noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
-                self.register_buffer('eval_noise', noise, persistent=False)
+            self.pre, self.shortened = Stage(cfg, pre), Stage(cfg, short)
+            self.post = Stage(cfg, post)
+            self.stage_names = ('pre', 'shortened', 'post')
+            source = SOURCES[cfg.boundary]
+            self.pooling = source.Pooling(cfg)
+            self.source = source(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.apply(self._init_weights)
+        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     @staticmethod
     def _init_weights(m):
@@ -415,108 +732,73 @@ class DynamicPoolingLM(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    # --- boundaries -------------------------------------------------------------
-
-    def external_boundaries(self, x, boundaries, start=0):
-        """Boundaries from outside the network for x [B, L] at positions start …: given, or derived
-        for fixed and whitespace."""
-        if boundaries is not None:
-            return boundaries.detach().float()
-        if self.cfg.boundary == 'whitespace':
-            return (x == self.cfg.whitespace_id).float()
-        t = torch.arange(start, start + x.size(1), device=x.device)
-        return ((t + 1) % self.cfg.fixed_factor == 0).float().expand_as(x)
-
-    def decide(self, logits, start=0):
-        """The predictor's own boundaries for logits [B, L] of positions start … start+L-1."""
-        if self.cfg.boundary != 'gumbel':
-            return (torch.sigmoid(logits.float()) > self.cfg.threshold).float()
-        if self.training:
-            return gumbel_sigmoid(logits, self.cfg.temperature)
-        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of a
-        # predictor held near the prior α rarely fires), but with one fixed noise value per
-        # position: deterministic, and the decision at t still depends on x_{<=t} only.
-        pos = torch.arange(start, start + logits.size(1), device=logits.device) % self.eval_noise.numel()
-        return gumbel_sigmoid(logits, self.cfg.temperature, u=self.eval_noise[pos]).detach()
-
     def check_inputs(self, x, targets, boundaries):
         """Turn shape and dtype mistakes into one clear ValueError before any layer runs."""
+        def shape(t):
+            return tuple(getattr(t, 'shape', ()))
         if not torch.is_tensor(x) or x.dim() != 2 or x.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"x must be an integer tensor [B, L], got {getattr(x, 'dtype', type(x))} "
-                             f"of shape {tuple(getattr(x, 'shape', ()))}")
+            raise ValueError(f"x must be an integer tensor [B, L], got "
+                             f"{getattr(x, 'dtype', type(x))} of shape {shape(x)}")
         if x.size(1) == 0:
             raise ValueError("x must hold at least one token")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got [{int(x.min())}, {int(x.max())}]")
+        # Value checks read the tensor back, a host sync on GPUs: there, data is checked once
+        # when it is loaded (train.py), not per forward.
+        values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
+        if values and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), "
+                             f"got [{int(x.min())}, {int(x.max())}]")
         if targets is not None and (not torch.is_tensor(targets) or targets.shape != x.shape):
-            raise ValueError(f"targets must have the shape of x {tuple(x.shape)}, got {tuple(getattr(targets, 'shape', ()))}")
+            raise ValueError(f"targets must have the shape of x {tuple(x.shape)}, "
+                             f"got {shape(targets)}")
         if boundaries is not None:
             if not torch.is_tensor(boundaries) or boundaries.shape != x.shape:
                 raise ValueError(f"boundaries must have the shape of x {tuple(x.shape)}, "
-                                 f"got {tuple(getattr(boundaries, 'shape', ()))}")
-            if boundaries.dtype.is_complex or not (boundaries.dtype == torch.bool or boundaries.is_floating_point()
-                                                   or boundaries.dtype in (torch.int64, torch.int32, torch.uint8)):
-                raise ValueError(f"boundaries must be bool, integer or float 0/1, got {boundaries.dtype}")
-            if boundaries.dtype != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
+                                 f"got {shape(boundaries)}")
+            dt = boundaries.dtype
+            if dt.is_complex or not (dt == torch.bool or dt.is_floating_point
+                                     or dt in (torch.int64, torch.int32, torch.uint8)):
+                raise ValueError(f"boundaries must be bool, integer or float 0/1, got {dt}")
+            if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
                 raise ValueError("boundaries must hold only 0 and 1")
-        if self.cfg.boundary == 'unigram' and targets is not None and boundaries is None:
-            raise ValueError("boundary 'unigram' trains its predictor towards Unigram boundaries: "
-                             "pass boundaries= with targets")
+        if self.source is not None:
+            self.source.check(targets, boundaries)
 
     # --- forward ---------------------------------------------------------------
 
-    def trunk(self, x, boundaries=None, caches=None):
-        """Embedding to post stack → (h [B, L, D], b [B, L], predictor logits, pre-stack h, shortened s)."""
-        cfg, c = self.cfg, caches or (None, None, None)
-        h = self.drop(self.embed(x))                                    # [B, L, D]
-        if cfg.boundary == 'none':
-            return self.stacks[0](h, self.u, self.v, c[0]), None, None, None, None
-        h = self.stacks[0](h, self.u, self.v, c[0])
-        bp_logits = None
-        if cfg.boundary in PREDICTOR_MODES:
-            bp_logits = self.predictor(h)                               # [B, L]
-            b = self.decide(bp_logits)
-        else:
-            b = self.external_boundaries(x, boundaries)
-        s = self.down_norm(downsample(h, b, self.null_group))          # [B, 1+S, D]
-        s = self.stacks[1](s, self.u, self.v, c[1])
-        # Skip connection: the pre stack's output carries each token's own identity past the pooling.
-        y = self.stacks[2](upsample(s, b) + h, self.u, self.v, c[2])
-        return y, b, bp_logits, h, s
+    def trunk(self, x, boundaries=None, state=None):
+        """Embedding to the last stage → Trunk; with a GenerationState, fills its caches."""
+        cache = (lambda name: None) if state is None else state.caches.get
+        u, v = self.u, self.v
+        h = self.drop(self.embed(x))                                      # [B, L, D]
+        if self.source is None:
+            return Trunk(self.full_stack(h, u, v, cache('full_stack')))
+        h = self.pre(h, u, v, cache('pre'))
+        r = self.source(h, x, boundaries)
+        s = self.pooling.down(h, r)                                       # [B, 1+S, D]
+        lengths = None if state is None else self.pooling.rows(r)
+        s = self.shortened(s, u, v, cache('shortened'), lengths)
+        if state is not None:
+            state.pooling = self.pooling.start(h, s, r)
+        # Skip connection: the pre stage's output carries each token's own identity past pooling.
+        return Trunk(self.post(self.pooling.up(s, r) + h, u, v, cache('post')), r)
 
     def forward(self, x, targets=None, boundaries=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones."""
         self.check_inputs(x, targets, boundaries)
-        cfg = self.cfg
-        h, b, bp_logits, _, _ = self.trunk(x, boundaries)
-        out = ModelOutput(logits=self.lm_head(h), boundaries=b)        # logits [B, L, V]
-        if b is not None:
-            out.shortening_factor = b.numel() / b.detach().sum().clamp(min=1)
-        if targets is None:
-            return out
-
-        out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
-        out.boundary_loss = out.lm_loss.new_zeros(())
-        target_b = None
-        if cfg.boundary == 'unigram':
-            target_b = boundaries.bool()
-        elif cfg.boundary == 'entropy':
-            # Targets are spikes of the model's own next-character entropy (§3.2); no gradient through them.
-            logp = F.log_softmax(out.logits.detach().float(), -1)
-            target_b = entropy_spikes(-(logp.exp() * logp).sum(-1), cfg.entropy_window)
-        elif cfg.boundary == 'gumbel':
-            out.boundary_loss = binomial_prior_loss(out.boundaries, cfg.prior)
-            if cfg.whitespace_id is not None:  # measured against words, never trained towards them
-                target_b = x == cfg.whitespace_id
-        if cfg.boundary in ('unigram', 'entropy'):
-            out.boundary_loss = F.binary_cross_entropy_with_logits(bp_logits.float(), target_b.float())
-        if target_b is not None:
-            pred = out.boundaries.detach() > 0.5
-            tp = (pred & target_b).sum()
-            out.boundary_targets = target_b
-            out.precision = tp / pred.sum().clamp(min=1)
-            out.recall = tp / target_b.sum().clamp(min=1)
-        out.loss = out.lm_loss + out.boundary_loss
+        trunk = self.trunk(x, boundaries)
+        r, out = trunk.routing, ModelOutput(logits=self.lm_head(trunk.h))  # logits [B, L, V]
+        if targets is not None:
+            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+            out.boundary_loss = torch.zeros((), device=x.device)
+        if r is not None:
+            out.boundaries = r.b
+            if targets is not None:
+                out.boundary_loss, out.boundary_targets = self.source.loss(
+                    r, out.logits, x, boundaries)
+            out.shortening_factor, out.precision, out.recall = self.source.statistics(
+                r, out.boundary_targets)
+        if targets is not None:
+            out.loss = out.lm_loss + out.boundary_loss
         return out
 
     # --- generation --------------------------------------------------------------
@@ -526,74 +808,51 @@ class DynamicPoolingLM(nn.Module):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
         if self.training:
             raise ValueError("generation needs eval mode: call model.eval() first")
+        self.check_inputs(x, None, None)
         B, L = x.shape
         capacity = max(capacity or 0, L + 1)
-        caches = [stack.empty_caches(B, capacity, self.u) for stack in self.stacks]
-        self.check_inputs(x, None, None)
-        h, b, _, h_pre, s = self.trunk(x, caches=caches)
-        logits = self.lm_head(h)
-        for stack_caches in caches:
-            for c in stack_caches:
-                c.length.fill_(L)
-        D = self.cfg.d_model
-        state = GenerationState(caches=caches, length=L, seg_sum=self.u.new_zeros(B, D),
-                                seg_len=torch.zeros(B, dtype=torch.long, device=x.device),
-                                upsampled=self.u.new_zeros(B, D))
-        if b is not None:
-            b = b.bool()
-            n_seg = b.sum(1)                                             # [B] complete segments per row
-            for c in caches[1]:
-                c.length.copy_(1 + n_seg)                                # the null group + closed segments
-            # The open segment: tokens after the last boundary, whose sum decode keeps extending.
-            open_mask = b.flip(1).cumsum(1).flip(1) == 0                 # [B, L]
-            state.seg_sum = (h_pre * open_mask[..., None]).sum(1)
-            state.seg_len = open_mask.sum(1)
-            state.upsampled = s[torch.arange(B, device=x.device), n_seg]
-            state.boundaries = list(b.unbind(1))
-        return logits, state
+        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
+                  for name in self.stage_names}
+        state = GenerationState(caches=caches, length=L)
+        trunk = self.trunk(x, state=state)
+        state.boundaries = None if trunk.routing is None else trunk.routing.hard
+        return self.lm_head(trunk.h), state
 
     @torch.no_grad()
     def decode(self, token, state):
         """Consume one token [B] per row → logits [B, V] for the next; updates state in place."""
-        cfg, t = self.cfg, state.length
-        h = self.embed(token)[:, None]                                   # [B, 1, D]
-        if cfg.boundary == 'none':
-            h = self.stacks[0].step(h, self.u, self.v, state.caches[0])
+        u, v, c = self.u, self.v, state.caches
+        h = self.embed(token)[:, None]                                    # [B, 1, D]
+        if self.source is None:
+            h = self.full_stack.step(h, u, v, c['full_stack'])
         else:
-            h = self.stacks[0].step(h, self.u, self.v, state.caches[0])
-            if cfg.boundary in PREDICTOR_MODES:
-                b = self.decide(self.predictor(h), start=t)[:, 0] > 0.5
-            else:
-                b = self.external_boundaries(token[:, None], None, start=t)[:, 0] > 0.5
-            state.seg_sum += h[:, 0]
-            state.seg_len += 1
-            if b.any():
-                # Run the shortened stack once for the segment just closed, only where one closed.
-                mean = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
-                s = self.stacks[1].step(self.down_norm(mean)[:, None], self.u, self.v, state.caches[1])
-                for c in state.caches[1]:
-                    c.length += b.long()
-                state.upsampled = torch.where(b[:, None], s[:, 0], state.upsampled)
-                state.seg_sum = torch.where(b[:, None], 0.0, state.seg_sum)
-                state.seg_len = torch.where(b, 0, state.seg_len)
-            state.boundaries.append(b)
-            h = self.stacks[2].step(state.upsampled[:, None] + h, self.u, self.v, state.caches[2])
-        for stack_caches in state.caches[:1] if cfg.boundary == 'none' else state.caches[::2]:
-            for c in stack_caches:
-                c.length += 1
-        state.length = t + 1
+            h = self.pre.step(h, u, v, c['pre'])
+            r = self.source(h, token[:, None], start=state.length)
+            up = self.pooling.step(h, r, state.pooling,
+                                   lambda s, b: self.shortened.step(s, u, v, c['shortened'], b))
+            h = self.post.step(up + h, u, v, c['post'])
+            state.boundaries = r.hard
+        state.length += 1
         return self.lm_head(h[:, 0])
+
+    @torch.no_grad()
+    def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+        """Prefill the prompt x [B, L], then pick and consume n tokens (see next_token), cached:
+        yields a GenerationStep for the prompt, then one per token. Needs eval mode."""
+        logits, state = self.prefill(x, capacity=x.size(1) + n)
+        yield GenerationStep(x, logits, state.boundaries)
+        for _ in range(n):
+            token = next_token(logits[:, -1], temperature, top_k, greedy, generator, n_valid)
+            logits = self.decode(token, state)[:, None]
+            yield GenerationStep(token[:, None], logits, state.boundaries)
 
     @torch.no_grad()
     def generate(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None):
         """Continue the prompt x [B, L] by n tokens → [B, L+n], cached and incremental."""
         was_training = self.training
         self.eval()
-        logits, state = self.prefill(x, capacity=x.size(1) + n)
-        logits, out = logits[:, -1], [x]
-        for _ in range(n):
-            nxt = next_token(logits, temperature, top_k, greedy, generator)
-            out.append(nxt[:, None])
-            logits = self.decode(nxt, state)
-        self.train(was_training)
-        return torch.cat(out, 1)
+        try:
+            return torch.cat([s.tokens for s in self.steps(x, n, temperature, top_k, greedy,
+                                                           generator)], 1)
+        finally:
+            self.train(was_training)

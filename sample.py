@@ -196,7 +196,7 @@ def entropy_bits(logits):
 
 @torch.no_grad()
 def sample(model, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-    """Continue x [B, L] by n tokens with the cached prefill/decode of dynpool.
+    """Continue x [B, L] by n tokens with dynpool's cached generation (DynamicPoolingLM.steps).
 
     Takes exactly the steps of DynamicPoolingLM.generate (same sampled tokens for the same generator),
     and also returns what the model did on the way:
@@ -206,20 +206,13 @@ def sample(model, x, n, temperature=1.0, top_k=None, greedy=False, generator=Non
     n_valid: ids >= n_valid (vocabulary padding beyond the alphabet) are never sampled.
     """
     model.eval()
-    logits, state = model.prefill(x, capacity=x.size(1) + n)
-    ent = [entropy_bits(logits)]                                     # [B, L]
-    logits, out = logits[:, -1], [x]
-    for _ in range(n):
-        if n_valid is not None and n_valid < logits.size(-1):
-            logits = logits.clone()
-            logits[:, n_valid:] = float('-inf')
-        nxt = next_token(logits, temperature, top_k, greedy, generator)
-        out.append(nxt[:, None])
-        logits = model.decode(nxt, state)
-        ent.append(entropy_bits(logits)[:, None])
-    tokens = torch.cat(out, 1)
-    boundaries = torch.stack(state.boundaries, 1).bool() if state.boundaries else None
-    return tokens, boundaries, torch.cat(ent, 1)
+    tokens, boundaries, entropy = [], [], []
+    for step in model.steps(x, n, temperature, top_k, greedy, generator, n_valid):
+        tokens.append(step.tokens)
+        boundaries.append(step.boundaries)
+        entropy.append(entropy_bits(step.logits))
+    b = None if boundaries[0] is None else torch.cat(boundaries, 1)
+    return torch.cat(tokens, 1), b, torch.cat(entropy, 1)
 
 
 # -----------------------------------------------------------------------------
