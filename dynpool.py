@@ -11,7 +11,8 @@ and the result is upsampled back, without leaking the future, for a few final la
 
 Notable features:
 - six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
-  unigram, entropy, gumbel (paper §3); each is one `BoundarySource` class (decision, loss, targets);
+  unigram, entropy, gumbel (paper §3), and a seventh, H-Net's dynamic chunking (hnet); each is one
+  `BoundarySource` class (decision, loss, targets) with its pooling unit;
 - Transformer-XL relative attention (Dai et al. 2019), as one fused scaled_dot_product_attention
   call or in query blocks that skip the masked future (`Config.attention`);
 - pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
@@ -574,7 +575,7 @@ class GumbelBoundaries(PredictedBoundaries):
 
 # -----------------------------------------------------------------------------
 # H-Net's dynamic chunking (Hwang, Wang, Gu 2025), boundary='hnet': a router, selection of the
-# vectors at chunk starts, and an EMA over chunks with a straight-through confidence on the way back.
+# vectors at chunk starts, an EMA over chunks with a straight-through confidence on the way back.
 #
 # Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
 # reads the pre-stage vector at each chunk start s, which holds x_{<=s}, and token t reads the
@@ -585,27 +586,27 @@ class GumbelBoundaries(PredictedBoundaries):
 
 
 def start_probability(q, k):
-    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the one before."""
+    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
     q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
     return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
 
 
-def select_starts(h, start):
+def select_starts(h, start, bucket=1):
     """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S is the most chunks of a row."""
+    after a row's last chunk; S is the most chunks of a row, rounded up to a multiple of `bucket`."""
     B, L, D = h.shape
-    S = int(start.sum(1).max())
+    S = -(-int(start.sum(1).max()) // bucket) * bucket
     t = torch.arange(L, device=h.device).expand(B, L)
-    pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] start positions; L: none
+    pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] starts; L: none
     z = h.gather(1, pos.clamp(max=L - 1)[..., None].expand(-1, -1, D))
     return z * (pos < L)[..., None].to(h.dtype)
 
 
 def smooth_chunks(z, P):
-    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, z̄_{−1} = 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the exp
-    # of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into their
-    # gradient even where masked: the log reads it as 1 − 1e-6.
+    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
+    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
+    # their gradient even where masked: the log reads it as 1 − 1e-6.
     P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
     log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
@@ -645,13 +646,16 @@ class ChunkPooling(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.residual = nn.Linear(cfg.d_model, cfg.d_model)
+        self.bucket = cfg.seg_bucket
 
     def init_weights(self):
         nn.init.zeros_(self.residual.weight)  # H-Net's: the token's own path starts closed
 
     def down(self, h, routing):
-        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one)."""
-        return select_starts(h, routing.start)
+        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
+        zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        return select_starts(h, routing.start, bucket)
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
@@ -664,7 +668,8 @@ class ChunkPooling(nn.Module):
 
     def smooth(self, s, routing):
         """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        return smooth_chunks(s, select_starts(routing.p[..., None], routing.start)[..., 0])
+        P = select_starts(routing.p[..., None], routing.start)[..., 0]     # [B, n] chunks' rates
+        return smooth_chunks(s, F.pad(P, (0, s.size(1) - P.size(1))))     # bucket rows: rate 0
 
     def rows(self, routing):
         """[B] rows of down()'s output that the shortened stage keeps for generation."""
@@ -757,7 +762,7 @@ class Config:
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
-    ratio_target: float = 6.0          # hnet: target compression N of the ratio loss (text8 words ~6)
+    ratio_target: float = 6.0          # hnet: target compression N of the ratio loss (text8: ~6)
     ratio_weight: float = 0.03         # hnet: weight α of the ratio loss (H-Net's)
 
     def __post_init__(self):

@@ -1105,6 +1105,22 @@ def test_hnet_every_parameter_learns_from_its_init():
     assert not silent, f"no gradient: {silent}"
 
 
+def test_hnet_bucketed_chunks_change_nothing():
+    """Zero rows padding the chunks to a bucket (as on GPUs) leave logits and gradients alone."""
+    x = random_tokens(torch.Generator().manual_seed(9), 3, 50)
+    grads = []
+    for bucket in (1, 64):
+        torch.manual_seed(0)
+        model = DynamicPoolingLM(tiny_config("hnet", seg_bucket=bucket))
+        draw_hnet_weights(model)
+        out = model(x, targets=torch.roll(x, -1, 1))
+        out.loss.backward()
+        grads.append([out.logits.detach()] + [p.grad for p in model.parameters()])
+    assert int(out.boundaries.sum(1).max()) + 1 < 64       # padding rows were there
+    for a, b in zip(*grads):
+        assert_close(a, b, atol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [dict(ratio_target=1.0), dict(ratio_weight=-0.1)])
 def test_hnet_bad_ratio_flags_raise(bad):
     with pytest.raises(ValueError, match="ratio_target must be > 1 and ratio_weight >= 0"):
