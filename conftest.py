@@ -24,7 +24,7 @@ settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-MODES = ["none", "fixed", "whitespace", "unigram", "entropy", "gumbel"]
+MODES = ["none", "fixed", "whitespace", "unigram", "entropy", "gumbel", "hnet"]
 PREDICTOR_MODES = ["unigram", "entropy", "gumbel"]
 V = 8          # tiny vocabulary for the leakage tests
 SPACE = 0      # its space id (drawn often, see random_tokens)
@@ -49,7 +49,7 @@ def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
             f"{a[first].item():.6g} vs {b[first].item():.6g}")
 
 _SAMPLE_ROOT = Path(__file__).parent
-_SAMPLE_MODES = ['none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel']
+_SAMPLE_MODES = ['none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet']
 _SAMPLE_PREDICTOR_MODES = ['unigram', 'entropy', 'gumbel']
 _SAMPLE_V = 8        # vocabulary of the parity tests; id 0 is the space
 _SAMPLE_ALPHABET = [' '] + [chr(ord('a') + i) for i in range(26)]   # text8's, space_id 0
@@ -101,8 +101,19 @@ def _sample_tiny_model(mode, vocab=_SAMPLE_V, seed=0, rate=0.3, **extra):
             # Bisection ends where one calibration token sits exactly on the threshold; step off it, or that
             # token (same id at position 0 in any input) would be a tie for every test.
             lin.bias.fill_((lo + hi) / 2 + 0.01)
+    if mode == 'hnet':
+        draw_hnet_weights(model)
     _SAMPLE_MODEL_CACHE[key] = model
     return model
+
+
+def draw_hnet_weights(model, scale=0.5):
+    """hnet starts with an identity router and a zero residual projection, which would leave the
+    router's weights and the residual path out of the tests: draw all three near the identity."""
+    D = model.cfg.d_model
+    with torch.no_grad():
+        for w in (model.source.q.weight, model.source.k.weight, model.pooling.residual.weight):
+            w.copy_(torch.eye(D) + torch.randn(D, D) * scale / math.sqrt(D))
 
 
 def _sample_full_forward(model, x):

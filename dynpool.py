@@ -11,7 +11,8 @@ and the result is upsampled back, without leaking the future, for a few final la
 
 Notable features:
 - six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
-  unigram, entropy, gumbel (paper §3); each is one `BoundarySource` class (decision, loss, targets);
+  unigram, entropy, gumbel (paper §3), and a seventh, H-Net's dynamic chunking (hnet); each is one
+  `BoundarySource` class (decision, loss, targets) with its pooling unit;
 - Transformer-XL relative attention (Dai et al. 2019), as one fused scaled_dot_product_attention
   call or in query blocks that skip the masked future (`Config.attention`);
 - pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
@@ -27,6 +28,7 @@ next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a 
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
 """
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -345,9 +347,10 @@ class MeanPooling(nn.Module):
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
         return self.norm(downsample(h, routing.b, self.null_group, bucket))
 
-    def up(self, s, routing):
-        """Shortened-stage output s [B, 1+S, D] → [B, L, D]."""
-        return upsample(s, routing.b)
+    def up(self, s, routing, h):
+        """Shortened-stage output s [B, 1+S, D], pre-stage output h [B, L, D] → the post stage's
+        input [B, L, D]. Skip connection: h carries each token's own identity past pooling."""
+        return upsample(s, routing.b) + h
 
     def rows(self, routing):
         """[B] rows of down()'s output that the shortened stage keeps for generation."""
@@ -362,7 +365,7 @@ class MeanPooling(nn.Module):
                             last=s[torch.arange(s.size(0), device=s.device), n_seg])
 
     def step(self, h, routing, state, shortened):
-        """One token's pre-stage output h [B, 1, D] → its upsampled input [B, 1, D]. `shortened`
+        """One token's pre-stage output h [B, 1, D] → its post-stage input [B, 1, D]. `shortened`
         (x [B, 1, D], advance [B] bool) → [B, 1, D] runs the shortened stage on closed segments."""
         b = routing.hard[:, 0]
         state.seg_sum += h[:, 0]
@@ -374,7 +377,7 @@ class MeanPooling(nn.Module):
             state.last = torch.where(b[:, None], s[:, 0], state.last)
             state.seg_sum = torch.where(b[:, None], 0.0, state.seg_sum)
             state.seg_len = torch.where(b, 0, state.seg_len)
-        return state.last[:, None]
+        return state.last[:, None] + h
 
 
 # -----------------------------------------------------------------------------
@@ -426,9 +429,10 @@ class Routing:
     b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
     logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
 
-    @property
+    @functools.cached_property
     def hard(self):
-        return self.b.detach() > 0.5                     # [B, L] bool
+        """[B, L] bool; one tensor per Routing (hnet fills its last column in later, see below)."""
+        return self.b.detach() > 0.5
 
 
 class BoundarySource(nn.Module):
@@ -440,6 +444,11 @@ class BoundarySource(nn.Module):
         """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
         start …; boundaries [B, L]: given ones, where the source takes them."""
         raise NotImplementedError
+
+    def step(self, h, x, state):
+        """Routing of one new token per row during generation: h [B, 1, D], x [B, 1], state the
+        GenerationState before it."""
+        return self(h, x, start=state.length)
 
     def loss(self, routing, logits, x, boundaries):
         """(auxiliary loss, bool targets [B, L] the decisions are measured against, or None);
@@ -568,9 +577,167 @@ class GumbelBoundaries(PredictedBoundaries):
         return binomial_prior_loss(routing.b, self.prior), spaces
 
 
+# -----------------------------------------------------------------------------
+# H-Net's dynamic chunking (Hwang, Wang, Gu 2025), boundary='hnet': a router, selection of the
+# vectors at chunk starts, an EMA over chunks with a straight-through confidence on the way back.
+#
+# Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
+# reads the pre-stage vector at each chunk start s, which holds x_{<=s}, and token t reads the
+# chunk that started last at or before t: logits at t depend on x_{<=t} only. In DESIGN.md's
+# convention a chunk starting at t+1 is a segment ending at t, so b_t = start_{t+1}: b_t is decided
+# by x_{t+1}, one token later than the other sources decide it, and it is never read by token t
+# (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the token after it is unknown.
+
+
+def start_probability(q, k):
+    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
+    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
+    return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
+
+
+def select_starts(h, start, bucket=1):
+    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
+    after a row's last chunk; S is the most chunks of a row, rounded up to a multiple of `bucket`."""
+    B, L, D = h.shape
+    S = -(-int(start.sum(1).max()) // bucket) * bucket
+    t = torch.arange(L, device=h.device).expand(B, L)
+    pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] starts; L: none
+    z = h.gather(1, pos.clamp(max=L - 1)[..., None].expand(-1, -1, D))
+    return z * (pos < L)[..., None].to(h.dtype)
+
+
+def smooth_chunks(z, P):
+    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
+    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
+    # their gradient even where masked: the log reads it as 1 − 1e-6.
+    P = P.to(torch.promote_types(P.dtype, torch.float32))
+    S = z.size(1)
+    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
+    later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
+    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
+    return weight.to(z.dtype) @ z                                       # [B, S, D]
+
+
+def ratio_loss(start, p, N):
+    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
+    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
+    frac, mean_p = start.float().mean(), p.float().mean()
+    return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
+
+
+@dataclass
+class ChunkRouting(Routing):
+    """The router's output: b in DESIGN.md's meaning (b_t = start_{t+1}), and the chunk starts."""
+    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+
+
+@dataclass
+class ChunkState:
+    """What ChunkPooling carries from one generated token to the next."""
+    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
+    undecided: torch.Tensor  # [B, 1] bool: the reported b of the last token, filled in next step
+
+
+class ChunkPooling(nn.Module):
+    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
+    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
+    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.residual = nn.Linear(cfg.d_model, cfg.d_model)
+        self.bucket = cfg.seg_bucket
+
+    def init_weights(self):
+        nn.init.zeros_(self.residual.weight)  # H-Net's: the token's own path starts closed
+
+    def down(self, h, routing):
+        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
+        zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        return select_starts(h, routing.start, bucket)
+
+    def up(self, s, routing, h):
+        """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
+        z_bar = self.smooth(s, routing)
+        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
+        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        c = torch.where(routing.start, routing.p, 1 - routing.p)
+        one = (c - c.detach() + 1)[..., None].to(out.dtype)            # exactly 1; gradient of c
+        return out * one + self.residual(h)
+
+    def smooth(self, s, routing):
+        """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
+        P = select_starts(routing.p[..., None], routing.start)[..., 0]     # [B, n] chunks' rates
+        return smooth_chunks(s, F.pad(P, (0, s.size(1) - P.size(1))))     # bucket rows: rate 0
+
+    def rows(self, routing):
+        """[B] rows of down()'s output that the shortened stage keeps for generation."""
+        return routing.start.sum(1)
+
+    def start(self, h, s, routing):
+        """The running state after a whole prompt: h, s as in down() and up()."""
+        last = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
+        return ChunkState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last],
+                          undecided=routing.hard[:, -1:])
+
+    def step(self, h, routing, state, shortened):
+        """One token's pre-stage output h [B, 1, D] → its post-stage input [B, 1, D]. `shortened`
+        (x [B, 1, D], advance [B] bool) → [B, 1, D] runs the shortened stage on new chunks."""
+        start, p = routing.start[:, 0], routing.p[:, :1].to(h.dtype)
+        # This token decides the previous one's b (already handed out, as 0): fill it in.
+        state.undecided.copy_(start[:, None])
+        state.undecided, state.last_h = routing.hard, h[:, 0]
+        if start.any():
+            z = shortened(h, start)[:, 0]
+            state.z_bar = torch.where(start[:, None], p * z + (1 - p) * state.z_bar, state.z_bar)
+        return (state.z_bar + self.residual(h[:, 0]))[:, None]
+
+
+class HNetBoundaries(BoundarySource):
+    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
+    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
+    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
+    Pooling = ChunkPooling
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.N, self.weight = cfg.ratio_target, cfg.ratio_weight
+        self.whitespace_id = cfg.whitespace_id
+
+    def init_weights(self):
+        """H-Net's: W_q = W_k = I, so the router starts by comparing the pre-stage outputs."""
+        nn.init.eye_(self.q.weight)
+        nn.init.eye_(self.k.weight)
+
+    def forward(self, h, x, boundaries=None, start=0):
+        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
+        return self.route(F.pad(p, (1, 0), value=1.0))
+
+    def step(self, h, x, state):
+        return self.route(start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))[:, None])
+
+    @staticmethod
+    def route(p):
+        """ChunkRouting from start probabilities p [B, L]; b_{L-1} = 0: not decided yet."""
+        start = p > 0.5
+        return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
+
+    def loss(self, routing, logits, x, boundaries):
+        spaces = None if self.whitespace_id is None else x == self.whitespace_id
+        return self.weight * ratio_loss(routing.start, routing.p, self.N), spaces
+
+
 # The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
 SOURCES = {'fixed': FixedBoundaries, 'whitespace': WhitespaceBoundaries,
-           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries}
+           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries,
+           'hnet': HNetBoundaries}
 BOUNDARY_MODES = ('none',) + tuple(SOURCES)
 PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
 
@@ -599,6 +766,8 @@ class Config:
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
+    ratio_target: float = 6.0          # hnet: target compression N of the ratio loss (text8: ~6)
+    ratio_weight: float = 0.03         # hnet: weight α of the ratio loss (H-Net's)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -622,6 +791,9 @@ class Config:
         if self.attn_chunk < 1 or self.seg_bucket < 0:
             raise ValueError(f"attn_chunk must be >= 1 and seg_bucket >= 0, "
                              f"got {self.attn_chunk} and {self.seg_bucket}")
+        if not self.ratio_target > 1 or not self.ratio_weight >= 0:
+            raise ValueError(f"ratio_target must be > 1 and ratio_weight >= 0, "
+                             f"got {self.ratio_target} and {self.ratio_weight}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         if self.vocab_size < 1 or self.d_model % 2:
@@ -728,6 +900,8 @@ class DynamicPoolingLM(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
+        if hasattr(m, 'init_weights'):  # a module's own, after its children's (apply is post-order)
+            m.init_weights()
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -779,8 +953,7 @@ class DynamicPoolingLM(nn.Module):
         s = self.shortened(s, u, v, cache('shortened'), lengths)
         if state is not None:
             state.pooling = self.pooling.start(h, s, r)
-        # Skip connection: the pre stage's output carries each token's own identity past pooling.
-        return Trunk(self.post(self.pooling.up(s, r) + h, u, v, cache('post')), r)
+        return Trunk(self.post(self.pooling.up(s, r, h), u, v, cache('post')), r)
 
     def forward(self, x, targets=None, boundaries=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones."""
@@ -827,10 +1000,10 @@ class DynamicPoolingLM(nn.Module):
             h = self.full_stack.step(h, u, v, c['full_stack'])
         else:
             h = self.pre.step(h, u, v, c['pre'])
-            r = self.source(h, token[:, None], start=state.length)
+            r = self.source.step(h, token[:, None], state)
             up = self.pooling.step(h, r, state.pooling,
                                    lambda s, b: self.shortened.step(s, u, v, c['shortened'], b))
-            h = self.post.step(up + h, u, v, c['post'])
+            h = self.post.step(up, u, v, c['post'])
             state.boundaries = r.hard
         state.length += 1
         return self.lm_head(h[:, 0])

@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 
 import sample
 from dynpool import Config, DynamicPoolingLM, boundary_matrix, downsample, entropy_spikes, upsample
+from dynpool import ratio_loss, select_starts, smooth_chunks
 from conftest import (MODES, PREDICTOR_MODES, V, SPACE, DATA_DIR, assert_close, _SAMPLE_MODES,
-    _SAMPLE_V, _SAMPLE_SETTINGS, _sample_tokens, _sample_tiny_model, _sample_full_forward)
+    _SAMPLE_V, _SAMPLE_SETTINGS, _sample_tokens, _sample_tiny_model, _sample_full_forward,
+    draw_hnet_weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +169,8 @@ def tiny_model(mode, seed=0):
             # +0.01: the quantile is itself some token's logit, which must not sit on the threshold.
             lin.bias.fill_(-torch.quantile(seen[0].flatten(), 0.7).item() + 0.01)
         hook.remove()
+    if mode == "hnet":
+        draw_hnet_weights(model)
     return model
 
 
@@ -214,7 +218,9 @@ def test_no_leakage_from_future_tokens(mode, training, case):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
                      msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
         if out1.boundaries is not None:     # hard decisions equal; straight-through values close
-            b1, b2 = out1.boundaries[i, :t + 1].float(), out2.boundaries[i, :t + 1].float()
+            # hnet's b_t (a chunk starts at t+1) is decided by x_{t+1}; token t never reads it.
+            upto = t if mode == "hnet" else t + 1
+            b1, b2 = out1.boundaries[i, :upto].float(), out2.boundaries[i, :upto].float()
             where = f"[{mode} training={training}] row {i}, boundaries up to t={t}:"
             assert_close(b1.round(), b2.round(), atol=0, msg=where)
             assert_close(b1, b2, atol=1e-5, msg=where)
@@ -241,7 +247,7 @@ def test_no_leakage_from_future_external_boundaries(mode, training, case, densit
                      msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
 
 
-@pytest.mark.parametrize("mode", PREDICTOR_MODES)
+@pytest.mark.parametrize("mode", PREDICTOR_MODES + ["hnet"])
 def test_predictor_modes_make_mixed_boundaries(mode):
     """Guards the leakage test above: the tiny predictor models really pool (mix of 0 and 1)."""
     model = tiny_model(mode)
@@ -257,7 +263,7 @@ def test_predictor_modes_make_mixed_boundaries(mode):
         assert mixed >= 0.75, f"{mode} training={training}: only {mixed:.0%} of rows mix 0/1 boundaries"
 
 
-@pytest.mark.parametrize("mode", PREDICTOR_MODES)
+@pytest.mark.parametrize("mode", PREDICTOR_MODES + ["hnet"])
 def test_predictor_modes_pool_with_their_own_decisions(mode):
     """DESIGN: unigram / entropy / gumbel pool with the predictor's rounded decisions; boundaries
     passed in (Unigram gold: training targets only) depend on the future and must not reach the
@@ -951,3 +957,171 @@ def test_sample_sample_never_draws_ids_beyond_the_alphabet():
     tokens, _, _ = sample.sample(model, x, 60, temperature=5.0, generator=torch.Generator().manual_seed(0),
                                  n_valid=3)
     assert int(tokens.max()) < 3
+
+
+# ==================================================================================================
+# H-Net's dynamic chunking (boundary='hnet'): routing, selection, EMA, confidence, ratio loss and
+# DESIGN.md's boundary convention (b_t = 1 iff a chunk starts at t+1), each against a loop or a hand
+# computation. Leakage, cache parity and losses: the mode lists above.
+# ==================================================================================================
+def hnet_routing_of(model, x, **kw):
+    """(model output, the ChunkRouting the forward pooled with)."""
+    seen = []
+    hook = model.source.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        with torch.no_grad():
+            out = model(x, **kw)
+    finally:
+        hook.remove()
+    return out, seen[0]
+
+
+def ref_ema(z, P):
+    """z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, z̄_{−1} = 0, one chunk at a time."""
+    out, prev = [], torch.zeros_like(z[:, 0])
+    for j in range(z.size(1)):
+        prev = P[:, j, None] * z[:, j] + (1 - P[:, j, None]) * prev
+        out.append(prev)
+    return torch.stack(out, 1)
+
+
+@settings(max_examples=30)
+@given(S=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), n_ones=st.integers(0, 3))
+def test_hnet_smoothing_matches_loop(S, seed, n_ones):
+    """The closed-form EMA equals the loop, rates of exactly 1 included (a start that turns fully
+    away, cos = −1), with finite gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(2, S, 3, generator=gen, dtype=torch.float64)
+    P = 0.5 + 0.5 * torch.rand(2, S, generator=gen, dtype=torch.float64)
+    P[:, torch.randint(0, S, (n_ones,), generator=gen)] = 1.0
+    P[:, 0] = 1.0
+    P.requires_grad_(True)
+    got = smooth_chunks(z, P)
+    assert_close(got, ref_ema(z, P.detach()), atol=1e-5, msg="EMA:")
+    got.sum().backward()
+    assert torch.isfinite(P.grad).all()
+
+
+@settings(max_examples=30)
+@given(L=st.integers(1, 30), seed=st.integers(0, 2**31 - 1))
+def test_hnet_selection_and_upsampling_match_loop(L, seed):
+    """The router compares neighbours; the shortened sequence is the vectors at chunk starts; token
+    t receives z̄ of the last chunk started at or before t (confidence of value 1) plus W_r h_t."""
+    gen = torch.Generator().manual_seed(seed)
+    model = tiny_model("hnet")
+    h = torch.randn(2, L, 32, generator=gen)
+    with torch.no_grad():
+        r = model.source(h, None)
+        s = model.pooling.down(h, r)
+        z = torch.randn(s.shape, generator=gen)
+        y = model.pooling.up(z, r, h)
+        q, k = model.source.q(h), model.source.k(h)
+        for n in range(2):
+            p = [1.0] + [(1 - torch.cosine_similarity(q[n, t - 1], k[n, t], 0).item()) / 2
+                         for t in range(1, L)]
+            assert_close(r.p[n], p, atol=1e-5, msg="p:")
+            starts = [t for t in range(L) if r.p[n, t] > 0.5]
+            assert r.start[n].nonzero().flatten().tolist() == starts and starts[0] == 0
+            assert torch.equal(s[n, :len(starts)], h[n, starts]) and (s[n, len(starts):] == 0).all()
+            z_bar = ref_ema(z[n:n + 1, :len(starts)], r.p[n:n + 1, starts])[0]
+            for t in range(L):
+                j = sum(1 for st_ in starts if st_ <= t) - 1
+                expect = z_bar[j] + model.pooling.residual(h[n, t])
+                assert_close(y[n, t], expect, atol=1e-5, msg=f"row {n} token {t}:")
+
+
+def test_hnet_confidence_is_straight_through():
+    """Value 1, gradient of c_t = p_t at chunk starts and 1 − p_t elsewhere. With every chunk output
+    equal, z̄ is that output whatever the rates, so p reaches the loss only through c."""
+    model = tiny_model("hnet")
+    gen = torch.Generator().manual_seed(4)
+    h = torch.randn(1, 40, 32, generator=gen)
+    r = model.source(h, None)
+    p = r.p.detach().requires_grad_(True)
+    r = type(r)(b=r.b, p=p, start=r.start)
+    assert 0 < r.start.sum() < 40
+    z = torch.randn(1, 1, 32, generator=gen).expand(1, int(r.start.sum()), 32)
+    y = model.pooling.up(z, r, h)
+    with torch.no_grad():
+        assert_close(y - model.pooling.residual(h), z[:, :1].expand(1, 40, 32), atol=1e-6)
+    g = torch.randn(y.shape, generator=gen)
+    (y * g).sum().backward()
+    expect = torch.where(r.start, 1.0, -1.0) * (g * z[:, :1]).sum(-1)
+    # t = 0 left out: p_0 = 1 is a constant in the model (here a leaf, and z̄_0 = p_0 z_0 uses it).
+    assert_close(p.grad[:, 1:], expect[:, 1:], atol=1e-5, msg="d loss / d p:")
+
+
+def test_hnet_ratio_loss_by_hand():
+    """L_ratio = N/(N−1)·((N−1)·F·G + (1−F)·(1−G)): a hand-computed value, its minimum 1 at
+    F = G = 1/N, and the model's boundary loss = ratio_weight × L_ratio of its own routing."""
+    start = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]]).bool()
+    p = torch.tensor([[1.0, 0.2, 0.3, 0.7], [1.0, 0.6, 0.1, 0.4]])
+    # F = 4/8, G = 4.3/8, N = 3: 3/2 · (2 · 0.5 · 0.5375 + 0.5 · 0.4625) = 1.153125
+    assert_close(ratio_loss(start, p, 3.0), 1.153125, atol=1e-6)
+    assert_close(ratio_loss(start[:1, :3], torch.full((1, 3), 1 / 3), 3.0), 1.0, atol=1e-6)
+    model = tiny_model("hnet")
+    x = random_tokens(torch.Generator().manual_seed(5), 2, 30)
+    out, r = hnet_routing_of(model, x, targets=x)
+    Fr, G, N = r.start.float().mean().item(), r.p.mean().item(), model.cfg.ratio_target
+    expect = model.cfg.ratio_weight * N / (N - 1) * ((N - 1) * Fr * G + (1 - Fr) * (1 - G))
+    assert_close(out.boundary_loss, expect, atol=1e-6, msg="boundary loss:")
+
+
+def test_hnet_boundaries_follow_design():
+    """out.boundaries keeps DESIGN.md's meaning: b_t = 1 iff a chunk starts at t+1, so b_{L-1} = 0;
+    b_t is decided by x_{t+1} and never read by token t: the forward of x_{<=t} has the same b_{<t}
+    and logits, with b_t = 0 for now. Generation hands b_t out as 0 and fills it in a token later."""
+    model = tiny_model("hnet")
+    x = random_tokens(torch.Generator().manual_seed(6), 2, 50)
+    out, r = hnet_routing_of(model, x)
+    assert torch.equal(out.boundaries[:, :-1].bool(), r.start[:, 1:])
+    assert (out.boundaries[:, -1] == 0).all() and set(out.boundaries.unique().tolist()) == {0.0, 1.0}
+    assert_close(out.shortening_factor, 100 / out.boundaries.sum(), atol=1e-5)
+    with torch.no_grad():
+        for t in (0, 9, 30):
+            part = model(x[:, :t + 1])
+            assert torch.equal(part.boundaries[:, :t], out.boundaries[:, :t])
+            assert (part.boundaries[:, t] == 0).all()
+            assert_close(part.logits, out.logits[:, :t + 1], atol=1e-5)
+        _, state = model.prefill(x[:, :30])
+        prompt_b = state.boundaries
+        assert (prompt_b[:, -1] == 0).all()
+        model.decode(x[:, 30], state)
+        assert torch.equal(prompt_b, out.boundaries[:, :30].bool())
+        assert (state.boundaries == 0).all() and state.boundaries.shape == (2, 1)
+
+
+def test_hnet_every_parameter_learns_from_its_init():
+    """From H-Net's initialisation (identity router, zero residual projection) every parameter gets
+    a gradient: the router through the confidence, the EMA rates and the ratio loss."""
+    torch.manual_seed(0)
+    model = DynamicPoolingLM(tiny_config("hnet")).train()
+    eye = torch.eye(32)
+    assert torch.equal(model.source.q.weight, eye) and torch.equal(model.source.k.weight, eye)
+    assert (model.pooling.residual.weight == 0).all()
+    x = random_tokens(torch.Generator().manual_seed(8), 2, 40)
+    model(x, targets=torch.roll(x, -1, 1)).loss.backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not silent, f"no gradient: {silent}"
+
+
+def test_hnet_bucketed_chunks_change_nothing():
+    """Zero rows padding the chunks to a bucket (as on GPUs) leave logits and gradients alone."""
+    x = random_tokens(torch.Generator().manual_seed(9), 3, 50)
+    grads = []
+    for bucket in (1, 64):
+        torch.manual_seed(0)
+        model = DynamicPoolingLM(tiny_config("hnet", seg_bucket=bucket))
+        draw_hnet_weights(model)
+        out = model(x, targets=torch.roll(x, -1, 1))
+        out.loss.backward()
+        grads.append([out.logits.detach()] + [p.grad for p in model.parameters()])
+    assert int(out.boundaries.sum(1).max()) + 1 < 64       # padding rows were there
+    for a, b in zip(*grads):
+        assert_close(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(ratio_target=1.0), dict(ratio_weight=-0.1)])
+def test_hnet_bad_ratio_flags_raise(bad):
+    with pytest.raises(ValueError, match="ratio_target must be > 1 and ratio_weight >= 0"):
+        tiny_config("hnet", **bad)

@@ -10,7 +10,7 @@ Train and evaluate a dynamic-pooling Transformer (Nawrot et al., ACL 2023) for c
     torchrun --nproc_per_node=2 train.py --device cpu --boundary fixed    # DDP on CPU (gloo)
     python train.py --device cpu --boundary none --max-steps 120 --eval-max-chars 20000   # a quick CPU run
 
---boundary: none (vanilla Transformer), fixed, whitespace, unigram, entropy, gumbel. A run writes
+--boundary: none (vanilla Transformer), fixed, whitespace, unigram, entropy, gumbel, hnet. A run writes
 out/<dataset>-<boundary>/ckpt.pt and log.jsonl (or --out); a finished run's last line is
 `test bpc <x.xxxx> sf <y.yy>`. See `python train.py --help` for every flag.
 
@@ -48,9 +48,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dynpool import Config, DynamicPoolingLM
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
-MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
+MODES = BOUNDARY_MODES
 
 # The paper's recipe (appendix) for a GPU ...
 GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers='2,8,2', dropout=0.1, dropatt=0.1,
@@ -68,7 +68,8 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
               compile=False)
 # Flags that define the model or the data order: a resumed run must keep them.
 KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout', 'dropatt',
-                  'fixed_factor', 'temperature', 'prior', 'entropy_window', 'seq_len', 'batch_size', 'seed')
+                  'fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target', 'ratio_weight',
+                  'seq_len', 'batch_size', 'seed')
 RANK = int(os.environ.get('RANK', 0))  # set by torchrun
 WORLD = int(os.environ.get('WORLD_SIZE', 1))
 
@@ -91,7 +92,8 @@ def parse_args(argv):
     # which lets us tell what the user asked for from what was filled in.
     a = p.add_argument
     a('--data', help='dataset directory written by prepare_data.py (default data/text8)')
-    a('--boundary', choices=MODES, help='segmentation: none (vanilla), fixed, whitespace, unigram, entropy, gumbel')
+    a('--boundary', choices=MODES, help='segmentation: none (vanilla), fixed, whitespace, unigram, entropy, gumbel, '
+                                          'hnet')
     a('--out', help='run directory for checkpoint and log.jsonl (default out/<dataset>-<boundary>)')
     a('--resume', action='store_true', help='continue the run in --out from its checkpoint')
     a('--device', help='cpu, cuda, cuda:1, ... (default cuda if available); picks the GPU or CPU preset')
@@ -108,6 +110,8 @@ def parse_args(argv):
     a('--temperature', type=float, help='Gumbel-sigmoid temperature for the boundary predictor (model default)')
     a('--prior', type=float, help='prior boundary rate for --boundary gumbel (model default)')
     a('--entropy-window', type=int, help='k of the entropy-spike rule for --boundary entropy (model default)')
+    a('--ratio-target', type=float, help='target compression N of the ratio loss for --boundary hnet (model default)')
+    a('--ratio-weight', type=float, help='weight of the ratio loss for --boundary hnet (model default)')
     # optimisation
     a('--batch-size', type=int,
       help='global batch in sequences per step, split over processes and --grad-accum (GPU 8, CPU 4)')
@@ -333,7 +337,8 @@ def main(argv=None):
     model_kw = dict(vocab_size=meta['vocab_size'], d_model=args.d_model, n_head=args.n_head, d_head=args.d_head,
                     d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt, layers=layers,
                     boundary=args.boundary, whitespace_id=meta.get('space_id'), fixed_factor=args.fixed_factor,
-                    temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window)
+                    temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window,
+                    ratio_target=args.ratio_target, ratio_weight=args.ratio_weight)
     fields = {f.name for f in dataclasses.fields(Config)}
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
         cfg = Config(**{k: v for k, v in model_kw.items() if k in fields and v is not None})
