@@ -34,7 +34,8 @@ _TRAIN_SHARED = Path(__file__).parent.parent / 'shared' / 'data'
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
 _TRAIN_TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
                '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
-               '--eval-step', '8', '--eval-batch-size', '32', '--eval-max-chars', '400', '--log-interval', '1',
+               '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400', '--eval-max-chars', '400',
+               '--log-interval', '1',
                '--warmup', '2', '--lr', '3e-3']
 
 
@@ -172,7 +173,10 @@ def test_train_stop_and_resume_is_bit_identical(_train_synth, tmp_path, capsys):
     assert a['step'] == b['step'] == 6 and (a['epoch'], a['pos']) == (b['epoch'], b['pos'])
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
-    assert _train_log(tmp_path / 'a')[-1] == _train_log(tmp_path / 'b')[-1]  # the same test result
+    ra, rb = _train_log(tmp_path / 'a')[-1], _train_log(tmp_path / 'b')[-1]  # the same test result ...
+    for k in ('kind', 'split', 'step', 'bpc', 'sf', 'eval_chars', 'train_chars'):
+        assert ra[k] == rb[k], k
+    assert ra['train_flops'] == pytest.approx(rb['train_flops'], rel=1e-12)  # ... after the same training
     assert any(r.get('resumed_from') == 4 for r in _train_log(tmp_path / 'b'))
 
 
@@ -228,13 +232,16 @@ def _train_free_port():
 
 
 @pytest.mark.usefixtures('_train_one_thread')
-def test_train_ddp_two_processes_match_single(_train_synth, tmp_path):
+@pytest.mark.parametrize('accum', [1, 2])
+def test_train_ddp_two_processes_match_single(_train_synth, tmp_path, accum):
     """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The processes get
     the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...), without torchrun's agent."""
     argv = _train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
                                                            '--dropout', '0', '--dropatt', '0']
     port = str(_train_free_port())
-    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp')],
+    # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under no_sync)
+    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp'),
+                                                                   '--grad-accum', str(accum)],
                               cwd=_TRAIN_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
                                        WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
@@ -253,7 +260,7 @@ def test_train_ddp_two_processes_match_single(_train_synth, tmp_path):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)  # Adam magnifies float noise
     # evaluation splits the windows over the processes and sums their losses
-    assert ddp[-1]['split'] == 'test' and ddp[-1]['chars'] == one[-1]['chars']
+    assert ddp[-1]['split'] == 'test' and ddp[-1]['eval_chars'] == one[-1]['eval_chars']
     assert ddp[-1]['bpc'] == pytest.approx(one[-1]['bpc'], rel=1e-3)
 
 
