@@ -347,39 +347,42 @@ def resolve_args(args):
     return args, device, ckpt
 
 
+def bad_flag(args, k, rule):
+    """The one-line error for flag k outside its rule (exit code 2)."""
+    return UserError(f'--{k.replace("_", "-")} must be {rule}, not {getattr(args, k)}', code=2)
+
+
 def check_args(args):
     """Every numeric flag in its range, before any work: one line and exit code 2 otherwise."""
-    def bad(k, rule):
-        raise UserError(f'--{k.replace("_", "-")} must be {rule}, not {getattr(args, k)}', code=2)
     try:
         layers = tuple(int(v) for v in str(args.layers).split(','))
     except ValueError:
         layers = ()
     if len(layers) != 3 or min(layers) < 0:
-        bad('layers', 'three counts like 2,8,2')
+        raise bad_flag(args, 'layers', 'three counts like 2,8,2')
     for k in ('seq_len', 'batch_size', 'grad_accum', 'max_steps', 'eval_window', 'eval_step', 'eval_interval',
               'eval_batch_size', 'log_interval', 'd_model', 'n_head', 'd_head', 'd_inner',
               'stop_step', 'fixed_factor', 'entropy_window'):  # (the last three may be None: not asked for)
         if getattr(args, k) is not None and getattr(args, k) < 1:
-            bad(k, 'at least 1')
+            raise bad_flag(args, k, 'at least 1')
     # `not x >= 0` also catches nan. A negative --grad-clip would flip the gradient (gradient ascent) and a
     # negative --eval-max-chars would silently slice from the end; the others would crash with a traceback.
     for k in ('warmup', 'eval_max_chars', 'eval_subset_chars', 'grad_clip'):
         if not getattr(args, k) >= 0:
-            bad(k, 'at least 0')
+            raise bad_flag(args, k, 'at least 0')
     if not args.lr > 0:
-        bad('lr', 'positive')
+        raise bad_flag(args, 'lr', 'positive')
     if args.max_time is not None and not 0 < args.max_time < math.inf:
-        bad('max_time', 'a positive number of seconds')
+        raise bad_flag(args, 'max_time', 'a positive number of seconds')
     for k in ('dropout', 'dropatt'):
         if not 0 <= getattr(args, k) < 1:
-            bad(k, 'in [0, 1)')
+            raise bad_flag(args, k, 'in [0, 1)')
     if args.temperature is not None and not args.temperature > 0:
-        bad('temperature', 'positive (the Gumbel-sigmoid divides by it)')
+        raise bad_flag(args, 'temperature', 'positive (the Gumbel-sigmoid divides by it)')
     if not 0 <= args.seed < 2**32:
-        bad('seed', 'in [0, 2**32) (numpy takes no other seeds)')
+        raise bad_flag(args, 'seed', 'in [0, 2**32) (numpy takes no other seeds)')
     if args.wandb is not None and not args.wandb.strip():
-        bad('wandb', 'a project name')
+        raise bad_flag(args, 'wandb', 'a project name')
     if args.eval_step > args.eval_window:
         raise UserError(f'--eval-step {args.eval_step} is larger than --eval-window {args.eval_window}: '
                         f'characters between windows would never be scored', code=2)
@@ -940,13 +943,11 @@ def train(args, cfg, vocab, splits, labels, ckpt):
         kind='config', **{**vars(args), 'amp': amp}, params=raw_model.num_params(),
         device_name=device_name(args.device), world=WORLD, torch=torch.__version__, resumed_from=saved))
     stats = StepStats(cfg, args)
-    stream = batches(splits['train'], labels and labels['train'], args, state['epoch'], state['pos'], args.device)
+    stream = batches(splits['train'], labels['train'] if labels else None, args, state['epoch'], state['pos'], args.device)
     stop, why = min(args.max_steps, args.stop_step or args.max_steps), f'--stop-step {args.stop_step}'
-    evaluate_valid = lambda max_chars: eval_and_log(logger, raw_model, splits, 'valid', max_chars, args,
-                                                    autocast, state)
     try:
         if state['step'] == 0:
-            evaluate_valid(args.eval_subset_chars)
+            eval_and_log(logger, raw_model, splits, 'valid', args.eval_subset_chars, args, autocast, state)
         batch, read_at, chars_at = next(stream), state['step'], state['train_chars']
         t_start = t_last = time.time()
         model.train()
@@ -980,7 +981,8 @@ def train(args, cfg, vocab, splits, labels, ckpt):
                     stop, why, save = step, f'--max-time {args.max_time:g}s', True
             if save:
                 if step < args.max_steps:  # (a finished run is evaluated in full below)
-                    evaluate_valid(args.eval_subset_chars)
+                    eval_and_log(logger, raw_model, splits, 'valid', args.eval_subset_chars, args, autocast,
+                                 state)
                 if RANK == 0:
                     save_checkpoint(ckpt_path, checkpoint(raw_model, optimizer, scaler, state, cfg, vocab, args),
                                     saved)
