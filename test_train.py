@@ -8,9 +8,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
-from dynpool import Config, DynamicPoolingLM
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
 
 # ==================================================================================================
@@ -34,7 +36,8 @@ _TRAIN_SHARED = Path(__file__).parent.parent / 'shared' / 'data'
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
 _TRAIN_TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
                '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
-               '--eval-step', '8', '--eval-batch-size', '32', '--eval-max-chars', '400', '--log-interval', '1',
+               '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400', '--eval-max-chars', '400',
+               '--log-interval', '1',
                '--warmup', '2', '--lr', '3e-3']
 
 
@@ -100,15 +103,23 @@ def _train_log(out):
     return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
 
 
-def _train_user_error(argv, capsys):
-    """Run train.main in-process, expect a user error: exit code != 0 and exactly one line on stderr."""
+def _train_user_error(argv, capsys, code=None):
+    """Run train.main in-process, expect a user error: exit code != 0 (or `code`) and exactly one line on
+    stderr."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         train.main(argv)
-    assert e.value.code not in (0, None)
+    assert e.value.code not in (0, None) and e.value.code == (code or e.value.code)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: '), err
     return err[0]
+
+
+def _train_cli(args, **kw):
+    """train.py as a user runs it, in its own process."""
+    return subprocess.Popen([sys.executable, 'train.py'] + args, cwd=_TRAIN_ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS='1'), **kw)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -172,7 +183,10 @@ def test_train_stop_and_resume_is_bit_identical(_train_synth, tmp_path, capsys):
     assert a['step'] == b['step'] == 6 and (a['epoch'], a['pos']) == (b['epoch'], b['pos'])
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
-    assert _train_log(tmp_path / 'a')[-1] == _train_log(tmp_path / 'b')[-1]  # the same test result
+    ra, rb = _train_log(tmp_path / 'a')[-1], _train_log(tmp_path / 'b')[-1]  # the same test result ...
+    for k in ('kind', 'split', 'step', 'bpc', 'sf', 'eval_chars', 'train_chars'):
+        assert ra[k] == rb[k], k
+    assert ra['train_flops'] == pytest.approx(rb['train_flops'], rel=1e-12)  # ... after the same training
     assert any(r.get('resumed_from') == 4 for r in _train_log(tmp_path / 'b'))
 
 
@@ -228,13 +242,16 @@ def _train_free_port():
 
 
 @pytest.mark.usefixtures('_train_one_thread')
-def test_train_ddp_two_processes_match_single(_train_synth, tmp_path):
+@pytest.mark.parametrize('accum', [1, 2])
+def test_train_ddp_two_processes_match_single(_train_synth, tmp_path, accum):
     """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The processes get
     the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...), without torchrun's agent."""
     argv = _train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
                                                            '--dropout', '0', '--dropatt', '0']
     port = str(_train_free_port())
-    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp')],
+    # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under no_sync)
+    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp'),
+                                                                   '--grad-accum', str(accum)],
                               cwd=_TRAIN_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
                                        WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
@@ -253,7 +270,7 @@ def test_train_ddp_two_processes_match_single(_train_synth, tmp_path):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)  # Adam magnifies float noise
     # evaluation splits the windows over the processes and sums their losses
-    assert ddp[-1]['split'] == 'test' and ddp[-1]['chars'] == one[-1]['chars']
+    assert ddp[-1]['split'] == 'test' and ddp[-1]['eval_chars'] == one[-1]['eval_chars']
     assert ddp[-1]['bpc'] == pytest.approx(one[-1]['bpc'], rel=1e-3)
 
 
@@ -269,7 +286,7 @@ def test_train_grad_accum_keeps_the_global_batch(_train_synth, tmp_path):
 
 # ----------------------------------------------------------------------------- learning
 @pytest.mark.usefixtures('_train_one_thread')
-@pytest.mark.parametrize('boundary', train.MODES)
+@pytest.mark.parametrize("boundary", BOUNDARY_MODES)
 def test_train_short_run_lowers_validation_bpc(boundary, _train_text8, tmp_path):
     out = tmp_path / boundary
     train.main(_train_tiny_with(_train_text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
@@ -340,10 +357,14 @@ def test_train_error_resume_with_other_model_flags(_train_done_run, tmp_path, ca
     (['--batch-size', '3', '--grad-accum', '2'], '--batch-size'),
     (['--boundary', 'bogus'], 'bogus'),
     (['--no-such-flag'], '--no-such-flag'),
+    (['--max-time', '0'], '--max-time'),
+    (['--eval-subset-chars', '-1'], '--eval-subset-chars'),
+    (['--attention', 'fast'], '--attention'),
 ])
 @pytest.mark.usefixtures('_train_one_thread')
 def test_train_error_bad_flags(_train_synth, tmp_path, capsys, extra, words):
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys)
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,
+                            code=2)
     assert words in msg
     assert not (tmp_path / 'o').exists()
 
@@ -370,9 +391,244 @@ def test_train_error_resume_without_checkpoint(tmp_path, capsys):
 
 
 def test_train_cli_error_is_one_line_without_traceback(tmp_path):
-    p = subprocess.run([sys.executable, 'train.py', '--data', str(tmp_path / 'missing'), '--device', 'cpu'],
-                       cwd=_TRAIN_ROOT, capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith('error: ')
-    assert 'Traceback' not in p.stderr + p.stdout
+    """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage dump)."""
+    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2), (['--seq-len', '0'], 2)]
+    procs = [_train_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
+    for p, (_, code) in zip(procs, cases):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == code, err
+        assert err.strip().splitlines() == [err.strip()] and err.startswith('error: '), err
+        assert 'Traceback' not in err + out and 'usage' not in err + out
+    assert not (tmp_path / 'o').exists()
+
+
+# ----------------------------------------------------------------------------- bad data, checked at load
+def _train_break(data, what):
+    """Spoil one thing of a dataset in place, as a user's files can be spoiled."""
+    meta = json.loads((data / 'meta.json').read_text())
+    if what == 'short train.bin':  # cut off: meta.json's sizes say more
+        (data / 'train.bin').write_bytes((data / 'train.bin').read_bytes()[:-100])
+    elif what == 'id outside the alphabet':  # e.g. another language's file
+        ids = bytearray((data / 'valid.bin').read_bytes())
+        ids[7] = 200
+        (data / 'valid.bin').write_bytes(bytes(ids))
+    elif what == 'empty valid.bin':
+        (data / 'valid.bin').write_bytes(b'')
+        meta['sizes']['valid'] = 0
+    elif what == 'unknown dtype':
+        meta['dtype'] = 'float32'
+    elif what == 'string vocab_size':
+        meta['vocab_size'] = str(meta['vocab_size'])
+    elif what == 'label outside 0/1':
+        labels = bytearray((data / 'train.unigram-1000.bin').read_bytes())
+        labels[3] = 7
+        (data / 'train.unigram-1000.bin').write_bytes(bytes(labels))
+    (data / 'meta.json').write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize('what, words', [
+    ('short train.bin', 'cut-off'),
+    ('id outside the alphabet', 'the value 200'),
+    ('empty valid.bin', 'valid.bin is empty'),
+    ('unknown dtype', "dtype 'float32'"),
+    ('string vocab_size', "vocab_size '9'"),
+    ('label outside 0/1', 'Unigram labels'),
+])
+def test_train_error_bad_data(tmp_path, capsys, what, words):
+    data = _train_write_dataset(tmp_path / 'data', _train_words(5000))
+    _train_break(data, what)
+    msg = _train_user_error(_train_tiny_with(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys, code=1)
+    assert words in msg and 'prepare_data.py' in msg, msg
+    assert not (tmp_path / 'o').exists()
+
+
+# ----------------------------------------------------------------------------- the run directory
+@pytest.mark.parametrize('where', ['a file', 'under a file', 'read-only'])
+def test_train_error_unusable_out(_train_synth, tmp_path, capsys, monkeypatch, where):
+    (tmp_path / 'f').write_text('keep me')
+    out = {'a file': tmp_path / 'f', 'under a file': tmp_path / 'f' / 'run', 'read-only': tmp_path / 'ro'}[where]
+    if where == 'read-only':  # (tests run as root, whom a chmod does not stop: the filesystem's answer)
+        def read_only(*a, **k):
+            raise OSError(30, 'Read-only file system')
+        monkeypatch.setattr(Path, 'mkdir', read_only)
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--out', str(out)], capsys, code=1)
+    assert f'cannot use --out {out}' in msg and '--out' in msg.split(';')[-1]
+    assert {'a file': 'is a file', 'under a file': f'{tmp_path / "f"} is a file',
+            'read-only': 'Read-only file system'}[where] in msg
+    assert (tmp_path / 'f').read_text() == 'keep me' and not (tmp_path / 'ro').exists()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_disk_full_while_saving_keeps_the_last_checkpoint(_train_synth, tmp_path, capsys, monkeypatch):
+    out, real_save, saves = tmp_path / 'full', torch.save, []
+
+    def save_until_the_disk_fills(obj, f, *a, **k):
+        saves.append(obj['step'])
+        if len(saves) == 1:
+            return real_save(obj, f, *a, **k)
+        f.write(b'\0' * 1000)  # part of the file made it to disk ...
+        raise OSError(28, 'No space left on device')  # ... then the disk was full
+    monkeypatch.setattr(torch, 'save', save_until_the_disk_fills)
+    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
+                                                                      '--out', str(out)], capsys, code=1)
+    monkeypatch.undo()
+    assert saves == [2, 4]
+    assert 'No space left on device' in msg and f'{out / "ckpt.pt"} (step 2)' in msg, msg
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2  # the previous checkpoint, whole
+    assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']  # no temp file left
+
+
+def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(_train_synth, tmp_path):
+    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the first with
+    exit code 130 and one line, keeping its last checkpoint whole."""
+    out = tmp_path / 'run'
+    first = _train_cli(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '100000', '--eval-interval', '2',
+                                                                 '--out', str(out)])
+    try:
+        for line in first.stdout:  # wait until it has saved a checkpoint and trains on
+            if line.startswith('kind train | step 3 '):
+                break
+        second = _train_cli(['--out', str(out), '--resume', '--device', 'cpu'])
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 1 and err.splitlines() == [err.strip()], err
+        assert err.startswith('error: another train.py is running on ') and 'Traceback' not in err
+        first.send_signal(signal.SIGINT)
+        rest, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 130, err
+    assert err.splitlines() == [err.strip()] and err.startswith('error: interrupted at step '), err
+    step = torch.load(out / 'ckpt.pt', weights_only=False)['step']
+    assert step >= 2 and step % 2 == 0 and f'(step {step}); continue with --resume' in err
+    assert not list(out.glob('*.tmp'))
+
+
+# ----------------------------------------------------------------------------- the log, the budget, the step
+_TRAIN_SCHEMA = {
+    'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf', 'precision',
+              'recall', 'chars_per_s', 'lr', 'grad_norm', 'mem_mb', 'epoch'],
+    'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'eval_chars', 'subset', 'train_chars', 'train_flops',
+             'train_time'],
+}
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+@pytest.mark.parametrize('boundary', ['none', 'gumbel'])
+def test_train_log_schema_and_cumulative_flops(_train_synth, tmp_path, boundary):
+    """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the formula
+    with each step's measured SF (a vanilla step's FLOPs are a constant)."""
+    out = tmp_path / boundary
+    train.main(_train_tiny_with(_train_synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
+                                                           '--eval-max-chars', '0', '--out', str(out)])
+    log = _train_log(out)
+    assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
+    for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner', 'seq_len',
+              'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world', 'amp', 'torch'):
+        assert log[0][k] is not None, k
+    for r in log[1:]:
+        assert list(r) == _TRAIN_SCHEMA[r['kind']], r
+    trains = [r for r in log if r['kind'] == 'train']
+    cfg = Config(**torch.load(out / 'ckpt.pt', weights_only=False)['config'])
+    assert [r['step'] for r in trains] == [1, 2, 3, 4] and [r['train_chars'] for r in trains] == [128, 256, 384, 512]
+    flops = 0.0
+    for r in trains:
+        flops += train.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
+        assert r['train_flops'] == pytest.approx(flops, rel=1e-6)
+    assert all(a['train_time'] < b['train_time'] for a, b in zip(trains, trains[1:]))
+    evals = [r for r in log if r['kind'] == 'eval']
+    assert [(r['step'], r['split'], r['subset']) for r in evals] == [
+        (0, 'valid', True), (2, 'valid', True), (4, 'valid', False), (4, 'test', False)]
+    assert evals[1]['train_flops'] == trains[1]['train_flops'] and evals[-1]['eval_chars'] == 4000 - 1
+    assert (boundary == 'none') == (evals[-1]['sf'] == 1.0 and trains[-1]['precision'] is None)
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_max_time_stops_evaluates_saves_and_resumes(_train_synth, tmp_path, capsys):
+    out = tmp_path / 'budget'
+    train.main(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9', '--out', str(out)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: python train.py --out {out} --resume'
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 1
+    assert [(r['step'], r['split']) for r in _train_log(out) if r['kind'] == 'eval'] == [(0, 'valid'), (1, 'valid')]
+    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget is this invocation's only
+    log = _train_log(out)
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
+    assert [r['resumed_from'] for r in log if r['kind'] == 'config'] == [None, 1]
+    assert [r['train_chars'] for r in log if r['kind'] == 'train'] == [128 * s for s in range(1, 6)]
+
+
+def test_train_non_finite_step_is_skipped_on_the_device():
+    """A step whose loss is not finite leaves weights and Adam's moments untouched, without the host
+    looking, and is counted for the next log record."""
+    torch.manual_seed(0)
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1), dropout=0.0,
+                 dropatt=0.0, boundary='fixed')
+    model = DynamicPoolingLM(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    args = type('Args', (), dict(grad_accum=1, grad_clip=0.25, batch_size=2, seq_len=16, device='cpu'))()
+    x = torch.randint(0, 9, (1, 2, 16))
+    batch = train.Batch(0, 2, x, x, None)
+    stats = train.StepStats(cfg, args)
+    scaler = torch.amp.GradScaler('cpu', enabled=False)
+    train.train_step(model, optimizer, scaler, batch, iter([batch]), stats, args, nullcontext())
+    assert stats.read()['bad'] == 0
+    with torch.no_grad():
+        model.lm_head.bias[0] = float('nan')
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [optimizer.state[p]['exp_avg'].clone() for p in model.parameters()]
+    train.train_step(model, optimizer, scaler, batch, iter([batch]), stats, args, nullcontext())
+    assert stats.read()['bad'] == 1
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
+    assert all(torch.equal(m, optimizer.state[p]['exp_avg']) for m, p in zip(moments, model.parameters()))
+    assert all(int(optimizer.state[p]['step']) == 1 for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- optional loggers
+def test_train_missing_logger_package_is_one_line(_train_synth, tmp_path, capsys, monkeypatch):
+    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'), (['--wandb', 'dynpool'], 'wandb')):
+        monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
+        msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
+                                capsys, code=1)
+        assert f'{flag[0]} needs the' in msg and 'pip install' in msg, msg
+        assert not (tmp_path / 'o').exists()
+
+
+@pytest.mark.usefixtures('_train_one_thread')
+def test_train_tensorboard_and_wandb_get_the_records(_train_synth, tmp_path, monkeypatch):
+    calls = []
+
+    class Writer:
+        def __init__(self, logdir):
+            calls.append(('tb', Path(logdir).name))
+
+        def add_scalar(self, k, v, step):
+            calls.append(('tb', k, v, step))
+
+        def close(self):
+            calls.append(('tb', 'close'))
+
+    class Run:
+        def log(self, scalars, step):
+            calls.append(('wandb', scalars, step))
+
+        def finish(self):
+            calls.append(('wandb', 'finish'))
+
+    def init(project, name, config):
+        calls.append(('wandb', project, config['kind']))
+        return Run()
+    monkeypatch.setitem(sys.modules, 'torch.utils.tensorboard', type(sys)('tb'))
+    sys.modules['torch.utils.tensorboard'].SummaryWriter = Writer
+    monkeypatch.setitem(sys.modules, 'wandb', type(sys)('wandb'))
+    sys.modules['wandb'].init = init
+    out = tmp_path / 'run'
+    train.main(_train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
+                                                               '--out', str(out)])
+    assert calls[:2] == [('tb', 'tensorboard'), ('wandb', 'dp', 'config')]
+    assert calls[-2:] == [('tb', 'close'), ('wandb', 'finish')]
+    last_train = [r for r in _train_log(out) if r['kind'] == 'train'][-1]
+    assert ('tb', 'train/bpc', last_train['bpc'], 2) in calls
+    test = [r for r in _train_log(out) if r['kind'] == 'eval'][-1]
+    assert ('wandb', {f'test/{k}': test[k] for k in ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops',
+                                                     'train_time')}, 2) in calls
