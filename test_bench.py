@@ -92,6 +92,26 @@ def test_failing_configuration_is_one_line(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
+    """One configuration fails (or outlives --timeout): the others are measured and tabled, then one
+    line names the failure, exit 1."""
+    args = bench.parse_args(TINY + ['--timeout', '0.01'])
+    record, why = bench.spawn(args, 'vanilla')          # a real child, killed at its time limit
+    assert record is None and 'took over 0.01 s' in why
+
+    def fake_spawn(args, name):
+        if name == 'ws4':
+            return None, 'out of memory: boom'
+        return dict(name=name, times=[0.2, 0.2], peak=10, step_mem=5, sf=2.0 if name == 'fixed2' else 1.0), None
+    monkeypatch.setattr(bench, 'spawn', fake_spawn)
+    with pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--configs', 'vanilla,ws4,fixed2', '--peak-n', '64', '--no-pieces', '--rounds', '1'])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and err == 'error: configuration ws4 failed: out of memory: boom\n'
+    rows = [ln.split()[0] for ln in out.splitlines() if re.match(r'(vanilla|ws4|fixed2) +\d', ln)]
+    assert rows == ['vanilla', 'fixed2'] and 'round 1: ws4      failed: out of memory: boom' in out
+
+
 def test_ctrl_c_exits_130_with_nothing_written(tmp_path):
     ctrl_c = 'import os, signal, time\ndef ctrl_c(*a):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n' \
              'bench.spawn = ctrl_c'
