@@ -8,7 +8,10 @@ figure is the median over all timed steps. Every configuration runs in a fresh p
 another's; the rounds interleave the configurations, so a noisy neighbour slows them all alike.
 Dynamic pooling at mean segment length k is whitespace-mode pooling with external boundaries:
 each row gets exactly round(L / k) boundaries at uniformly random positions (word-like segments of
-mean length k), so the shortened stack runs on 1 + L/k positions.
+mean length k), so the shortened stack runs on 1 + L/k positions. The predictor modes (unigramK,
+entropyK, gumbelK) run their boundary predictor and its loss in the step and pool with its own
+decisions; its logits are shifted once, before timing, so that about 1/k of the tokens close a
+segment (a random predictor would pool at whatever rate its initial weights give).
 
     python bench.py                                   # CPU defaults, about three minutes on 2 idle cores:
                                                       #   d 256, 4 heads, d_inner 1024, L 512, batch 4, 12 configs
@@ -16,25 +19,39 @@ mean length k), so the shortened stack runs on 1 + L/k positions.
                                                       #   figures on a CPU that other jobs share
     python bench.py --preset paper --device cpu --batch 1 --configs vanilla,fixed2,fixed4,ws5.5 --rounds 2 --steps 1
                                                       # d 512, L 2048 on CPU, batch 1 (about five minutes)
-    python bench.py --preset paper --device cuda      # paper scale on a GPU: d 512, L 2048, batch 8, bf16
+    python bench.py --preset paper                    # on a GPU: d 512, L 2048, batch 8, bf16; vanilla, fixed,
+                                                      #   ws2..ws8, the three predictor modes, and vanilla/ws5.5
+                                                      #   compiled and with blocked attention (README)
+    python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked
+                                                      # +compile: torch.compile; +sdpa/+blocked/+auto: Config.attention
     python bench.py --plot bench.png                  # also plot time and memory against shortening factor
-    python bench.py --profile ws5.5                   # torch.profiler table of one step's top ops
+    python bench.py --profile ws5.5 [--trace t.json]  # torch.profiler table of one step's top ops (and kernels,
+                                                      #   host syncs and GPU idle time on a GPU)
     python bench.py --generate [--gen-batch 4]        # cached vs recomputed generation, 1,024 characters of context
 
+Timing: on a GPU, CUDA events around each step (no synchronisation between the timed steps, so a
+step that waits for the CPU to launch its kernels is timed with that wait); on CPU, the wall clock
+(or the process's CPU time with --clock cpu).
 Memory: on GPU, torch.cuda.max_memory_allocated during the steps minus what was allocated before
 them. On CPU, the child's peak resident set (getrusage ru_maxrss: Python, the torch libraries, the
 model, and everything the steps allocate) and that peak minus the resident set just before the first
 step ("step mem": activations, gradients, Adam moments, temporaries); ratios use the latter.
+MFU: model FLOPs per second (the formula is printed) over the peak of a large matmul in the training
+dtype (bf16 on a GPU), measured in the same run.
+Errors: one line `error: ...` on stderr; exit 2 for a bad flag, 1 otherwise, 130 on Ctrl-C.
 """
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -46,111 +63,215 @@ PRESETS = {
     'paper': dict(d_model=512, n_head=8, d_head=64, d_inner=2048, seq_len=2048, batch=8),
 }
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
+PAPER_CONFIGS = 'vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy5.5,gumbel5.5'
+# on a GPU the paper preset adds compiled and blocked-attention rows for two configurations
+GPU_VARIANTS = 'vanilla+compile,ws5.5+compile'
+BLOCKED_VARIANTS = 'vanilla+blocked,ws5.5+blocked'   # only where Config has the attention switch
+FAMILIES = (('vanilla', 'none'), ('fixed', 'fixed'), ('ws', 'whitespace'), ('unigram', 'unigram'),
+            ('entropy', 'entropy'), ('gumbel', 'gumbel'))
+PREDICTOR_MODES = ('unigram', 'entropy', 'gumbel')
+ATTENTION_PATHS = ('auto', 'sdpa', 'blocked')
+HAS_ATTENTION = 'attention' in {f.name for f in dataclasses.fields(Config)}
 VOCAB = 27
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other mistake (argparse would add the usage)
+        self.exit(2, f'error: {message} (see --help)\n')
+
+
+def fail(message):
+    """A fault that is not a bad flag: one line, exit 1."""
+    print(f'error: {message}', file=sys.stderr)
+    sys.exit(1)
+
+
+def positive_int(s):
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f'must be at least 1, got {v}')
+    return v
+
+
+def non_negative_int(s):
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f'must be at least 0, got {v}')
+    return v
+
+
+def probability(s):
+    v = float(s)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f'must be in [0, 1), got {s}')
+    return v
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a('--preset', choices=PRESETS, default='cpu', help='model and batch sizes to start from (cpu: d 256 L 512 B 4; '
       'paper: d 512 L 2048 B 8); the flags below override single values')
-    a('--d-model', type=int, help='model width')
-    a('--n-head', type=int, help='attention heads')
-    a('--d-head', type=int, help='width of one head')
-    a('--d-inner', type=int, help='feed-forward width')
-    a('--seq-len', type=int, help='characters per sequence (context length L)')
-    a('--batch', type=int, help='sequences per step')
+    a('--d-model', type=positive_int, help='model width')
+    a('--n-head', type=positive_int, help='attention heads')
+    a('--d-head', type=positive_int, help='width of one head')
+    a('--d-inner', type=positive_int, help='feed-forward width')
+    a('--seq-len', type=positive_int, help='characters per sequence (context length L)')
+    a('--batch', type=positive_int, help='sequences per step')
     a('--layers', default='2,8,2', help='pre,shortened,post layers of the pooled models; vanilla runs their sum at full length')
-    a('--dropout', type=float, default=0.1, help='residual dropout (the paper trains with 0.1)')
-    a('--dropatt', type=float, default=0.1, help='attention dropout (the paper trains with 0.1)')
-    a('--attn-chunk', type=int, default=None, help='queries per attention block (Config.attn_chunk; default: the model\'s)')
-    a('--configs', default=DEFAULT_CONFIGS, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), '
-      'wsK (dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5)')
-    a('--steps', type=int, default=3, help='timed training steps per configuration per round')
-    a('--warmup', type=int, default=1, help='untimed steps first (allocator, Adam state, caches)')
-    a('--rounds', type=int, default=2, help='rounds over all configurations, each configuration in a fresh process per round')
+    a('--dropout', type=probability, default=0.1, help='residual dropout (the paper trains with 0.1)')
+    a('--dropatt', type=probability, default=0.1, help='attention dropout (the paper trains with 0.1)')
+    a('--attn-chunk', type=positive_int, default=None, help='queries per attention block (Config.attn_chunk; default: the model\'s)')
+    a('--attention', choices=ATTENTION_PATHS, default=None, help='Config.attention for every configuration '
+      '(default: the model\'s own default); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
+    a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), '
+      'wsK (dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
+      'unigramK/entropyK/gumbelK (the predictor modes, their predictor pooling at mean length about K); '
+      'each optionally followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu '
+      'preset; the paper preset: ' + PAPER_CONFIGS + ', and on a GPU also ' + GPU_VARIANTS + ',' + BLOCKED_VARIANTS)
+    a('--steps', type=positive_int, default=None, help='timed training steps per configuration per round (3; 10 on a GPU)')
+    a('--warmup', type=non_negative_int, default=None,
+      help='untimed steps first (allocator, Adam state, caches, compilation; 1; 3 on a GPU)')
+    a('--rounds', type=positive_int, default=None,
+      help='rounds over all configurations, each configuration in a fresh process per round (2; 1 on a GPU)')
     a('--device', default='cuda' if torch.cuda.is_available() else 'cpu', help='cpu or cuda')
     a('--amp', choices=['auto', 'off', 'bf16'], default='auto', help='bf16 autocast; auto: on for cuda, off for cpu')
-    a('--threads', type=int, default=None, help='torch.set_num_threads for every process (default: torch\'s choice)')
+    a('--threads', type=positive_int, default=None, help='torch.set_num_threads for every process (default: torch\'s choice)')
     a('--clock', choices=['wall', 'cpu'], default='wall', help='wall: elapsed time; cpu: this process\'s CPU time, which '
       'on a CPU shared with other jobs still reads what an idle core would take (use with --threads 1)')
     a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation (fused: one kernel '
       'over all parameters, ~3× faster than loop on CPU; loop is torch.optim.Adam\'s CPU default)')
-    a('--compile', action='store_true', help='torch.compile the model first (optional; warm-up then includes compilation)')
-    a('--peak-n', type=int, default=None, help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
+    a('--compile', action='store_true', help='torch.compile every configuration (as a +compile suffix does for one; '
+      'warm-up then includes compilation)')
+    a('--peak-n', type=positive_int, default=None, help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
     a('--no-pieces', action='store_true', help='skip timing attention, feed-forward, pooling and predictor separately')
     a('--plot', metavar='FILE', help='write a PNG of step time and memory against shortening factor (needs matplotlib)')
     a('--profile', metavar='CONFIG', help='print the torch.profiler table of one training step of CONFIG and exit')
+    a('--trace', metavar='FILE', help='--profile: also write the Chrome trace (chrome://tracing, Perfetto) to FILE')
     a('--generate', action='store_true', help='benchmark cached generation against full recomputation instead of training')
-    a('--context', type=int, default=1024, help='--generate: characters of context before generating')
-    a('--new', type=int, default=128, help='--generate: characters generated by the cached model')
-    a('--gen-batch', type=int, default=1, help='--generate: sequences generated side by side')
-    a('--recompute-steps', type=int, default=8, help='--generate: characters generated by full recomputation (slow)')
+    a('--context', type=positive_int, default=1024, help='--generate: characters of context before generating')
+    a('--new', type=positive_int, default=128, help='--generate: characters generated by the cached model')
+    a('--gen-batch', type=positive_int, default=1, help='--generate: sequences generated side by side')
+    a('--recompute-steps', type=positive_int, default=8, help='--generate: characters generated by full recomputation (slow)')
+    a('--timeout', type=float, default=None, help='seconds one configuration\'s process may take before it is left '
+      'out of the table (default: no limit on CPU, 300 on a GPU, where a compilation can run long)')
     a('--seed', type=int, default=0, help='random seed of weights, characters and boundaries')
     a('--one', metavar='CONFIG', help=argparse.SUPPRESS)  # child process: one configuration, prints a JSON line
     args = p.parse_args(argv)
+    resolve_defaults(args)
+    try:
+        check_args(args)
+    except ValueError as e:   # bad values stop here in one line, not with a traceback from a child process
+        p.error(str(e))
+    return args
+
+
+def resolve_defaults(args):
+    """Fill what the preset and the device decide: sizes, configurations, steps, rounds, dtype."""
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    # bad values stop here with a usage line, not with a traceback from a child process
+    cuda = args.device.startswith('cuda')
+    if args.configs is None:
+        args.configs = DEFAULT_CONFIGS if args.preset == 'cpu' else PAPER_CONFIGS
+        if args.preset == 'paper' and cuda:
+            args.configs += ',' + GPU_VARIANTS + (',' + BLOCKED_VARIANTS if HAS_ATTENTION else '')
+    # a GPU step is short and steady: more steps, one round; compilation needs a few warm-up steps
+    for name, cpu_value, gpu_value in (('steps', 3, 10), ('warmup', 1, 3), ('rounds', 2, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, gpu_value if cuda else cpu_value)
+    if args.amp == 'auto':
+        args.amp = 'bf16' if cuda else 'off'
+    if args.peak_n is None:
+        args.peak_n = 8192 if cuda else 2048
+    if args.timeout is None and cuda:
+        args.timeout = 300.0
+
+
+def check_args(args):
+    """ValueError naming the flag for every value that cannot run."""
     try:
         args.layers = tuple(int(n) for n in args.layers.split(','))
     except ValueError:
-        p.error(f'--layers takes pre,shortened,post counts such as 2,8,2, got {args.layers!r}')
-    try:
-        for name in args.configs.split(',') + ([args.profile] if args.profile else []):
-            model_config(args, name)  # Config's own checks: layers, factors, sizes
-    except ValueError as e:
-        p.error(str(e))
+        raise ValueError(f'--layers takes pre,shortened,post counts such as 2,8,2, got {args.layers!r}') from None
+    names = [n for n in args.configs.split(',') if n]
+    if not names:
+        raise ValueError('--configs is empty: name at least one configuration, e.g. vanilla,ws5.5')
+    for name in names + [n for n in (args.profile, args.one) if n]:
+        model_config(args, name)  # Config's own checks: layers, factors, sizes, attention
+    if len(set(names)) < len(names):
+        raise ValueError(f'--configs names a configuration twice: {args.configs}')
     try:
         device = torch.device(args.device)
     except RuntimeError:
-        p.error(f'--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)')
+        raise ValueError(f'--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)') from None
+    if device.type not in ('cpu', 'cuda'):
+        raise ValueError(f'--device {args.device}: bench.py runs on cpu or cuda')
     if device.type == 'cuda' and not torch.cuda.is_available():
-        p.error(f'--device {args.device}: CUDA is not available')
+        raise ValueError(f'--device {args.device}: CUDA is not available here (try --device cpu)')
     if args.clock == 'cpu' and device.type != 'cpu':
-        p.error('--clock cpu times CPU work only: use it with --device cpu')
-    if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
-        p.error('--steps and --rounds must be at least 1, --warmup at least 0')
-    if args.amp == 'auto':
-        args.amp = 'bf16' if args.device.startswith('cuda') else 'off'
-    if args.peak_n is None:
-        args.peak_n = 8192 if args.device.startswith('cuda') else 2048
-    return args
+        raise ValueError('--clock cpu times CPU work only: use it with --device cpu')
+    if args.timeout is not None and not args.timeout > 0:
+        raise ValueError(f'--timeout must be a positive number of seconds, got {args.timeout}')
+    if args.trace and not args.profile:
+        raise ValueError('--trace writes the trace of --profile CONFIG: give --profile too')
+    for flag, path in (('--plot', args.plot), ('--trace', args.trace)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise ValueError(f'{flag} {path}: the folder {folder} does not exist')
 
 
 # -----------------------------------------------------------------------------
 # Configurations, inputs and the FLOP count
 
 
-def parse_config(name):
-    """'vanilla' | 'fixedK' | 'wsK' → (boundary mode, shortening factor or None); ValueError otherwise."""
-    if name == 'vanilla':
-        return 'none', None
-    for prefix, mode in (('fixed', 'fixed'), ('ws', 'whitespace')):
-        if name.startswith(prefix):
-            try:
-                k = float(name[len(prefix):])
-            except ValueError:
+def parse_config(name, args):
+    """'vanilla' | 'fixedK' | 'wsK' | 'unigramK' | 'entropyK' | 'gumbelK', then '+compile' and/or
+    '+sdpa' | '+blocked' | '+auto' → (boundary mode, factor or None, compile?, attention or None)."""
+    base, *mods = name.split('+')
+    compiled, attention = args.compile, args.attention
+    for m in mods:
+        if m == 'compile':
+            compiled = True
+        elif m in ATTENTION_PATHS:
+            attention = m
+        else:
+            raise ValueError(f'configuration {name}: unknown suffix +{m} (use +compile, +sdpa, +blocked, +auto)')
+    for prefix, mode in FAMILIES:
+        if not base.startswith(prefix):
+            continue
+        if mode == 'none':
+            if base != 'vanilla':
                 break
-            if not k >= 1 or (mode == 'fixed' and not k.is_integer()):
-                raise ValueError(f'configuration {name}: the factor must be at least 1 (an integer for fixed)')
-            return mode, k
-    raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK or wsK (e.g. fixed2, ws5.5)')
+            return mode, None, compiled, attention
+        try:
+            k = float(base[len(prefix):])
+        except ValueError:
+            break
+        if not 1 <= k < float('inf') or (mode == 'fixed' and not k.is_integer()):
+            raise ValueError(f'configuration {name}: the factor must be at least 1 (an integer for fixed)')
+        return mode, k, compiled, attention
+    raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, entropyK or gumbelK '
+                     f'(e.g. fixed2, ws5.5, gumbel5.5), optionally with +compile, +sdpa, +blocked')
 
 
 def model_config(args, name):
-    mode, k = parse_config(name)
+    mode, k, _, attention = parse_config(name, args)
     kw = dict(vocab_size=VOCAB, d_model=args.d_model, n_head=args.n_head, d_head=args.d_head, d_inner=args.d_inner,
               dropout=args.dropout, dropatt=args.dropatt, layers=args.layers, boundary=mode, whitespace_id=0,
               fixed_factor=int(k) if mode == 'fixed' else 2)
     if args.attn_chunk:
         kw['attn_chunk'] = args.attn_chunk
+    if attention is not None:   # passed only when asked for: the field is newer than this script
+        if not HAS_ATTENTION:
+            raise ValueError(f'configuration {name}: this dynpool.py has no Config.attention '
+                             f'(drop --attention and the +{attention} suffix)')
+        kw['attention'] = attention
     return Config(**kw)
 
 
 def build(args, name):
-    mode, k = parse_config(name)
+    mode, k, _, _ = parse_config(name, args)
     return DynamicPoolingLM(model_config(args, name)).to(args.device), mode, k
 
 
@@ -158,7 +279,10 @@ def setup(args, name):
     """The seeded model of configuration `name` in training mode, and its batch (x, y, b)."""
     torch.manual_seed(args.seed)
     model, mode, k = build(args, name)
-    return model.train(), mode, k, make_batch(args, mode, k, torch.Generator().manual_seed(args.seed))
+    batch = make_batch(args, mode, k, torch.Generator().manual_seed(args.seed))
+    if mode in PREDICTOR_MODES:
+        calibrate_predictor(model, batch[0], k)
+    return model.train(), mode, k, batch
 
 
 def n_segments(L, mode, k):
@@ -167,11 +291,12 @@ def n_segments(L, mode, k):
 
 
 def make_batch(args, mode, k, gen):
-    """Random characters, next-character targets and, for wsK, exactly round(L/k) boundaries per row."""
+    """Random characters, next-character targets and, for wsK (and as unigramK's training targets),
+    exactly round(L/k) boundaries per row."""
     B, L = args.batch, args.seq_len
     x = torch.randint(0, VOCAB, (B, L + 1), generator=gen)
     b = None
-    if mode == 'whitespace':
+    if mode in ('whitespace', 'unigram'):
         n = n_segments(L, mode, k)
         b = torch.zeros(B, L)
         for row in b:
@@ -180,38 +305,88 @@ def make_batch(args, mode, k, gen):
     return x[:, :-1].to(dev), x[:, 1:].to(dev), None if b is None else b.to(dev)
 
 
-def stack_lengths(args, mode, k):
-    """[(layers, sequence length)] of the stacks a configuration runs."""
+def predictor_of(model):
+    return next(m for m in model.modules() if isinstance(m, BoundaryPredictor))
+
+
+def calibrate_predictor(model, x, k):
+    """Shift the predictor's logits (a forward hook, kept for the timed steps) so that about 1/k of
+    the tokens of x close a segment."""
+    pred, seen = predictor_of(model), []
+    hook = pred.register_forward_hook(lambda m, inputs, out: seen.append(out.detach().float().flatten()))
+    with torch.no_grad():
+        model.train()(x)
+    hook.remove()
+    logits = seen[0]
+    if model.cfg.boundary == 'gumbel':
+        # The hard Gumbel-sigmoid decision is 1 with probability sigmoid(logit): bisect on the mean.
+        lo, hi = -30.0, 30.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if torch.sigmoid(logits + mid).mean() < 1 / k else (lo, mid)
+        shift = (lo + hi) / 2
+    else:
+        # sigmoid(logit) > threshold: put the threshold at the (1 - 1/k) quantile of the logits.
+        t = model.cfg.threshold
+        shift = math.log(t / (1 - t)) - torch.quantile(logits, 1 - 1 / k).item()
+    pred.register_forward_hook(lambda m, inputs, out: out + shift)
+
+
+def stack_lengths(args, mode, sf):
+    """[(layers, sequence length)] of the stacks a configuration runs; the shortened stack's length
+    is 1 + L/SF (the null group and the complete segments), SF the measured shortening factor."""
     L, (pre, short, post) = args.seq_len, args.layers
     if mode == 'none':
         return [(pre + short + post, L)]
-    return [(pre, L), (short, 1 + n_segments(L, mode, k)), (post, L)]
+    return [(pre, L), (short, 1 + L / sf), (post, L)]
 
 
 FLOP_FORMULA = ("model FLOPs of a step = 3 × forward (backward = 2 × forward); forward = Σ over stacks of\n"
                 "  layers × [B·n·2·(3·d·H·dh + H·dh·d + 2·d·d_inner)  (qkv, out, feed-forward)\n"
                 "          + n·2·d·H·dh                            (position projection r_net, once per sequence)\n"
                 "          + B·H·n²·2·dh·3]                        (content and position scores, weights × values: full n²)\n"
-                "  + B·L·2·d·V (logits); n = the stack's length (L, or 1 + segments for the shortened stack);\n"
+                "  + B·L·2·d·V (logits) [+ B·L·2·(d·d_inner + d_inner), the boundary predictor of unigram/entropy/gumbel];\n"
+                "  n = the stack's length (L, or 1 + L/SF for the shortened stack, SF measured);\n"
                 "  pooling, upsampling, norms and softmax are left out. The attention skips the masked future\n"
                 "  blocks, so it executes about half the n² terms counted here (the usual MFU convention).")
 
 
-def step_flops(args, mode, k):
-    d, H, dh, di, B = args.d_model, args.n_head, args.d_head, args.d_inner, args.batch
-    fwd = B * args.seq_len * 2 * d * VOCAB
-    for layers, n in stack_lengths(args, mode, k):
+def step_flops(args, mode, sf):
+    d, H, dh, di, B, L = args.d_model, args.n_head, args.d_head, args.d_inner, args.batch, args.seq_len
+    fwd = B * L * 2 * d * VOCAB
+    if mode in PREDICTOR_MODES:
+        fwd += B * L * 2 * (d * di + di)
+    for layers, n in stack_lengths(args, mode, sf):
         fwd += layers * (B * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di) + n * 2 * d * H * dh
                          + B * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
 
-clock = time.perf_counter  # --clock cpu switches every timing here to time.process_time
+clock = time.perf_counter  # --clock cpu switches every CPU timing here to time.process_time
 
 
 def sync(device):
     if device.startswith('cuda'):
         torch.cuda.synchronize()
+
+
+def time_calls(fn, n, device):
+    """Seconds of each of n calls of fn(). On a GPU: CUDA events around each call, one synchronisation
+    at the end, so the time is the GPU's, idle gaps included (a launch-bound step is timed as such)."""
+    if device.startswith('cuda'):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in events]   # elapsed_time: milliseconds
+    times = []
+    for _ in range(n):
+        t = clock()
+        fn()
+        times.append(clock() - t)
+    return times
 
 
 def matmul_peak(args, repeats=5):
@@ -220,14 +395,11 @@ def matmul_peak(args, repeats=5):
     dtype = torch.bfloat16 if args.amp == 'bf16' else torch.float32
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     out = torch.empty(n, n, device=dev, dtype=dtype)
-    torch.mm(a, b, out=out)
-    best = float('inf')
-    for _ in range(repeats):
-        sync(dev)
-        t = clock()
+    cuda = dev.startswith('cuda')
+    for _ in range(10 if cuda else 1):   # a GPU raises its clocks under load
         torch.mm(a, b, out=out)
-        sync(dev)
-        best = min(best, clock() - t)
+    sync(dev)
+    best = min(time_calls(lambda: torch.mm(a, b, out=out), 4 * repeats if cuda else repeats, dev))
     return 2 * n ** 3 / best
 
 
@@ -263,25 +435,31 @@ def train_step(model, opt, x, y, b, amp):
     return out
 
 
-def run_one(args, name):
-    """Warm up, time args.steps steps, print one JSON line for the parent."""
+def prepared(args, name):
+    """Model (compiled where asked), its Adam and a step function for configuration `name`."""
     model, mode, k, (x, y, b) = setup(args, name)
     opt = make_adam(args, model)
-    if args.compile:
+    if parse_config(name, args)[2]:
         model = torch.compile(model)
+    outs = []
+
+    def step():
+        outs[:] = [train_step(model, opt, x, y, b, args.amp)]
+    return model, step, outs
+
+
+def run_one(args, name):
+    """Warm up, time args.steps steps, print one JSON line for the parent."""
+    model, step, outs = prepared(args, name)
     cuda = args.device.startswith('cuda')
     base = torch.cuda.memory_allocated() if cuda else rss_now()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
-        out = train_step(model, opt, x, y, b, args.amp)
-    times = []
-    for _ in range(args.steps):
-        sync(args.device)
-        t = clock()
-        out = train_step(model, opt, x, y, b, args.amp)
-        sync(args.device)
-        times.append(clock() - t)
+        step()
+    sync(args.device)
+    times = time_calls(step, args.steps, args.device)
+    out = outs[0]
     sf = float(out.shortening_factor) if out.shortening_factor is not None else 1.0
     if cuda:
         peak, step_mem = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_allocated() - base
@@ -293,9 +471,9 @@ def run_one(args, name):
 
 
 def child_cmd(args, name):
-    cmd = [sys.executable, os.path.abspath(__file__), '--one', name]
+    cmd = [sys.executable, os.path.abspath(__file__), '--one', name, '--configs', name]
     for flag in ('preset', 'd_model', 'n_head', 'd_head', 'd_inner', 'seq_len', 'batch', 'dropout', 'dropatt',
-                 'attn_chunk', 'steps', 'warmup', 'device', 'amp', 'threads', 'clock', 'adam', 'seed'):
+                 'attn_chunk', 'attention', 'steps', 'warmup', 'device', 'amp', 'threads', 'clock', 'adam', 'seed'):
         v = getattr(args, flag)
         if v is not None:
             cmd += ['--' + flag.replace('_', '-'), str(v)]
@@ -304,10 +482,15 @@ def child_cmd(args, name):
 
 
 def spawn(args, name):
-    r = subprocess.run(child_cmd(args, name), capture_output=True, text=True)
+    """Configuration `name` in a fresh process → (its record, None) or (None, why it failed)."""
+    try:
+        r = subprocess.run(child_cmd(args, name), capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None, f'took over {args.timeout:g} s (--timeout)'
     if r.returncode != 0:
-        raise SystemExit(f'configuration {name} failed:\n{r.stderr[-3000:]}')
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+        return None, (lines[-1] if lines else f'exit status {r.returncode}').removeprefix('error: ')
+    return json.loads(r.stdout.strip().splitlines()[-1]), None
 
 
 # -----------------------------------------------------------------------------
@@ -316,14 +499,11 @@ def spawn(args, name):
 
 def time_fn(fn, device, repeats=5):
     fn()
-    ts = []
-    for _ in range(repeats):
-        sync(device)
-        t = clock()
-        fn()
-        sync(device)
-        ts.append(clock() - t)
-    return statistics.median(ts)
+    sync(device)
+    return statistics.median(time_calls(fn, repeats, device))
+
+
+POOL, PRED = 'pooling + upsampling (B-matrix mean, gather)', 'boundary predictor'
 
 
 def time_pieces(args, name, step_time):
@@ -341,7 +521,10 @@ def time_pieces(args, name, step_time):
             out.float().sum().backward()
         return run
 
-    for layers, n in stack_lengths(args, mode, k):
+    for layers, n in stack_lengths(args, mode, L / n_segments(L, mode, k) if k else 1.0):
+        if layers == 0:
+            continue
+        n = round(n)
         h = torch.randn(B, n, D, device=dev)
         pos = sinusoids(torch.arange(n - 1, -1, -1, device=dev), D)
         rows.append((f'attention, n={n} ×{layers}', layers * time_fn(fwd_bwd(
@@ -349,12 +532,14 @@ def time_pieces(args, name, step_time):
         rows.append((f'feed-forward, n={n} ×{layers}', layers * time_fn(fwd_bwd(layer.ff, h), dev)))
     h = torch.randn(B, L, D, device=dev)
     if mode != 'none':
-        bb = model.external_boundaries(x, b)
-        rows.append(('pooling + upsampling (B-matrix mean, gather)', time_fn(fwd_bwd(
+        with torch.no_grad():
+            bb = model(x, boundaries=b).boundaries.detach().float()   # the boundaries the step pools with
+        rows.append((POOL, time_fn(fwd_bwd(
             lambda h: upsample(model.down_norm(downsample(h, bb, model.null_group)), bb) + h, h), dev)))
-        pred = BoundaryPredictor(model.cfg).to(dev)
-        rows.append(('boundary predictor (unigram/entropy/gumbel only; not in ws)', time_fn(fwd_bwd(
-            lambda h: F.binary_cross_entropy_with_logits(pred(h), bb), h), dev)))
+        own = mode in PREDICTOR_MODES
+        pred = predictor_of(model) if own else BoundaryPredictor(model.cfg).to(dev)
+        rows.append((PRED + ('' if own else ' (unigram/entropy/gumbel only; not in ws)'), time_fn(fwd_bwd(
+            lambda h: F.binary_cross_entropy_with_logits(pred(h).float(), bb), h), dev)))
     rows.append(('embedding + logits + loss', time_fn(fwd_bwd(
         lambda e: F.cross_entropy(model.lm_head(e + model.embed(x)).flatten(0, 1).float(), y.flatten()),
         torch.zeros(B, L, D, device=dev)), dev)))
@@ -371,8 +556,101 @@ def time_pieces(args, name, step_time):
     total = sum(t for _, t in rows)
     print(f'  {"sum of pieces (the rest: norms, dropout, residuals, overheads)":62s} {total * 1e3:9.1f} '
           f'{100 * total / step_time:6.1f}%')
-    return dict(rows)
+    return {piece.split(' (unigram')[0]: t for piece, t in rows}
 
+
+def report_pieces(args, names, table):
+    """Pieces of vanilla and of one pooled step; the share of pooling, upsampling and the predictor."""
+    van = table.get('vanilla')
+    if van:
+        time_pieces(args, 'vanilla', van['time'])
+    plain = [n for n in names if '+' not in n]
+    pooled = [n for n in plain if n != 'vanilla']
+    with_pred = [n for n in pooled if parse_config(n, args)[0] in PREDICTOR_MODES]
+    picks = ['ws5.5' if 'ws5.5' in pooled else (pooled[0] if pooled else None)] + with_pred[:1]
+    for pick in dict.fromkeys(p for p in picks if p):
+        step_time = table[pick]['time']
+        pieces = time_pieces(args, pick, step_time)
+        pool, pred = pieces[POOL], pieces[PRED]
+        if pick in with_pred:
+            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / step_time:.1f}% '
+                  f'of a {pick} step')
+        else:
+            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / (step_time + pred):.1f}% '
+                  f'of a {pick} step with a predictor added')
+
+
+# -----------------------------------------------------------------------------
+# Profile
+
+
+def profile_step(args, name):
+    """torch.profiler table of one training step after warm-up; on a GPU also the kernels, how long
+    they kept the GPU busy within the step, and the host synchronisations the step makes."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    cuda = args.device.startswith('cuda')
+    _, step, _ = prepared(args, name)
+    for _ in range(max(1, args.warmup)):
+        step()
+    sync(args.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step_time = time_calls(step, 1, args.device)[0]
+    events = prof.key_averages()
+    print(events.table(sort_by='self_device_time_total' if cuda else 'self_cpu_time_total', row_limit=25))
+    ops = [e for e in prof.events() if e.name.startswith('aten::') and e.device_type == DeviceType.CPU]
+    top = [e for e in ops if not (e.cpu_parent and e.cpu_parent.name.startswith('aten::'))]
+    print(f'one {name} step under the profiler: {step_time * 1e3:.1f} ms, {len(top)} aten ops dispatched '
+          f'({len(ops)} counting nested ones)')
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6   # one stream: no overlap
+        print(f'  {len(kernels)} GPU kernels/copies, busy {busy * 1e3:.1f} ms of the step '
+              f'({100 * busy / step_time:.0f}%); the rest the GPU waits for the CPU (launches, host syncs)')
+        report_host_syncs(step, name)
+    if args.trace:
+        write_atomic(args.trace, '--trace', prof.export_chrome_trace)
+        print(f'trace written to {args.trace}')
+
+
+def report_host_syncs(step, name):
+    """Count the synchronising CUDA operations of one step (torch.cuda.set_sync_debug_mode) and say
+    which lines made them."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+        torch.cuda.synchronize()
+    syncs = [w for w in caught if 'synchroniz' in str(w.message)]
+    where = statistics_of(f'{os.path.basename(w.filename)}:{w.lineno}' for w in syncs)
+    print(f'  host synchronisations in one {name} step: {len(syncs)}'
+          + (f' ({where})' if syncs else ''))
+
+
+def statistics_of(items):
+    """'a ×2, b' for the items in order of first appearance."""
+    counts = {}
+    for it in items:
+        counts[it] = counts.get(it, 0) + 1
+    return ', '.join(k + (f' ×{n}' if n > 1 else '') for k, n in counts.items())
+
+
+def write_atomic(path, flag, write):
+    """write(tmp) beside `path`, then rename it onto `path`: nothing half-written is left behind."""
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f'.{base}.tmp{os.path.splitext(base)[1]}')
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:
+        fail(f'cannot write {flag} {path}: {getattr(e, "strerror", None) or e}')
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 # -----------------------------------------------------------------------------
 # Generation
@@ -457,9 +735,123 @@ def fmt_bytes(n):
     return f'{n / 2 ** 20:8.0f}'
 
 
-def main():
+def device_name(args):
+    if args.device.startswith('cuda'):
+        name = torch.cuda.get_device_name(torch.device(args.device))
+    else:
+        name = f'CPU, {torch.get_num_threads()} threads'
+    return name + (', CPU-time clock' if args.clock == 'cpu' else '')
+
+
+def measure(args, names):
+    """Every configuration in its own process, in interleaved rounds, with the matmul peak measured
+    before each round and after the last → (results per name, peak FLOP/s)."""
+    attention = args.attention or next((f.default for f in dataclasses.fields(Config) if f.name == 'attention'), None)
+    print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner {args.d_inner}, '
+          f'L {args.seq_len}, batch {args.batch}, layers {args.layers} (vanilla {sum(args.layers)}), '
+          f'dropout {args.dropout}/{args.dropatt}, {"bf16 autocast" if args.amp == "bf16" else "fp32"}, {args.adam} Adam, '
+          f'{device_name(args)}, torch {torch.__version__}'
+          + (f', attention {attention}' if HAS_ATTENTION else '') + (', compiled' if args.compile else ''))
+    timing = 'CUDA events' if args.device.startswith('cuda') else ('CPU time' if args.clock == 'cpu' else 'wall clock')
+    print(f'{args.rounds} rounds × {len(names)} configurations interleaved, each a fresh process: '
+          f'{args.warmup} warm-up + {args.steps} timed steps; median of the {args.rounds * args.steps} timed steps'
+          + ('' if timing == 'wall clock' else f' ({timing})'))
+    width = max(8, *map(len, names))
+    results, failed, peaks = {n: [] for n in names}, {}, []
+    for r in range(args.rounds):
+        peaks.append(matmul_peak(args))
+        if args.device.startswith('cuda'):
+            torch.cuda.empty_cache()   # the children get the GPU memory the matrices held
+        for n in (n for n in names if n not in failed):
+            record, failed[n] = spawn(args, n)
+            if record is None:
+                print(f'  round {r + 1}: {n:{width}s} failed: {failed[n]}', flush=True)
+                continue
+            del failed[n]
+            results[n].append(record)
+            print(f'  round {r + 1}: {n:{width}s} {statistics.median(record["times"]) * 1e3:9.0f} ms', flush=True)
+    peaks.append(matmul_peak(args))
+    peak = max(peaks)
+    print(f'\nmatmul peak: {peak / 1e9:.1f} GFLOP/s ({args.peak_n}³ {"bf16" if args.amp == "bf16" else "fp32"} '
+          f'matmul, best of {20 if args.device.startswith("cuda") else 5}, highest of {len(peaks)} measurements '
+          f'spread over the run; all: {", ".join(f"{p / 1e9:.0f}" for p in peaks)})')
+    return {n: runs for n, runs in results.items() if n not in failed}, failed, peak
+
+
+def failures(failed):
+    """One line for the configurations that failed."""
+    if len(failed) == 1:
+        (name, why), = failed.items()
+        return f'configuration {name} failed: {why}'
+    return (f'{len(failed)} configurations failed and are left out of the table: '
+            + '; '.join(f'{n} ({why})' for n, why in failed.items()))
+
+
+def summarise(args, names, results):
+    """Median step time, peak and step memory, SF and model FLOPs per configuration."""
+    table = {}
+    for n in names:
+        runs = results[n]
+        sf = runs[0]['sf']
+        table[n] = dict(time=statistics.median([x for run in runs for x in run['times']]),
+                        peak=max(run['peak'] for run in runs),
+                        mem=statistics.median(run['step_mem'] for run in runs), sf=sf,
+                        flops=step_flops(args, parse_config(n, args)[0], sf))
+    return table
+
+
+def reference(name, table):
+    """The vanilla row a configuration is compared with: vanilla with the same suffixes if measured."""
+    suffix = name[len(name.split('+')[0]):]
+    return table.get('vanilla' + suffix) or table.get('vanilla')
+
+
+def print_table(args, names, table, peak):
+    print(FLOP_FORMULA)
+    cuda = args.device.startswith('cuda')
+    width = max(8, *map(len, names))
+    mem_label = 'peak alloc' if cuda else 'peak RSS'
+    print(f'\n{"config":{width}s} {"factor":>6s} {"step ms":>9s} {"chars/s":>9s} {"speed-up":>8s} '
+          f'{mem_label + " MiB":>14s} {"step mem MiB":>13s} {"mem ratio":>9s} {"GFLOP":>8s} {"GFLOP/s":>8s} {"MFU":>6s}')
+    for n in names:
+        row, van = table[n], reference(n, table)
+        speed = f'{van["time"] / row["time"]:7.2f}×' if van else '       -'
+        memr = f'{row["mem"] / van["mem"]:9.2f}' if van and van['mem'] > 0 else '        -'
+        fps = row['flops'] / row['time']
+        print(f'{n:{width}s} {row["sf"]:6.2f} {row["time"] * 1e3:9.0f} {args.batch * args.seq_len / row["time"]:9.0f} '
+              f'{speed} {fmt_bytes(row["peak"]):>14s} {fmt_bytes(row["mem"]):>13s} {memr} {row["flops"] / 1e9:8.1f} '
+              f'{fps / 1e9:8.1f} {100 * fps / peak:5.0f}%')
+    if 'vanilla' in table:
+        print('speed-up: vanilla step time / this step time; mem ratio: step mem / vanilla step mem; '
+              'factor: characters / complete segments'
+              + ('; a row with +suffixes is compared with vanilla+suffixes where that was measured'
+                 if any('+' in n for n in names) else ''))
+
+
+def plot(args, names, table, plt):
+    """Step time and step memory against shortening factor, fixed and dynamic, vanilla as a line."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for prefix, label, marker in (('fixed', 'fixed pooling', 's'), ('ws', 'dynamic (word-like) pooling', 'o')):
+        ns = sorted((n for n in names if n.startswith(prefix) and '+' not in n), key=lambda n: table[n]['sf'])
+        if ns:
+            ax1.plot([table[n]['sf'] for n in ns], [table[n]['time'] * 1e3 for n in ns], marker=marker, label=label)
+            ax2.plot([table[n]['sf'] for n in ns], [table[n]['mem'] / 2 ** 20 for n in ns], marker=marker, label=label)
+    van = table.get('vanilla')
+    if van:
+        ax1.axhline(van['time'] * 1e3, color='k', ls='--', label='vanilla')
+        ax2.axhline(van['mem'] / 2 ** 20, color='k', ls='--', label='vanilla')
+    ax1.set(xlabel='shortening factor', ylabel='training step (ms)', ylim=(0, None))
+    ax2.set(xlabel='shortening factor', ylabel='step memory (MiB)', ylim=(0, None))
+    ax1.legend()
+    fig.suptitle(f'd {args.d_model}, L {args.seq_len}, batch {args.batch}, {device_name(args)}')
+    fig.tight_layout()
+    write_atomic(args.plot, '--plot', lambda tmp: fig.savefig(tmp, dpi=120))
+    print(f'plot written to {args.plot}')
+
+
+def main(argv=None):
     global clock
-    args = parse_args()
+    args = parse_args(argv)
     if args.clock == 'cpu':
         clock = time.process_time
     if args.threads:
@@ -469,102 +861,47 @@ def main():
     if args.generate:
         return bench_generate(args)
     if args.profile:
-        from torch.profiler import profile
-        model, _, _, (x, y, b) = setup(args, args.profile)
-        opt = make_adam(args, model)
-        for _ in range(max(1, args.warmup)):
-            train_step(model, opt, x, y, b, args.amp)
-        with profile() as prof:
-            train_step(model, opt, x, y, b, args.amp)
-        sort = 'self_cuda_time_total' if args.device.startswith('cuda') else 'self_cpu_time_total'
-        print(prof.key_averages().table(sort_by=sort, row_limit=20))
-        return
-
-    names = args.configs.split(',')
-    cuda = args.device.startswith('cuda')
-    dev_name = torch.cuda.get_device_name() if cuda else f'CPU, {torch.get_num_threads()} threads'
-    if args.clock == 'cpu':
-        dev_name += ', CPU-time clock'
-    print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner {args.d_inner}, '
-          f'L {args.seq_len}, batch {args.batch}, layers {args.layers} (vanilla {sum(args.layers)}), '
-          f'dropout {args.dropout}/{args.dropatt}, {"bf16 autocast" if args.amp == "bf16" else "fp32"}, {args.adam} Adam, '
-          f'{dev_name}, torch {torch.__version__}')
-    print(f'{args.rounds} rounds × {len(names)} configurations interleaved, each a fresh process: '
-          f'{args.warmup} warm-up + {args.steps} timed steps; median of the {args.rounds * args.steps} timed steps')
-    results = {n: [] for n in names}
-    peaks = []
-    for r in range(args.rounds):
-        peaks.append(matmul_peak(args))
-        for n in names:
-            results[n].append(spawn(args, n))
-            print(f'  round {r + 1}: {n:8s} {statistics.median(results[n][-1]["times"]) * 1e3:9.0f} ms', flush=True)
-    peaks.append(matmul_peak(args))
-    peak = max(peaks)
-    print(f'\nmatmul peak: {peak / 1e9:.1f} GFLOP/s ({args.peak_n}³ {"bf16" if args.amp == "bf16" else "fp32"} '
-          f'matmul, best of 5, highest of {len(peaks)} measurements spread over the run; '
-          f'all: {", ".join(f"{p / 1e9:.0f}" for p in peaks)})')
-    print(FLOP_FORMULA)
-    mem_label = 'peak alloc' if cuda else 'peak RSS'
-    header = (f'\n{"config":8s} {"factor":>6s} {"step ms":>9s} {"chars/s":>9s} {"speed-up":>8s} {mem_label + " MiB":>14s} '
-              f'{"step mem MiB":>13s} {"mem ratio":>9s} {"GFLOP":>8s} {"GFLOP/s":>8s} {"MFU":>6s}')
-    print(header)
-    table = {}
-    for n in names:
-        runs = results[n]
-        t = statistics.median([x for run in runs for x in run['times']])
-        mode, k = parse_config(n)
-        table[n] = dict(time=t, peak=max(run['peak'] for run in runs), mem=statistics.median(run['step_mem'] for run in runs),
-                        sf=runs[0]['sf'], flops=step_flops(args, mode, k))
-    van = table.get('vanilla')
-    for n in names:
-        row = table[n]
-        speed = f'{van["time"] / row["time"]:7.2f}×' if van else '       -'
-        memr = f'{row["mem"] / van["mem"]:9.2f}' if van and van['mem'] > 0 else '        -'
-        fps = row['flops'] / row['time']
-        print(f'{n:8s} {row["sf"]:6.2f} {row["time"] * 1e3:9.0f} {args.batch * args.seq_len / row["time"]:9.0f} {speed} '
-              f'{fmt_bytes(row["peak"]):>14s} {fmt_bytes(row["mem"]):>13s} {memr} {row["flops"] / 1e9:8.1f} '
-              f'{fps / 1e9:8.1f} {100 * fps / peak:5.0f}%')
-    if van:
-        print('speed-up: vanilla step time / this step time; mem ratio: step mem / vanilla step mem; '
-              'factor: characters / complete segments')
-
-    if not args.no_pieces:
-        pooled = [n for n in names if n != 'vanilla']
-        pick = 'ws5.5' if 'ws5.5' in names else (pooled[0] if pooled else None)
-        if van:
-            time_pieces(args, 'vanilla', van['time'])
-        if pick:
-            pieces = time_pieces(args, pick, table[pick]['time'])
-            pool = pieces['pooling + upsampling (B-matrix mean, gather)']
-            pred = pieces['boundary predictor (unigram/entropy/gumbel only; not in ws)']
-            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / (table[pick]["time"] + pred):.1f}% '
-                  f'of a {pick} step with a predictor added')
-
-    if args.plot:
+        return profile_step(args, args.profile)
+    plt = None
+    if args.plot:   # before minutes of measuring, not after
         try:
             import matplotlib
             matplotlib.use('Agg')
             import matplotlib.pyplot as plt
         except ImportError:
-            print('--plot: matplotlib is not installed; no plot written')
-            return
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for prefix, label, marker in (('fixed', 'fixed pooling', 's'), ('ws', 'dynamic (word-like) pooling', 'o')):
-            ns = sorted((n for n in names if n.startswith(prefix)), key=lambda n: table[n]['sf'])
-            if ns:
-                ax1.plot([table[n]['sf'] for n in ns], [table[n]['time'] * 1e3 for n in ns], marker=marker, label=label)
-                ax2.plot([table[n]['sf'] for n in ns], [table[n]['mem'] / 2 ** 20 for n in ns], marker=marker, label=label)
-        if van:
-            ax1.axhline(van['time'] * 1e3, color='k', ls='--', label='vanilla')
-            ax2.axhline(van['mem'] / 2 ** 20, color='k', ls='--', label='vanilla')
-        ax1.set(xlabel='shortening factor', ylabel='training step (ms)', ylim=(0, None))
-        ax2.set(xlabel='shortening factor', ylabel='step memory (MiB)', ylim=(0, None))
-        ax1.legend()
-        fig.suptitle(f'd {args.d_model}, L {args.seq_len}, batch {args.batch}, {dev_name}')
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f'plot written to {args.plot}')
+            fail('--plot needs matplotlib: pip install matplotlib (or drop --plot)')
+    results, failed, peak = measure(args, args.configs.split(','))
+    names = list(results)   # the configurations that ran, in the order given
+    if not names:
+        fail(failures(failed))
+    table = summarise(args, names, results)
+    print_table(args, names, table, peak)
+    if not args.no_pieces:
+        report_pieces(args, names, table)
+    if plt:
+        plot(args, names, table, plt)
+    if failed:
+        fail(failures(failed))
+
+
+def out_of_memory(e):
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or 'out of memory' in str(e)))
+
+
+def cli():
+    """main() with the command line's promises: one line and exit 130 on Ctrl-C, one line on OOM."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print('error: interrupted (Ctrl-C); no file written', file=sys.stderr)
+        sys.exit(130)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fail(f'out of memory: {first}; try a smaller --batch, --seq-len or --peak-n')
 
 
 if __name__ == '__main__':
-    main()
+    cli()

@@ -44,6 +44,11 @@ index = token id; space_id) are read; the rest (optimizer, RNG states, ...) is i
 safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any pickle. Sampling is
 reproducible for a given --seed, device and torch version. On CPU one thread is the default
 (--threads): decoding one character at a time is latency-bound.
+
+Errors: one line `error: ...` on stderr, exit 2 for a bad flag, 1 otherwise, 130 on Ctrl-C. The
+whole continuation stays in memory (key/value caches of every layer over prompt + --chars), so a
+request that cannot fit in the free memory of the device is refused before anything is allocated,
+naming the most --chars (or --num-samples) that would fit. Files are written whole or not at all.
 """
 
 import argparse
@@ -303,7 +308,7 @@ def non_negative_int(s):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, like every other mistake (argparse would add the usage)
-        self.exit(2, f"sample.py: error: {message} (see --help)\n")
+        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def parse_args(argv=None):
@@ -360,15 +365,89 @@ def pick_device(name):
     return str(dev)
 
 
-def run(args, stdout=None):
+def free_memory(device):
+    """Bytes still free for this process on `device` (CPU: MemAvailable within any cgroup limit),
+    None where unknown."""
+    dev = torch.device(device)
+    if dev.type == 'cuda':
+        return torch.cuda.mem_get_info(dev)[0]
+    if dev.type != 'cpu':
+        return None
+    free = []
+    try:
+        with open('/proc/meminfo') as f:
+            free += [int(ln.split()[1]) * 1024 for ln in f if ln.startswith('MemAvailable:')]
+        with open('/sys/fs/cgroup/memory.max') as f, open('/sys/fs/cgroup/memory.current') as g:
+            limit = f.read().strip()
+            if limit != 'max':
+                free.append(int(limit) - int(g.read()))
+    except (OSError, ValueError):
+        pass
+    return min(free) if free else None
+
+
+def generation_bytes(cfg, n_samples, prompt_len, n_new, elem=4):
+    """Rough peak memory of generating: key/value caches (and the shared position cache) of every
+    layer over the whole sequence, the prompt's activations, and the outputs kept per character."""
+    T, hd = prompt_len + n_new, cfg.n_head * cfg.d_head
+    caches = sum(cfg.layers) * (2 * n_samples + 1) * hd * T * elem
+    block = min(getattr(cfg, 'attn_chunk', prompt_len), prompt_len)
+    prefill = n_samples * prompt_len * (cfg.d_inner + 8 * cfg.d_model + 3 * cfg.vocab_size
+                                        + 3 * cfg.n_head * block) * elem
+    # tokens, entropies and boundaries as Python objects (~64 B per character and sample), and
+    # the few small tensors each decoding step keeps (~1 KiB)
+    return caches + prefill + 64 * n_samples * T + 1024 * n_new
+
+
+def check_request(cfg, n_samples, prompt_len, n_new, device):
+    """Refuse, in one line, a request whose caches and outputs cannot fit in free memory."""
+    free = free_memory(device)
+    if free is None:
+        return
+    budget = 0.8 * free                   # headroom for the allocator, the model and temporaries
+    need = generation_bytes(cfg, n_samples, prompt_len, n_new)
+    if need <= budget:
+        return
+
+    def most(f):                          # generation_bytes is affine in each count: solve for it
+        return max(0, int((budget - f(0)) // max(1, f(1) - f(0))))
+    max_chars = most(lambda n: generation_bytes(cfg, n_samples, prompt_len, n))
+    max_samples = most(lambda b: generation_bytes(cfg, b, prompt_len, n_new))
+    gib = 2 ** 30
+    raise SampleError(f"{n_samples} sample(s) of {n_new} characters after a {prompt_len}-character prompt "
+                      f"need about {need / gib:,.1f} GiB (key/value caches of {sum(cfg.layers)} layers over "
+                      f"{prompt_len + n_new:,} positions), more than the {budget / gib:,.1f} GiB free on "
+                      f"{device}: ask for at most {max_chars:,} --chars with --num-samples {n_samples}, "
+                      f"or at most {max_samples:,} --num-samples of {n_new} characters")
+
+
+def write_atomic(path, flag, write):
+    """write(tmp) beside `path`, then rename it onto `path`: a failed or interrupted write leaves
+    no partial file (the temporary name keeps the extension, which matplotlib reads the format from)."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.tmp{os.path.splitext(name)[1]}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:    # ValueError: a file format matplotlib cannot write
+        raise SampleError(f"cannot write {flag} {path}: {getattr(e, 'strerror', None) or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def run(args, stdout=None, written=None):
+    """Generate and print; `written` collects the files completed so far."""
     stdout = stdout or sys.stdout
+    written = [] if written is None else written
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
     model, alphabet, space_id = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
     ids = encode(args.prompt, alphabet)
     if not ids:
         ids = [space_id if space_id is not None else 0]
-    x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+    check_request(model.cfg, args.num_samples, len(ids), args.chars, device)
+    x = torch.tensor([ids], dtype=torch.long, device=device).repeat(args.num_samples, 1)
 
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -393,11 +472,11 @@ def run(args, stdout=None):
         if trace_to_stdout:
             stdout.write(tsv)
         else:
-            try:
-                with open(args.entropy_trace, 'w', encoding='utf-8') as f:
+            def write_tsv(tmp):
+                with open(tmp, 'w', encoding='utf-8') as f:
                     f.write(tsv)
-            except OSError as e:
-                raise SampleError(f"cannot write --entropy-trace {args.entropy_trace}: {e.strerror}") from None
+            write_atomic(args.entropy_trace, '--entropy-trace', write_tsv)
+            written.append(args.entropy_trace)
     if not trace_to_stdout:
         colour = args.color and stdout.isatty()
         for i, text in enumerate(texts):
@@ -410,25 +489,39 @@ def run(args, stdout=None):
         ckpt = os.path.abspath(args.ckpt)
         run_name = os.path.basename(ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt))
         title = f"{run_name}: boundary={model.cfg.boundary}, next-character entropy"
-        try:
-            entropy_plot(args.entropy_plot, texts[0], entropy[0], None if boundaries is None else boundaries[0],
-                         title=title, prompt_len=len(ids))
-        except OSError as e:
-            raise SampleError(f"cannot write --entropy-plot {args.entropy_plot}: {e.strerror or e}") from None
+        write_atomic(args.entropy_plot, '--entropy-plot', lambda tmp: entropy_plot(
+            tmp, texts[0], entropy[0], None if boundaries is None else boundaries[0], title=title,
+            prompt_len=len(ids)))
+        written.append(args.entropy_plot)
         print(f"wrote {args.entropy_plot}", file=sys.stderr)
     stdout.flush()
     return texts, boundaries, entropy
 
 
+def out_of_memory(e):
+    """True for the errors torch and Python raise when an allocation fails."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or 'out of memory' in str(e)))
+
+
 def main(argv=None):
     args = parse_args(argv)
+    written = []
     try:
-        run(args)
+        run(args, written=written)
     except SampleError as e:
-        print(f"sample.py: error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        kept = f"kept the finished {', '.join(written)}" if written else "no file written"
+        print(f"error: interrupted (Ctrl-C); {kept}", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        print(f"error: out of memory generating {args.num_samples} sample(s) of {args.chars} characters: "
+              f"ask for fewer --chars or --num-samples", file=sys.stderr)
+        return 1
     return 0
 
 

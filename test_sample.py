@@ -165,16 +165,16 @@ def test_sample_cli_entropy_trace_and_plot(_sample_ckpts, capsys, tmp_path):
 
 def test_sample_cli_bad_prompt_is_one_line_error(_sample_ckpts, capsys):
     rc, out, err = _sample_main(['--ckpt', _sample_ckpts['whitespace'], '--prompt', 'Née 1999!'], capsys)
-    assert rc != 0 and out == ''
-    assert err.count('\n') == 1 and 'Traceback' not in err
+    assert rc == 1 and out == ''
+    assert err.count('\n') == 1 and err.startswith('error: ') and 'Traceback' not in err
     for c in ("'é'", "'1'", "'9'", "'!'"):
         assert c in err
     assert "'n'" not in err                 # 'N' is lower-cased first: text8 is lower-case
     # The same through a real process: exit code and stderr of the command line.
     p = subprocess.run([sys.executable, 'sample.py', '--ckpt', str(_sample_ckpts['whitespace']), '--prompt', 'ça'],
                        cwd=_SAMPLE_ROOT, capture_output=True, text=True, timeout=120, env=_sample_env())
-    assert p.returncode != 0 and p.stdout == ''
-    assert p.stderr.count('\n') == 1 and "'ç'" in p.stderr and 'Traceback' not in p.stderr
+    assert p.returncode == 1 and p.stdout == ''
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: ') and "'ç'" in p.stderr
 
 
 def test_sample_cli_checkpoint_errors_are_one_line(_sample_ckpts, capsys, tmp_path):
@@ -194,8 +194,8 @@ def test_sample_cli_checkpoint_errors_are_one_line(_sample_ckpts, capsys, tmp_pa
     (tmp_path / 'empty-run-dir').mkdir()
     for path, words in cases.items():
         rc, out, err = _sample_main(['--ckpt', path, '--prompt', 'a'], capsys)
-        assert rc != 0 and out == '', path
-        assert err.count('\n') == 1 and 'Traceback' not in err and words in err, (path, err)
+        assert rc == 1 and out == '', path
+        assert err.count('\n') == 1 and err.startswith('error: ') and words in err, (path, err)
     # A run directory works as --ckpt.
     rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'].parent, '--prompt', 'a', '--chars', 5], capsys)
     assert rc == 0 and len(out) == 7
@@ -205,7 +205,7 @@ def test_sample_cli_unavailable_device_is_one_line(_sample_ckpts, capsys):
     if torch.cuda.is_available():
         pytest.skip('CUDA is available here')
     rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--device', 'cuda'], capsys)
-    assert rc != 0 and err.count('\n') == 1 and 'CUDA' in err
+    assert rc == 1 and err.count('\n') == 1 and err.startswith('error: ') and 'CUDA' in err
 
 
 def test_sample_cli_empty_prompt_and_zero_chars(_sample_ckpts, capsys):
@@ -262,4 +262,76 @@ def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
     with pytest.raises(SystemExit) as e:
         sample.main(['--ckpt', str(_sample_ckpts['fixed'])] + extra)
     out, err = capsys.readouterr()
-    assert e.value.code != 0 and out == '' and err.count('\n') == 1 and err.startswith('sample.py: error:')
+    assert e.value.code == 2 and out == '' and err.count('\n') == 1 and err.startswith('error: ')
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Requests too large for memory, running out of memory, Ctrl-C
+# ---------------------------------------------------------------------------------------------
+def _sample_run_cli(args, cwd, code=None):
+    """`python sample.py ARGS`, or with `code` a Python process that runs `code` and then the same
+    command line through sample.main (as `python sample.py` does)."""
+    argv = [str(a) for a in args]
+    cmd = [sys.executable, str(_SAMPLE_ROOT / 'sample.py')] + argv if code is None else \
+        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(_SAMPLE_ROOT)!r}); import sample\n{code}\n'
+                               f'sys.exit(sample.main({argv!r}))']
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, env=_sample_env())
+
+
+@pytest.mark.parametrize('request_', [['--chars', '1000000000'], ['--num-samples', '100000000', '--chars', '50']])
+def test_sample_cli_request_beyond_memory_is_refused_in_one_line(_sample_ckpts, tmp_path, request_):
+    """--chars 1e9 or --num-samples 1e8 is refused before anything is allocated or written, naming
+    the flags and the most that fits."""
+    p = _sample_run_cli(['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--entropy-trace', 't.tsv']
+                        + request_, cwd=tmp_path)
+    assert p.returncode == 1 and p.stdout == '', p.stderr
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: ') and 'GiB' in p.stderr, p.stderr
+    most = re.search(r'at most ([\d,]+) --chars with --num-samples \d+, or at most ([\d,]+) --num-samples',
+                     p.stderr)
+    assert most, p.stderr
+    flag = request_[0]
+    asked = int(request_[1])
+    allowed = int(most.group(1 if flag == '--chars' else 2).replace(',', ''))
+    assert 0 < allowed < asked                 # a smaller request of the same kind would fit
+    assert os.listdir(tmp_path) == []          # no trace, no temporary file
+
+
+def test_sample_memory_estimate_covers_the_caches():
+    """The estimate behind the refusal counts at least the key/value caches prefill allocates."""
+    model = _sample_tiny_model('whitespace', vocab=27)
+    x = torch.randint(1, 27, (32, 7))
+    _, state = model.prefill(x, capacity=7 + 50)
+    cache_bytes = sum((c.k.numel() + c.v.numel()) * c.k.element_size() for stack in state.caches for c in stack)
+    est = sample.generation_bytes(model.cfg, 32, 7, 50)
+    assert cache_bytes <= est <= 2 * cache_bytes
+    assert sample.generation_bytes(model.cfg, 32, 7, 100) > est and sample.generation_bytes(model.cfg, 64, 7, 50) > est
+
+
+def test_sample_out_of_memory_is_one_line(_sample_ckpts, capsys, monkeypatch):
+    """Where the estimate lets a request through that still cannot be allocated: one line, exit 1."""
+    monkeypatch.setattr(sample, 'check_request', lambda *a: None)
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--prompt', 'a', '--chars', 10 ** 12],
+                                capsys)
+    assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: out of memory'), err
+
+
+def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, tmp_path):
+    """Ctrl-C while generating: exit 130, one line, no file. Ctrl-C while the plot is drawn: the
+    finished trace is kept whole, no plot and no temporary file."""
+    argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--chars', 20, '--seed', 1,
+            '--entropy-trace', 't.tsv', '--entropy-plot', 'fig.png']
+    interrupt = 'import os, signal, time\ndef ctrl_c(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n' \
+                '    time.sleep(30)\n'
+    (tmp_path / 'a').mkdir()
+    p = _sample_run_cli(argv, tmp_path / 'a', code=interrupt + 'sample.sample = ctrl_c')
+    assert p.returncode == 130 and p.stdout == '', p.stderr
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 'no file' in p.stderr
+    assert os.listdir(tmp_path / 'a') == []
+    (tmp_path / 'b').mkdir()
+    half_plot = 'def half_plot(path, *a, **k):\n    open(path, "w").write("half a plot")\n    ctrl_c()\n'
+    p = _sample_run_cli(argv, tmp_path / 'b', code=interrupt + half_plot + 'sample.entropy_plot = half_plot')
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 't.tsv' in p.stderr
+    assert os.listdir(tmp_path / 'b') == ['t.tsv']
+    rows = (tmp_path / 'b' / 't.tsv').read_text().splitlines()
+    assert rows[0] == 'pos\tchar\tentropy_bits\tboundary' and len(rows) == 1 + 3 + 20

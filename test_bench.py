@@ -1,0 +1,206 @@
+"""Tests of bench.py: its flags and errors, the predictor configurations, the FLOP formula, the
+child process's measurement, the profile, and (with CUDA) the GPU timing path.
+
+Run:   python -m pytest -q test_bench.py
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import bench
+from conftest import ROOT
+
+TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
+        '--batch', '2', '--layers', '1,1,1', '--threads', '1']
+
+
+def _cli(args, cwd, code=None, timeout=120):
+    """`python bench.py ARGS` in cwd, or a Python process that runs `code`, then bench.cli() on ARGS."""
+    argv = [str(a) for a in args]
+    cmd = [sys.executable, str(ROOT / 'bench.py')] + argv if code is None else \
+        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r}); import bench\n{code}\n'
+                               f'sys.argv = ["bench.py"] + {argv!r}; bench.cli()']
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags: one line, exit 2, before anything runs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('flags, words', [
+    (['--batch', '0'], '--batch'), (['--seq-len', '0'], '--seq-len'), (['--seq-len', '-5'], '--seq-len'),
+    (['--d-model', '-4'], '--d-model'), (['--d-model', '31'], 'd_model even'), (['--dropout', '2'], '--dropout'),
+    (['--dropatt', '-0.1'], '--dropatt'), (['--peak-n', '0'], '--peak-n'), (['--threads', '0'], '--threads'),
+    (['--attn-chunk', '0'], '--attn-chunk'), (['--n-head', '0'], '--n-head'), (['--steps', '0'], '--steps'),
+    (['--warmup', '-1'], '--warmup'), (['--new', '0'], '--new'), (['--configs', 'ws0.5'], 'ws0.5'),
+    (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
+    (['--layers', '2,8'], 'layers'), (['--device', 'nonsense'], '--device'), (['--trace', 't.json'], '--profile'),
+    (['--plot', '/no/such/folder/p.png'], '/no/such/folder')])
+def test_bad_flags_are_one_line_exit_2(flags, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(TINY + flags)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ''
+    assert err.count('\n') == 1 and err.startswith('error: ') and words in err, err
+
+
+def test_bad_flag_through_the_command_line(tmp_path):
+    """The real command: one line (no usage dump), exit 2, nothing written."""
+    p = _cli(['--batch', '0', '--plot', 'p.png'], tmp_path)
+    assert p.returncode == 2 and p.stdout == '' and os.listdir(tmp_path) == []
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: argument --batch'), p.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
+def test_cuda_without_cuda_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(['--device', 'cuda'])
+    assert e.value.code == 2 and 'CUDA is not available' in capsys.readouterr().err
+
+
+def test_attention_is_passed_only_when_asked_for():
+    """Without --attention or a suffix the Config is built without the field (older dynpool.py works);
+    with one, the field is set, or refused in one line where Config has no such field."""
+    args = bench.parse_args(TINY)
+    assert bench.parse_config('ws4+compile+blocked', args) == ('whitespace', 4.0, True, 'blocked')
+    assert bench.parse_config('gumbel5.5', args) == ('gumbel', 5.5, False, None)
+    if bench.HAS_ATTENTION:
+        assert bench.model_config(args, 'vanilla+sdpa').attention == 'sdpa'
+    else:
+        with pytest.raises(ValueError, match='no Config.attention'):
+            bench.model_config(args, 'vanilla+sdpa')
+        bench.model_config(args, 'vanilla')
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults at run time: one line, exit 1 or 130, nothing written
+# ---------------------------------------------------------------------------------------------
+def test_failing_configuration_is_one_line(tmp_path):
+    """A child that cannot allocate its batch: the parent names the configuration, in one line, exit 1."""
+    p = _cli(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
+                     '--peak-n', '64', '--plot', 'p.png'], tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: configuration vanilla failed: '), p.stderr
+    assert 'memory' in p.stderr and 'Traceback' not in p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
+    """One configuration fails (or outlives --timeout): the others are measured and tabled, then one
+    line names the failure, exit 1."""
+    args = bench.parse_args(TINY + ['--timeout', '0.01'])
+    record, why = bench.spawn(args, 'vanilla')          # a real child, killed at its time limit
+    assert record is None and 'took over 0.01 s' in why
+
+    def fake_spawn(args, name):
+        if name == 'ws4':
+            return None, 'out of memory: boom'
+        return dict(name=name, times=[0.2, 0.2], peak=10, step_mem=5, sf=2.0 if name == 'fixed2' else 1.0), None
+    monkeypatch.setattr(bench, 'spawn', fake_spawn)
+    with pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--configs', 'vanilla,ws4,fixed2', '--peak-n', '64', '--no-pieces', '--rounds', '1'])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and err == 'error: configuration ws4 failed: out of memory: boom\n'
+    rows = [ln.split()[0] for ln in out.splitlines() if re.match(r'(vanilla|ws4|fixed2) +\d', ln)]
+    assert rows == ['vanilla', 'fixed2'] and 'round 1: ws4      failed: out of memory: boom' in out
+
+
+def test_ctrl_c_exits_130_with_nothing_written(tmp_path):
+    ctrl_c = 'import os, signal, time\ndef ctrl_c(*a):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n' \
+             'bench.spawn = ctrl_c'
+    p = _cli(TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'], tmp_path, code=ctrl_c)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted'), p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# What is measured
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name', ['unigram4', 'entropy4', 'gumbel8'])
+def test_predictor_configurations_pool_at_about_their_factor(name):
+    """unigramK/entropyK/gumbelK: the predictor, shifted once, closes about 1/K of the segments, and
+    the step trains it (its loss is in the step)."""
+    args = bench.parse_args(TINY + ['--batch', '8', '--seq-len', '128'])
+    model, mode, k, (x, y, b) = bench.setup(args, name)
+    out = model(x, targets=y, boundaries=b)
+    assert 0.7 * k < float(out.shortening_factor) < 1.4 * k, float(out.shortening_factor)
+    out.loss.backward()
+    pred = bench.predictor_of(model)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pred.parameters())
+
+
+@pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel4'])
+def test_flop_formula_matches_counted_matmuls(name):
+    """The printed formula against torch's own count of the matrix multiplies of one training step
+    (forward + backward), with the attention computed in one block so that every n² term runs."""
+    args = bench.parse_args(TINY + ['--dropout', '0', '--dropatt', '0', '--attn-chunk', '64']
+                            + (['--attention', 'blocked'] if bench.HAS_ATTENTION else []))
+    model, mode, k, (x, y, b) = bench.setup(args, name)
+    with FlopCounterMode(display=False) as counter:
+        out = model(x, targets=y, boundaries=b)
+        out.loss.backward()
+    sf = float(out.shortening_factor) if out.shortening_factor is not None else 1.0
+    formula = bench.step_flops(args, mode, sf)
+    # r_net's input (the sinusoids) needs no gradient: its backward is 1×, not 2× — the only gap
+    assert formula == pytest.approx(counter.get_total_flops(), rel=0.03)
+
+
+def test_child_measures_steps_memory_and_sf(capsys):
+    """`bench.py --one CONFIG` prints the JSON line the parent reads: one time per timed step, the
+    peak and step memory, the measured SF."""
+    args = bench.parse_args(TINY + ['--one', 'ws4', '--steps', '2', '--warmup', '1'])
+    bench.run_one(args, 'ws4')
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec['name'] == 'ws4' and len(rec['times']) == 2 and all(t > 0 for t in rec['times'])
+    assert rec['peak'] > 0 and rec['sf'] == pytest.approx(64 / 16)
+
+
+def test_profile_prints_ops_and_writes_the_trace(tmp_path, capsys):
+    trace = tmp_path / 't.json'
+    args = bench.parse_args(TINY + ['--profile', 'gumbel4', '--trace', str(trace), '--warmup', '1'])
+    bench.profile_step(args, 'gumbel4')
+    out = capsys.readouterr().out
+    ops = re.search(r'one gumbel4 step under the profiler: [\d.]+ ms, (\d+) aten ops dispatched', out)
+    assert ops and int(ops.group(1)) > 50, out[-500:]
+    assert json.loads(trace.read_text()) and os.listdir(tmp_path) == ['t.json']
+
+
+def test_table_reads_the_runs(capsys, tmp_path):
+    """From children's records to the printed table: speed-up and memory ratio against vanilla,
+    chars/s from the median step, the plot written whole."""
+    pytest.importorskip('matplotlib')
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    args = bench.parse_args(TINY + ['--configs', 'vanilla,ws4', '--plot', str(tmp_path / 'p.png')])
+    rec = lambda n, ts, mem, sf: [dict(name=n, times=ts, peak=mem + 100, step_mem=mem, sf=sf)]
+    results = {'vanilla': rec('vanilla', [0.4, 0.2, 0.3], 1000, 1.0), 'ws4': rec('ws4', [0.1, 0.1, 0.2], 250, 4.0)}
+    table = bench.summarise(args, ['vanilla', 'ws4'], results)
+    bench.print_table(args, ['vanilla', 'ws4'], table, peak=1e12)
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith('ws4 '))
+    cols = row.split()
+    assert cols[1] == '4.00' and cols[2] == '100' and cols[3] == str(2 * 64 * 10)
+    assert cols[4] == '3.00×' and cols[7] == '0.25'
+    bench.plot(args, ['vanilla', 'ws4'], table, plt)
+    assert (tmp_path / 'p.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and os.listdir(tmp_path) == ['p.png']
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_step_timed_with_events_and_peak_memory(capsys):
+    """On a GPU: bf16 autocast, CUDA-event times, max_memory_allocated, host syncs counted."""
+    args = bench.parse_args(TINY + ['--device', 'cuda', '--one', 'gumbel4', '--steps', '2'])
+    assert args.amp == 'bf16' and args.warmup == 3
+    bench.run_one(args, 'gumbel4')
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(rec['times']) == 2 and all(t > 0 for t in rec['times']) and rec['step_mem'] > 0
+    assert bench.matmul_peak(args) > 1e12
+    bench.profile_step(bench.parse_args(TINY + ['--device', 'cuda', '--profile', 'ws4']), 'ws4')
+    assert 'host synchronisations in one ws4 step:' in capsys.readouterr().out
