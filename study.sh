@@ -8,8 +8,8 @@
 #   bash study.sh --steps 3 -- --d-model 32 --layers 1,1,1   # flags after -- go to every train.py
 #
 # Parts (the runs they share, e.g. vanilla and fixed k=2 at seed 1337, run once):
-#   seeds   all six modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
-#           entropy, gumbel (alpha 0.2)
+#   seeds   all seven modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
+#           entropy, gumbel (alpha 0.2), hnet
 #   pareto  at --pareto-seeds (1337): Unigram V = 200 500 1000 3000 5000 10000 (one dataset each),
 #           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4
 # Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
@@ -62,6 +62,7 @@ if [ "$part" != pareto ]; then
     add unigram-u10000-s$s text8-head-u10000 --boundary unigram --seed $s
     add entropy-s$s       text8-head-u10000 --boundary entropy --seed $s
     add gumbel-a0.20-s$s  text8-head-u10000 --boundary gumbel --prior 0.20 --seed $s
+    add hnet-s$s          text8-head-u10000 --boundary hnet --seed $s
   done
 fi
 if [ "$part" != seeds ]; then

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, ModelOutput
+from dynpool import BOUNDARY_MODES, PREDICTOR_MODES, Config, DynamicPoolingLM, ModelOutput
 
 # The paper's recipe (appendix) for a GPU ...
 GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers='2,8,2', dropout=0.1, dropatt=0.1,
@@ -226,8 +226,9 @@ def step_flops(cfg, batch, seq_len, n_short=None):
         batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
       + n*2*d*H*dh                                    position projection, once per sequence
       + batch*H*n^2*2*dh*3                            content and position scores, weights x values
-    plus batch*seq_len*2*d*V for the logits. Pooling, upsampling, norms and softmax are left out; the
-    attention counts all n^2 terms (the usual MFU convention), causal kernels execute about half.
+    plus batch*seq_len*2*d*V for the logits and the boundary predictor's or router's matmuls. Pooling,
+    upsampling, norms and softmax are left out; the attention counts all n^2 terms (the usual MFU
+    convention), causal kernels execute about half.
     n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a device;
     n_short=None counts every layer at seq_len."""
     d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
@@ -235,6 +236,12 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     stacks = ([(pre + short + post, seq_len)] if cfg.boundary == 'none' or n_short is None
               else [(pre + post, seq_len), (short, n_short)])
     fwd = batch * seq_len * 2 * d * cfg.vocab_size
+    # The boundary source's own matmuls at full length: a predictor MLP d -> d_inner -> 1, or H-Net's
+    # router (W_q, W_k) and residual projection, three d x d.
+    if cfg.boundary in PREDICTOR_MODES:
+        fwd += batch * seq_len * 2 * (d * di + di)
+    elif cfg.boundary == 'hnet':
+        fwd += batch * seq_len * 2 * 3 * d * d
     for layers, n in stacks:
         fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
