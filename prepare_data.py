@@ -727,13 +727,16 @@ def list_wiki40b(lang, args):
     """Shard paths per split, listed by huggingface_hub (never guessed); offline (HF_HUB_OFFLINE=1)
     the shards already in the local cache."""
     hub = _need("huggingface_hub", "wiki40b downloads")
-    if _need("huggingface_hub.constants", "wiki40b downloads").HF_HUB_OFFLINE:
+    constants = _need("huggingface_hub.constants", "wiki40b downloads")
+    if constants.HF_HUB_OFFLINE:
         try:
             root = Path(hub.snapshot_download(WIKI40B, repo_type="dataset", cache_dir=args.hf_cache,
                                               allow_patterns=[f"{lang}/*.parquet"], local_files_only=True))
-        except Exception as e:
-            raise DownloadError(f"offline (HF_HUB_OFFLINE) and no cached {WIKI40B} shards for {lang!r}: "
-                                f"{_hub_error(e)}") from None
+        except Exception:
+            where = args.hf_cache or constants.HF_HUB_CACHE
+            die(f"HF_HUB_OFFLINE is set and the hub cache {where} holds no {WIKI40B} shards for {lang!r}; "
+                f"run once with network (unset HF_HUB_OFFLINE), pass the cache with --hf-cache, or pass "
+                f"the shards with --dataset wiki40b --lang {lang} --input FILES")
         paths = [str(p.relative_to(root)) for p in sorted((root / lang).glob("*.parquet"))]
     else:
         api = hub.HfApi(endpoint=args.hf_base)
