@@ -12,24 +12,29 @@ Output (see DESIGN.md): data/<name>/{train,valid,test}.bin (uint8 token ids, mem
 and with --unigram V: unigram-V.model + {split}.unigram-V.bin boundary labels.
 
 Notable features
-- Cleaning follows the paper (Nawrot et al. 2023, Sec. 4.1): wiki40b markers removed, homoglyphs
-  folded to basic letters, lower case, digits spelled out one word per digit, only the language's
-  alphabet + space + newline kept, Hebrew niqqud dropped, Vietnamese kept precomposed (NFC).
-  `clean(text, lang)` is the public entry point; everything streams in ~4 MB chunks.
+- Cleaning is the paper's released text8-style cleaner (its order, alphabets and digit names):
+  wiki40b markers -> line breaks, homoglyphs -> ASCII (Unicode's confusables, not for Hebrew),
+  lower case, each digit spelled as its own word, anything outside the language's alphabet -> a
+  space, whitespace collapsed. Fixes kept where it is broken: NFC first, İ -> i, Hebrew digit words
+  without niqqud. --fold-accents folds é -> e instead (not the paper's data). `clean(text, lang)`
+  is the public entry point; everything streams in ~4 MB chunks.
 - Splits: text8 the standard first 90M / next 5M / last 5M chars. wiki40b keeps the official
   train/validation/test splits, train capped at --max-train-chars, the others at --max-eval-chars.
   cc-100 (one stream, never fully downloaded): first --max-eval-chars cleaned chars -> valid, next
   ones -> test, the rest -> train up to its cap. A single --input file: first 90% train, 5% valid,
   5% test (cut on characters, like text8), read up to max-train-chars / 0.9 characters.
-- Downloads: urllib only, progress on stderr, retry with exponential back-off, resume with HTTP
-  Range after a dropped connection, written to *.part and renamed only when the size matches (a
-  .part of the wrong size is deleted, so the next run starts over rather than trusting it).
+- Downloads: wiki40b through huggingface_hub (its cache, resume, token, offline mode); text8 and
+  cc-100 over urllib with progress, retries with back-off, and resume with HTTP Range guarded by
+  If-Range, so a file changed on the server is fetched anew rather than spliced.
 - Every output is written to *.tmp and renamed when complete; meta.json is written last, so a
-  directory without meta.json is never a finished one. Re-runs skip finished steps (--force).
-- Unigram boundaries (the paper's subword supervision): SentencePiece is trained on whole words (one per sentence,
-  no dummy prefix), so a piece never spans a space; the labels mark the end of every piece, with
-  each space/newline attached to the word before it. Words are encoded once (cached), not per use.
-  A --unigram too large for the text stops with a message giving the largest size that works.
+  directory without meta.json is never a finished one. Re-runs skip finished steps (--force); a
+  re-run with other cleaning options is refused, an input edited in place (size, mtime, SHA-256)
+  is rebuilt, and a second run on the same dataset is refused by a lock.
+- Unigram boundaries (the paper's subword supervision): SentencePiece is trained on whole words (one
+  per sentence, no dummy prefix), in a child process so that Ctrl-C stops it at once, so a piece never
+  spans a space; the labels mark the end of every piece, with each space/newline attached to the word
+  before it. Words are encoded once (cached), not per use. A --unigram too large for the text stops
+  with a message giving the largest size that works.
 """
 
 import argparse
@@ -722,13 +727,16 @@ def list_wiki40b(lang, args):
     """Shard paths per split, listed by huggingface_hub (never guessed); offline (HF_HUB_OFFLINE=1)
     the shards already in the local cache."""
     hub = _need("huggingface_hub", "wiki40b downloads")
-    if _need("huggingface_hub.constants", "wiki40b downloads").HF_HUB_OFFLINE:
+    constants = _need("huggingface_hub.constants", "wiki40b downloads")
+    if constants.HF_HUB_OFFLINE:
         try:
             root = Path(hub.snapshot_download(WIKI40B, repo_type="dataset", cache_dir=args.hf_cache,
                                               allow_patterns=[f"{lang}/*.parquet"], local_files_only=True))
-        except Exception as e:
-            raise DownloadError(f"offline (HF_HUB_OFFLINE) and no cached {WIKI40B} shards for {lang!r}: "
-                                f"{_hub_error(e)}") from None
+        except Exception:
+            where = args.hf_cache or constants.HF_HUB_CACHE
+            die(f"HF_HUB_OFFLINE is set and the hub cache {where} holds no {WIKI40B} shards for {lang!r}; "
+                f"run once with network (unset HF_HUB_OFFLINE), pass the cache with --hf-cache, or pass "
+                f"the shards with --dataset wiki40b --lang {lang} --input FILES")
         paths = [str(p.relative_to(root)) for p in sorted((root / lang).glob("*.parquet"))]
     else:
         api = hub.HfApi(endpoint=args.hf_base)

@@ -558,6 +558,17 @@ def _data_one_line(r, code, *words):
     return lines[0]
 
 
+def _data_main(argv, capsys):
+    """main() as the CLI runs it: (exit code, stdout, stderr); 0 when it returns."""
+    try:
+        prepare_data.main([str(a) for a in argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--text8-url", "notaurl"], ["--text8-url", "not an http(s) URL"]),
     (["--hf-base", "notaurl", "--lang", "en"], ["--hf-base", "not an http(s) URL"]),
@@ -565,56 +576,58 @@ def _data_one_line(r, code, *words):
     (["--unigram", "many"], ["--unigram", "invalid int"]),
     (["--bogus"], ["unrecognized arguments: --bogus"]),
 ])
-def test_data_cli_bad_flags_one_line_exit_2(tmp_path, argv, words):
-    r = _data_cli(*argv, "--out-dir", tmp_path)
-    _data_one_line(r, 2, *words)
+def test_data_cli_bad_flags_one_line_exit_2(tmp_path, capsys, argv, words):
+    _data_one_line(_data_main(argv + ["--out-dir", tmp_path], capsys), 2, *words)
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
-def test_data_cli_tiny_input_is_an_error(tmp_path):
+def test_data_cli_tiny_input_is_an_error(tmp_path, capsys):
     (tmp_path / "in.txt").write_text("hi\n")
-    r = _data_cli("--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0")
+    r = _data_main(["--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0"],
+                   capsys)
     _data_one_line(r, 1, "too small", "empty split")
     left = sorted(p.name for p in (tmp_path / "out" / "input-en").iterdir())
     assert left == [".lock"], left  # no splits, no stamp, no meta.json that looks finished
 
 
-def test_data_cli_input_edited_in_place_is_noticed(tmp_path):
+def test_data_cli_input_edited_in_place_is_noticed(tmp_path, capsys):
     """Same path, same size, same mtime, other text: the SHA-256 in the fingerprint notices it."""
     f, out = tmp_path / "in.txt", tmp_path / "out"
     f.write_text("the cat sat on the mat\n" * 50)
     argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
-    assert _data_cli(*argv).returncode == 0
+    assert _data_main(argv, capsys).returncode == 0
     d = out / "input-en"
     meta = json.loads((d / "meta.json").read_text())
     assert meta["inputs"][0]["size"] == f.stat().st_size and len(meta["inputs"][0]["sha256"]) == 64
     st = f.stat()
     f.write_text("the dog sat on the log\n" * 50)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    r = _data_cli(*argv)
+    r = _data_main(argv, capsys)
     assert r.returncode == 0 and "input changed" in r.stderr and "skipping" not in r.stdout
     assert _data_decode(d, "train", json.loads((d / "meta.json").read_text())).startswith("the dog")
 
 
-def test_data_cli_other_options_never_mix(tmp_path):
+def test_data_cli_other_options_never_mix(tmp_path, capsys):
     """A dataset prepared with the paper's cleaning is not silently rebuilt or mixed with
     --fold-accents: refused in one line, the data intact; --force rebuilds and records it."""
     f, out = tmp_path / "in.txt", tmp_path / "out"
     f.write_text("Café Müller opened in 1990.\n" * 40)
-    assert _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0").returncode == 0
+    argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
+    assert _data_main(argv, capsys).returncode == 0
     d = out / "input-en"
     before = {p.name: p.read_bytes() for p in d.iterdir() if p.name != ".lock"}
     assert json.loads(before["meta.json"])["cleaning"]["fold_accents"] is False
-    r = _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0", "--fold-accents")
+    r = _data_main(argv + ["--fold-accents"], capsys)
     _data_one_line(r, 1, "other options", "fold_accents False -> True", "--force", "--name")
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.name != ".lock"} == before
-    r = _data_cli("--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0", "--fold-accents", "--force")
+    r = _data_main(argv + ["--fold-accents", "--force"], capsys)
     meta = json.loads((d / "meta.json").read_text())
     assert r.returncode == 0 and meta["cleaning"]["fold_accents"] is True
     assert _data_decode(d, "train", meta).startswith("cafe muller opened")
 
 
 def test_data_cli_second_run_refused_by_lock(tmp_path):
+    """Through the real CLI while this process holds the dataset's lock."""
     import fcntl
     f, d = tmp_path / "in.txt", tmp_path / "out" / "input-en"
     f.write_text("hello world\n" * 100)
