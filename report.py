@@ -107,7 +107,8 @@ def read_records(log):
 def read_run(run):
     """config, train and eval records of one run, in the new schema's field names."""
     config, train, evals = None, [], []
-    for rec in read_records(run / 'log.jsonl'):
+    records = read_records(run / 'log.jsonl')
+    for rec in records:
         kind = kind_of(rec)
         if kind == 'config':
             # A restart: --resume continues from resumed_from (records logged after that checkpoint
@@ -118,6 +119,8 @@ def read_run(run):
             config = rec
         elif kind in ('train', 'eval') and isinstance(rec.get('step'), int):
             (train if kind == 'train' else evals).append(normalise(rec, kind, config))
+    if config is None and not records:  # just started: nothing (complete) logged yet
+        config = {}
     if config is None:
         raise ReportError(f'{run / "log.jsonl"} has no config record; '
                           f'not a log written by train.py')
@@ -280,7 +283,7 @@ def varying_flags(rows):
 def steps_cell(r):
     """Steps trained; an unfinished run shows its target and whether it is running or stopped."""
     if not r['done']:
-        return f'{r["steps"]}/{r["max_steps"]} {r["status"]}'
+        return f'{r["steps"]}/{r["max_steps"] or "?"} {r["status"]}'
     return str(r['steps'])
 
 

@@ -193,6 +193,11 @@ def test_unfinished_runs_are_shown_as_such(tmp_path, capsys):
         f.write('{"kind": "train", "step": 1')  # a record being written right now
     rows, _ = rows_of(tmp_path)
     assert (rows['partial']['status'], rows['partial']['test_bpc']) == ('stopped', None)
+    write_run(tmp_path, 'starting', [])  # its config record not yet written
+    rows, _ = rows_of(tmp_path)
+    assert (rows['starting']['steps'], rows['starting']['status']) == (0, 'stopped')
+    (tmp_path / 'starting' / 'log.jsonl').unlink()
+    (tmp_path / 'starting').rmdir()
     with open(d / '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         rows, _ = rows_of(tmp_path)
