@@ -488,7 +488,7 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(_train_synth, tmp_
         for line in first.stdout:  # wait until it has saved a checkpoint and trains on
             if line.startswith('kind train | step 3 '):
                 break
-        second = _train_cli(['--out', str(out), '--resume', '--device', 'cpu'])
+        second = _train_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '4'])
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1 and err.splitlines() == [err.strip()], err
         assert err.startswith('error: another train.py is running on ') and 'Traceback' not in err

@@ -289,8 +289,9 @@ def parse_args(argv):
     a('--max-steps', type=int, help='optimizer steps; the cosine schedule ends here (GPU 200000, CPU 300)')
     a('--stop-step', type=int, help='evaluate, save and exit at this step without finishing (for time-limited '
                                     'jobs); the schedule still follows --max-steps; continue with --resume')
-    a('--max-time', type=float, help='wall-clock budget of this invocation in seconds: at the first log step '
-                                     'past it, evaluate, save and exit; continue with --resume')
+    a('--max-time', type=float, help='wall-clock budget of this invocation in seconds, counted from its start: '
+                                     'at the first log step past it, evaluate, save and exit (which takes '
+                                     'longer); continue with --resume')
     a('--lr', type=float, help='peak learning rate (GPU 2.5e-4, CPU 1e-3)')
     a('--warmup', type=int, help='linear warm-up steps before the cosine decay (GPU 4000, CPU 50)')
     a('--grad-clip', type=float, help='clip the gradient norm to this (0.25; 0 = off)')
@@ -934,9 +935,10 @@ def eval_and_log(logger, model, splits, split, max_chars, args, autocast, state)
     return r
 
 
-def train(args, cfg, vocab, splits, labels, ckpt):
+def train(args, cfg, vocab, splits, labels, ckpt, started):
     """The loop: steps, a log record every --log-interval steps, validation and a checkpoint every
-    --eval-interval steps; then the final evaluation, or a note on how to continue."""
+    --eval-interval steps; then the final evaluation, or a note on how to continue. `started`: the
+    time.time() this invocation began, which --max-time counts from."""
     model, raw_model, optimizer, scaler, autocast, amp, state = setup(args, cfg, ckpt)
     ckpt_path, saved = Path(args.out) / 'ckpt.pt', (state['step'] if ckpt is not None else None)
     logger = Logger(Path(args.out), args, dict(
@@ -949,7 +951,7 @@ def train(args, cfg, vocab, splits, labels, ckpt):
         if state['step'] == 0:
             eval_and_log(logger, raw_model, splits, 'valid', args.eval_subset_chars, args, autocast, state)
         batch, read_at, chars_at = next(stream), state['step'], state['train_chars']
-        t_start = t_last = time.time()
+        t_last = time.time()
         model.train()
         while state['step'] < stop:
             lr = lr_at(state['step'], args)
@@ -961,7 +963,7 @@ def train(args, cfg, vocab, splits, labels, ckpt):
             state['train_chars'] += args.batch_size * args.seq_len
             step, save = state['step'], state['step'] % args.eval_interval == 0 or state['step'] == stop
             if step % args.log_interval == 0 or save:
-                r = stats.read(late=args.max_time is not None and time.time() - t_start >= args.max_time)
+                r = stats.read(late=args.max_time is not None and time.time() - started >= args.max_time)
                 dt, t_last = time.time() - t_last, time.time()
                 if r['bad']:
                     raise UserError(f'non-finite loss or gradient at a step in {read_at + 1}..{step} (skipped, '
@@ -1010,6 +1012,7 @@ def finish(logger, model, splits, args, autocast, state, why):
 def run(argv=None):
     """Flags, data and model config are checked before anything is written; then the run directory is
     locked and training starts."""
+    started = time.time()
     args, device, ckpt = resolve_args(parse_args(argv))
     layers = check_args(args)
     for flag, module, package in (('tensorboard', 'torch.utils.tensorboard', 'tensorboard'),
@@ -1026,7 +1029,7 @@ def run(argv=None):
         check_fits(ckpt, cfg, vocab, args.data)
     lock = lock_run_dir(Path(args.out)) if RANK == 0 else None
     try:
-        train(args, cfg, vocab, splits, labels, ckpt)
+        train(args, cfg, vocab, splits, labels, ckpt, started)
     finally:
         if lock is not None:
             os.close(lock)  # (the OS drops the lock of a killed process by itself)
