@@ -362,7 +362,8 @@ def test_train_error_resume_without_checkpoint(tmp_path, capsys):
 
 def test_train_cli_error_is_one_line_without_traceback(tmp_path):
     """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage dump)."""
-    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2), (['--seq-len', '0'], 2)]
+    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2),
+             (['--seq-len', '0'], 2)]
     procs = [run_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
     for p, (_, code) in zip(procs, cases):
         out, err = p.communicate(timeout=120)
@@ -416,8 +417,9 @@ def test_train_error_bad_data(tmp_path, capsys, what, words):
 @pytest.mark.parametrize('where', ['a file', 'under a file', 'read-only'])
 def test_train_error_unusable_out(synth, tmp_path, capsys, monkeypatch, where):
     (tmp_path / 'f').write_text('keep me')
-    out = {'a file': tmp_path / 'f', 'under a file': tmp_path / 'f' / 'run', 'read-only': tmp_path / 'ro'}[where]
-    if where == 'read-only':  # (tests run as root, whom a chmod does not stop: the filesystem's answer)
+    out = {'a file': tmp_path / 'f', 'under a file': tmp_path / 'f' / 'run',
+           'read-only': tmp_path / 'ro'}[where]
+    if where == 'read-only':  # (tests run as root, whom a chmod does not stop: the filesystem's)
         def read_only(*a, **k):
             raise OSError(30, 'Read-only file system')
         monkeypatch.setattr(Path, 'mkdir', read_only)
@@ -428,7 +430,8 @@ def test_train_error_unusable_out(synth, tmp_path, capsys, monkeypatch, where):
     assert (tmp_path / 'f').read_text() == 'keep me' and not (tmp_path / 'ro').exists()
 
 
-def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path, capsys, monkeypatch):
+def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path, capsys,
+                                                                monkeypatch):
     out, real_save, saves = tmp_path / 'full', torch.save, []
 
     def save_until_the_disk_fills(obj, f, *a, **k):
@@ -443,13 +446,14 @@ def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path,
     monkeypatch.undo()
     assert saves == [2, 4]
     assert 'No space left on device' in msg and f'{out / "ckpt.pt"} (step 2)' in msg, msg
-    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2  # the previous checkpoint, whole
-    assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']  # no temp file left
+    # the previous checkpoint, whole, and no temp file left
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2
+    assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']
 
 
 def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
-    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the first with
-    exit code 130 and one line, keeping its last checkpoint whole."""
+    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the
+    first with exit code 130 and one line, keeping its last checkpoint whole."""
     out = tmp_path / 'run'
     first = run_cli(tiny_args(synth, 'none') + ['--max-steps', '100000', '--eval-interval', '2',
                                                                  '--out', str(out)])
@@ -483,21 +487,23 @@ SCHEMA = {
 
 @pytest.mark.parametrize('boundary', ['none', 'gumbel'])
 def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
-    """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the formula
-    with each step's measured SF (a vanilla step's FLOPs are a constant)."""
+    """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the
+    formula with each step's measured SF (a vanilla step's FLOPs are a constant)."""
     out = tmp_path / boundary
     train.main(tiny_args(synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
                                                            '--eval-max-chars', '0', '--out', str(out)])
     log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
-    for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner', 'seq_len',
-              'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world', 'amp', 'torch'):
+    for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner',
+              'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world',
+              'amp', 'torch'):
         assert log[0][k] is not None, k
     for r in log[1:]:
         assert list(r) == SCHEMA[r['kind']], r
     trains = [r for r in log if r['kind'] == 'train']
     cfg = Config(**torch.load(out / 'ckpt.pt', weights_only=False)['config'])
-    assert [r['step'] for r in trains] == [1, 2, 3, 4] and [r['train_chars'] for r in trains] == [128, 256, 384, 512]
+    assert [r['step'] for r in trains] == [1, 2, 3, 4]
+    assert [r['train_chars'] for r in trains] == [128, 256, 384, 512]
     flops = 0.0
     for r in trains:
         flops += train.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
@@ -506,18 +512,22 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     evals = [r for r in log if r['kind'] == 'eval']
     assert [(r['step'], r['split'], r['subset']) for r in evals] == [
         (0, 'valid', True), (2, 'valid', True), (4, 'valid', False), (4, 'test', False)]
-    assert evals[1]['train_flops'] == trains[1]['train_flops'] and evals[-1]['eval_chars'] == 4000 - 1
+    assert evals[1]['train_flops'] == trains[1]['train_flops']
+    assert evals[-1]['eval_chars'] == 4000 - 1
     assert (boundary == 'none') == (evals[-1]['sf'] == 1.0 and trains[-1]['precision'] is None)
 
 
 def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsys):
     out = tmp_path / 'budget'
-    train.main(tiny_args(synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9', '--out', str(out)])
+    train.main(tiny_args(synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9',
+                                           '--out', str(out)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: python train.py --out {out} --resume'
+    assert last == (f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: '
+                    f'python train.py --out {out} --resume')
     assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 1
-    assert [(r['step'], r['split']) for r in read_log(out) if r['kind'] == 'eval'] == [(0, 'valid'), (1, 'valid')]
-    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget is this invocation's only
+    evals = [(r['step'], r['split']) for r in read_log(out) if r['kind'] == 'eval']
+    assert evals == [(0, 'valid'), (1, 'valid')]
+    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget was that run's only
     log = read_log(out)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     assert [r['resumed_from'] for r in log if r['kind'] == 'config'] == [None, 1]
@@ -528,11 +538,12 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     """A step whose loss is not finite leaves weights and Adam's moments untouched, without the host
     looking, and is counted for the next log record."""
     torch.manual_seed(0)
-    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1), dropout=0.0,
-                 dropatt=0.0, boundary='fixed')
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 dropout=0.0, dropatt=0.0, boundary='fixed')
     model = DynamicPoolingLM(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
-    args = type('Args', (), dict(grad_accum=1, grad_clip=0.25, batch_size=2, seq_len=16, device='cpu'))()
+    args = type('Args', (), dict(grad_accum=1, grad_clip=0.25, batch_size=2, seq_len=16,
+                                 device='cpu'))()
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
     stats = train.StepStats(cfg, args)
@@ -547,13 +558,15 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     assert stats.read()['bad'] == 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
-    assert all(torch.equal(m, optimizer.state[p]['exp_avg']) for m, p in zip(moments, model.parameters()))
+    assert all(torch.equal(m, optimizer.state[p]['exp_avg'])
+               for m, p in zip(moments, model.parameters()))
     assert all(int(optimizer.state[p]['step']) == 1 for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------- optional loggers
 def test_train_missing_logger_package_is_one_line(synth, tmp_path, capsys, monkeypatch):
-    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'), (['--wandb', 'dynpool'], 'wandb')):
+    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'),
+                         (['--wandb', 'dynpool'], 'wandb')):
         monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
         msg = user_error(tiny_args(synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
                                 capsys, code=1)
@@ -596,5 +609,6 @@ def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatc
     last_train = [r for r in read_log(out) if r['kind'] == 'train'][-1]
     assert ('tb', 'train/bpc', last_train['bpc'], 2) in calls
     test = [r for r in read_log(out) if r['kind'] == 'eval'][-1]
-    assert ('wandb', {f'test/{k}': test[k] for k in ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops',
-                                                     'train_time')}, 2) in calls
+    numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time')
+    assert ('wandb', {f'test/{k}': test[k] for k in numbers}, 2) in calls
+
