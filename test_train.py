@@ -612,3 +612,16 @@ def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatc
     numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time')
     assert ('wandb', {f'test/{k}': test[k] for k in numbers}, 2) in calls
 
+
+
+def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path):
+    """A checkpoint without the cumulative counters still resumes: characters follow from the steps,
+    the FLOPs are unknown (null), not a wrong number."""
+    run = copy_run(done_run, tmp_path)
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    for k in ('train_chars', 'train_flops', 'train_time'):
+        del ck[k]
+    torch.save(ck, run / 'ckpt.pt')
+    train.main(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    last = [r for r in read_log(run) if r['kind'] == 'train'][-1]
+    assert (last['step'], last['train_chars'], last['train_flops']) == (2, 2 * 4 * 32, None)
