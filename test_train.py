@@ -26,35 +26,20 @@ import train
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
 
-# ==================================================================================================
-# TRAINING: overlapping-window evaluation, exact resume, DDP, learning, user errors
-# (formerly test_train.py)
-# ==================================================================================================
-
-_TRAIN_ROOT = Path(__file__).parent
-_TRAIN_SHARED = Path(__file__).parent.parent / 'shared' / 'data'
+ROOT = Path(__file__).parent
+SHARED = Path(__file__).parent.parent / 'shared' / 'data'
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
-_TRAIN_TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
-               '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
-               '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400', '--eval-max-chars', '400',
-               '--log-interval', '1',
-               '--warmup', '2', '--lr', '3e-3']
+TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
+        '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
+        '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400',
+        '--eval-max-chars', '400', '--log-interval', '1', '--warmup', '2', '--lr', '3e-3']
 
 
-def _train_tiny_with(data, boundary):
-    return _TRAIN_TINY + ['--data', str(data), '--boundary', boundary]
+def tiny_args(data, boundary):
+    return TINY + ['--data', str(data), '--boundary', boundary]
 
 
-@pytest.fixture
-def _train_one_thread():
-    """Tiny models run fastest on one thread, and far faster than on two when the cores are busy."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _train_write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
+def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
     """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space closes
     its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
     root = Path(root)
@@ -78,7 +63,7 @@ def _train_write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
     return root
 
 
-def _train_words(n_chars, seed=0, letters='abcdefgh'):
+def random_words(n_chars, seed=0, letters='abcdefgh'):
     """Random 'words' from a small alphabet: text that needs no shared data."""
     rng = np.random.default_rng(seed)
     words = [''.join(rng.choice(list(letters), size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
@@ -86,24 +71,24 @@ def _train_words(n_chars, seed=0, letters='abcdefgh'):
 
 
 @pytest.fixture(scope='module')
-def _train_synth(tmp_path_factory):
-    return _train_write_dataset(tmp_path_factory.mktemp('synth') / 'synth', _train_words(40_000))
+def synth(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp('synth') / 'synth', random_words(40_000))
 
 
 @pytest.fixture(scope='module')
-def _train_text8(tmp_path_factory):
-    src = _TRAIN_SHARED / 'text8-head.txt'
+def text8(tmp_path_factory):
+    src = SHARED / 'text8-head.txt'
     if not src.is_file():
         pytest.skip(f'{src} is absent (shared data lives beside the repo in the project CI)')
     text = src.read_text()[:400_000]
-    return _train_write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
+    return write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
 
 
-def _train_log(out):
+def read_log(out):
     return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
 
 
-def _train_user_error(argv, capsys, code=None):
+def user_error(argv, capsys, code=None):
     """Run train.main in-process, expect a user error: exit code != 0 (or `code`) and exactly one line on
     stderr."""
     capsys.readouterr()
@@ -115,9 +100,9 @@ def _train_user_error(argv, capsys, code=None):
     return err[0]
 
 
-def _train_cli(args, **kw):
+def run_cli(args, **kw):
     """train.py as a user runs it, in its own process."""
-    return subprocess.Popen([sys.executable, 'train.py'] + args, cwd=_TRAIN_ROOT, text=True,
+    return subprocess.Popen([sys.executable, 'train.py'] + args, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ, OMP_NUM_THREADS='1'), **kw)
 
@@ -137,14 +122,13 @@ def test_train_eval_windows_score_every_position_once(n, window, step):
     assert (scored == 1).all()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
 @pytest.mark.parametrize('boundary', ['none', 'whitespace', 'entropy'])
 def test_train_windowed_eval_equals_naive_per_character(boundary):
     """Batched overlapping-window evaluation == scoring each character alone, with the context the windows
     promise: the first `window` characters from the start, later ones from the start of the window whose
     last `step` characters they are in, the tail from the last window that ends at the text's end."""
     torch.manual_seed(0)
-    text = _train_words(71, seed=1)
+    text = random_words(71, seed=1)
     alphabet = sorted(set(text))
     tokens = np.array([alphabet.index(c) for c in text], dtype=np.uint8)
     cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, dropatt=0.0,
@@ -167,10 +151,9 @@ def test_train_windowed_eval_equals_naive_per_character(boundary):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_stop_and_resume_is_bit_identical(_train_synth, tmp_path, capsys):
+def test_train_stop_and_resume_is_bit_identical(synth, tmp_path, capsys):
     # gumbel with dropout: the run uses the RNG for noise and dropout, all of which must be restored
-    common = _train_tiny_with(_train_synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '3',
+    common = tiny_args(synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '3',
                                                         '--dropout', '0.1', '--dropatt', '0.1']
     train.main(common + ['--out', str(tmp_path / 'a')])
     train.main(common + ['--out', str(tmp_path / 'b'), '--stop-step', '4'])
@@ -183,19 +166,18 @@ def test_train_stop_and_resume_is_bit_identical(_train_synth, tmp_path, capsys):
     assert a['step'] == b['step'] == 6 and (a['epoch'], a['pos']) == (b['epoch'], b['pos'])
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
-    ra, rb = _train_log(tmp_path / 'a')[-1], _train_log(tmp_path / 'b')[-1]  # the same test result ...
+    ra, rb = read_log(tmp_path / 'a')[-1], read_log(tmp_path / 'b')[-1]  # the same test result ...
     for k in ('kind', 'split', 'step', 'bpc', 'sf', 'eval_chars', 'train_chars'):
         assert ra[k] == rb[k], k
     assert ra['train_flops'] == pytest.approx(rb['train_flops'], rel=1e-12)  # ... after the same training
-    assert any(r.get('resumed_from') == 4 for r in _train_log(tmp_path / 'b'))
+    assert any(r.get('resumed_from') == 4 for r in read_log(tmp_path / 'b'))
 
 
-@pytest.mark.usefixtures('_train_one_thread')
 def test_train_checkpoint_contents_and_data_epochs(tmp_path):
     # 6400 train chars / 65 = 98 chunks = 6 steps of 16 per epoch: step 8 is 2 steps into epoch 1
-    data = _train_write_dataset(tmp_path / 'small', _train_words(8000))
+    data = write_dataset(tmp_path / 'small', random_words(8000))
     out = tmp_path / 'r'
-    train.main(_train_tiny_with(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
+    train.main(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
                                                     '--eval-interval', '8', '--out', str(out)])
     ck = torch.load(out / 'ckpt.pt', weights_only=False)
     for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'schedule', 'args'):
@@ -204,7 +186,7 @@ def test_train_checkpoint_contents_and_data_epochs(tmp_path):
     assert (ck['epoch'], ck['pos']) == (1, 32)
     assert Config(**ck['config']).boundary == 'unigram'
     assert not list(out.glob('*.tmp'))
-    rec = [r for r in _train_log(out) if 'loss' in r]
+    rec = [r for r in read_log(out) if 'loss' in r]
     assert rec and all(r.get('precision') is not None and r.get('recall') is not None for r in rec)
     assert all(k in rec[-1] for k in ('bpc', 'sf', 'chars_per_s', 'lr', 'mem_mb'))
 
@@ -223,11 +205,10 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     assert (chunks[np.argsort(perm)] == rotated).all()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_non_finite_loss_stops_and_keeps_checkpoint(_train_synth, tmp_path, capsys):
+def test_train_non_finite_loss_stops_and_keeps_checkpoint(synth, tmp_path, capsys):
     out = tmp_path / 'nan'
     # Adam moves each weight by ~lr per step: lr 1e30 overflows the logits on the next step
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--lr', '1e30', '--warmup', '1',
+    msg = user_error(tiny_args(synth, 'none') + ['--lr', '1e30', '--warmup', '1',
                             '--max-steps', '5', '--eval-interval', '1', '--out', str(out)], capsys)
     assert 'non-finite' in msg
     ck = torch.load(out / 'ckpt.pt', weights_only=False)  # the last checkpoint, written before the failure
@@ -235,24 +216,23 @@ def test_train_non_finite_loss_stops_and_keeps_checkpoint(_train_synth, tmp_path
 
 
 # ----------------------------------------------------------------------------- DDP
-def _train_free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.usefixtures('_train_one_thread')
 @pytest.mark.parametrize('accum', [1, 2])
-def test_train_ddp_two_processes_match_single(_train_synth, tmp_path, accum):
+def test_train_ddp_two_processes_match_single(synth, tmp_path, accum):
     """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The processes get
     the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...), without torchrun's agent."""
-    argv = _train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
+    argv = tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
                                                            '--dropout', '0', '--dropatt', '0']
-    port = str(_train_free_port())
+    port = str(free_port())
     # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under no_sync)
     procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp'),
                                                                    '--grad-accum', str(accum)],
-                              cwd=_TRAIN_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
                                        WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
                                        MASTER_PORT=port)) for r in range(2)]
@@ -261,7 +241,7 @@ def test_train_ddp_two_processes_match_single(_train_synth, tmp_path, accum):
     assert outs[0][0].strip().splitlines()[-1].startswith('test bpc ')
     assert outs[1][0].strip() == ''  # only rank 0 logs
     train.main(argv + ['--out', str(tmp_path / 'one')])
-    ddp, one = _train_log(tmp_path / 'ddp'), _train_log(tmp_path / 'one')
+    ddp, one = read_log(tmp_path / 'ddp'), read_log(tmp_path / 'one')
     assert ddp[0]['world'] == 2 and one[0]['world'] == 1
     for a, b in zip([r for r in ddp if 'loss' in r], [r for r in one if 'loss' in r]):
         assert a['step'] == b['step'] and a['loss'] == pytest.approx(b['loss'], rel=1e-4, abs=1e-5)
@@ -274,67 +254,60 @@ def test_train_ddp_two_processes_match_single(_train_synth, tmp_path, accum):
     assert ddp[-1]['bpc'] == pytest.approx(one[-1]['bpc'], rel=1e-3)
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_grad_accum_keeps_the_global_batch(_train_synth, tmp_path):
-    argv = _train_tiny_with(_train_synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
+def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
                                                       '--dropatt', '0']
     train.main(argv + ['--out', str(tmp_path / 'one')])
     train.main(argv + ['--out', str(tmp_path / 'acc'), '--grad-accum', '2'])
-    one, acc = ([r['loss'] for r in _train_log(tmp_path / d) if 'loss' in r] for d in ('one', 'acc'))
+    one, acc = ([r['loss'] for r in read_log(tmp_path / d) if 'loss' in r] for d in ('one', 'acc'))
     assert len(one) == 2 and one == pytest.approx(acc, rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- learning
-@pytest.mark.usefixtures('_train_one_thread')
 @pytest.mark.parametrize("boundary", BOUNDARY_MODES)
-def test_train_short_run_lowers_validation_bpc(boundary, _train_text8, tmp_path):
+def test_train_short_run_lowers_validation_bpc(boundary, text8, tmp_path):
     out = tmp_path / boundary
-    train.main(_train_tiny_with(_train_text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
+    train.main(tiny_args(text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
                '--eval-interval', '30', '--eval-window', '64', '--eval-step', '32', '--log-interval', '10',
                '--out', str(out)])
-    valid = [r for r in _train_log(out) if r.get('split') == 'valid']
+    valid = [r for r in read_log(out) if r.get('split') == 'valid']
     assert [r['step'] for r in valid] == [0, 30]
     assert valid[-1]['bpc'] < valid[0]['bpc'] - 0.3, valid
-    test = [r for r in _train_log(out) if r.get('split') == 'test'][-1]
+    test = [r for r in read_log(out) if r.get('split') == 'test'][-1]
     assert math.isfinite(test['bpc']) and test['sf'] >= 1.0
 
 
 # ----------------------------------------------------------------------------- user errors
 @pytest.fixture(scope='module')
-def _train_done_run(_train_synth, tmp_path_factory):
+def done_run(synth, tmp_path_factory):
     """A finished one-step run to resume from."""
     out = tmp_path_factory.mktemp('done') / 'run'
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    train.main(_train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
-    torch.set_num_threads(n)
+    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
     return out
 
 
-def _train_copy(run, tmp_path):
+def copy_run(run, tmp_path):
     shutil.copytree(run, tmp_path / 'run')
     return tmp_path / 'run'
 
 
 def test_train_error_missing_data(tmp_path, capsys):
-    msg = _train_user_error(['--data', str(tmp_path / 'nope'), '--device', 'cpu', '--out', str(tmp_path / 'o')], capsys)
+    msg = user_error(['--data', str(tmp_path / 'nope'), '--device', 'cpu', '--out', str(tmp_path / 'o')], capsys)
     assert 'python prepare_data.py' in msg
     assert not (tmp_path / 'o').exists()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
 def test_train_error_unigram_without_labels(tmp_path, capsys):
-    data = _train_write_dataset(tmp_path / 'nolabels', _train_words(5000), unigram=False)
-    msg = _train_user_error(_train_tiny_with(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys)
+    data = write_dataset(tmp_path / 'nolabels', random_words(5000), unigram=False)
+    msg = user_error(tiny_args(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys)
     assert 'unigram' in msg.lower()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_error_checkpoint_vocab_mismatch(_train_done_run, tmp_path, capsys):
-    run = _train_copy(_train_done_run, tmp_path)
+def test_train_error_checkpoint_vocab_mismatch(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path)
     before = (run / 'ckpt.pt').read_bytes()
-    other = _train_write_dataset(tmp_path / 'other', _train_words(5000, letters='xyz'))
-    msg = _train_user_error(['--out', str(run), '--resume', '--device', 'cpu', '--data', str(other)], capsys)
+    other = write_dataset(tmp_path / 'other', random_words(5000, letters='xyz'))
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--data', str(other)], capsys)
     assert 'vocabulary' in msg
     assert (run / 'ckpt.pt').read_bytes() == before
 
@@ -343,10 +316,9 @@ def test_train_error_checkpoint_vocab_mismatch(_train_done_run, tmp_path, capsys
     (['--boundary', 'entropy'], '--boundary'),
     (['--d-model', '64'], '--d-model'),
 ])
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_error_resume_with_other_model_flags(_train_done_run, tmp_path, capsys, extra, words):
-    run = _train_copy(_train_done_run, tmp_path)
-    msg = _train_user_error(['--out', str(run), '--resume', '--device', 'cpu'] + extra, capsys)
+def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, extra, words):
+    run = copy_run(done_run, tmp_path)
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'] + extra, capsys)
     assert words in msg
 
 
@@ -361,19 +333,17 @@ def test_train_error_resume_with_other_model_flags(_train_done_run, tmp_path, ca
     (['--eval-subset-chars', '-1'], '--eval-subset-chars'),
     (['--attention', 'fast'], '--attention'),
 ])
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_error_bad_flags(_train_synth, tmp_path, capsys, extra, words):
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,
+def test_train_error_bad_flags(synth, tmp_path, capsys, extra, words):
+    msg = user_error(tiny_args(synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,
                             code=2)
     assert words in msg
     assert not (tmp_path / 'o').exists()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_error_existing_checkpoint_without_resume(_train_done_run, _train_synth, tmp_path, capsys):
-    run = _train_copy(_train_done_run, tmp_path)
+def test_train_error_existing_checkpoint_without_resume(done_run, synth, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path)
     before = (run / 'ckpt.pt').read_bytes(), (run / 'log.jsonl').read_bytes()
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'whitespace') + ['--out', str(run)], capsys)
+    msg = user_error(tiny_args(synth, 'whitespace') + ['--out', str(run)], capsys)
     assert '--resume' in msg
     assert ((run / 'ckpt.pt').read_bytes(), (run / 'log.jsonl').read_bytes()) == before
 
@@ -381,19 +351,20 @@ def test_train_error_existing_checkpoint_without_resume(_train_done_run, _train_
 def test_train_error_resume_from_a_broken_checkpoint(tmp_path, capsys):
     (tmp_path / 'run').mkdir()
     (tmp_path / 'run' / 'ckpt.pt').write_bytes(b'not a checkpoint')
-    msg = _train_user_error(['--out', str(tmp_path / 'run'), '--resume', '--device', 'cpu'], capsys)
+    msg = user_error(['--out', str(tmp_path / 'run'), '--resume', '--device', 'cpu'], capsys)
     assert 'checkpoint' in msg
 
 
 def test_train_error_resume_without_checkpoint(tmp_path, capsys):
-    msg = _train_user_error(['--out', str(tmp_path / 'empty'), '--resume', '--device', 'cpu'], capsys)
+    msg = user_error(['--out', str(tmp_path / 'empty'), '--resume', '--device', 'cpu'], capsys)
     assert 'no checkpoint' in msg
 
 
 def test_train_cli_error_is_one_line_without_traceback(tmp_path):
     """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage dump)."""
-    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2), (['--seq-len', '0'], 2)]
-    procs = [_train_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
+    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2),
+             (['--seq-len', '0'], 2)]
+    procs = [run_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
     for p, (_, code) in zip(procs, cases):
         out, err = p.communicate(timeout=120)
         assert p.returncode == code, err
@@ -403,7 +374,7 @@ def test_train_cli_error_is_one_line_without_traceback(tmp_path):
 
 
 # ----------------------------------------------------------------------------- bad data, checked at load
-def _train_break(data, what):
+def spoil(data, what):
     """Spoil one thing of a dataset in place, as a user's files can be spoiled."""
     meta = json.loads((data / 'meta.json').read_text())
     if what == 'short train.bin':  # cut off: meta.json's sizes say more
@@ -435,31 +406,32 @@ def _train_break(data, what):
     ('label outside 0/1', 'Unigram labels'),
 ])
 def test_train_error_bad_data(tmp_path, capsys, what, words):
-    data = _train_write_dataset(tmp_path / 'data', _train_words(5000))
-    _train_break(data, what)
-    msg = _train_user_error(_train_tiny_with(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys, code=1)
+    data = write_dataset(tmp_path / 'data', random_words(5000))
+    spoil(data, what)
+    msg = user_error(tiny_args(data, 'unigram') + ['--out', str(tmp_path / 'o')], capsys, code=1)
     assert words in msg and 'prepare_data.py' in msg, msg
     assert not (tmp_path / 'o').exists()
 
 
 # ----------------------------------------------------------------------------- the run directory
 @pytest.mark.parametrize('where', ['a file', 'under a file', 'read-only'])
-def test_train_error_unusable_out(_train_synth, tmp_path, capsys, monkeypatch, where):
+def test_train_error_unusable_out(synth, tmp_path, capsys, monkeypatch, where):
     (tmp_path / 'f').write_text('keep me')
-    out = {'a file': tmp_path / 'f', 'under a file': tmp_path / 'f' / 'run', 'read-only': tmp_path / 'ro'}[where]
-    if where == 'read-only':  # (tests run as root, whom a chmod does not stop: the filesystem's answer)
+    out = {'a file': tmp_path / 'f', 'under a file': tmp_path / 'f' / 'run',
+           'read-only': tmp_path / 'ro'}[where]
+    if where == 'read-only':  # (tests run as root, whom a chmod does not stop: the filesystem's)
         def read_only(*a, **k):
             raise OSError(30, 'Read-only file system')
         monkeypatch.setattr(Path, 'mkdir', read_only)
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--out', str(out)], capsys, code=1)
+    msg = user_error(tiny_args(synth, 'none') + ['--out', str(out)], capsys, code=1)
     assert f'cannot use --out {out}' in msg and '--out' in msg.split(';')[-1]
     assert {'a file': 'is a file', 'under a file': f'{tmp_path / "f"} is a file',
             'read-only': 'Read-only file system'}[where] in msg
     assert (tmp_path / 'f').read_text() == 'keep me' and not (tmp_path / 'ro').exists()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_disk_full_while_saving_keeps_the_last_checkpoint(_train_synth, tmp_path, capsys, monkeypatch):
+def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path, capsys,
+                                                                monkeypatch):
     out, real_save, saves = tmp_path / 'full', torch.save, []
 
     def save_until_the_disk_fills(obj, f, *a, **k):
@@ -469,26 +441,27 @@ def test_train_disk_full_while_saving_keeps_the_last_checkpoint(_train_synth, tm
         f.write(b'\0' * 1000)  # part of the file made it to disk ...
         raise OSError(28, 'No space left on device')  # ... then the disk was full
     monkeypatch.setattr(torch, 'save', save_until_the_disk_fills)
-    msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
+    msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
                                                                       '--out', str(out)], capsys, code=1)
     monkeypatch.undo()
     assert saves == [2, 4]
     assert 'No space left on device' in msg and f'{out / "ckpt.pt"} (step 2)' in msg, msg
-    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2  # the previous checkpoint, whole
-    assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']  # no temp file left
+    # the previous checkpoint, whole, and no temp file left
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2
+    assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']
 
 
-def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(_train_synth, tmp_path):
-    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the first with
-    exit code 130 and one line, keeping its last checkpoint whole."""
+def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
+    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the
+    first with exit code 130 and one line, keeping its last checkpoint whole."""
     out = tmp_path / 'run'
-    first = _train_cli(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '100000', '--eval-interval', '2',
+    first = run_cli(tiny_args(synth, 'none') + ['--max-steps', '100000', '--eval-interval', '2',
                                                                  '--out', str(out)])
     try:
         for line in first.stdout:  # wait until it has saved a checkpoint and trains on
             if line.startswith('kind train | step 3 '):
                 break
-        second = _train_cli(['--out', str(out), '--resume', '--device', 'cpu'])
+        second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '4'])
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1 and err.splitlines() == [err.strip()], err
         assert err.startswith('error: another train.py is running on ') and 'Traceback' not in err
@@ -504,7 +477,7 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(_train_synth, tmp_
 
 
 # ----------------------------------------------------------------------------- the log, the budget, the step
-_TRAIN_SCHEMA = {
+SCHEMA = {
     'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf', 'precision',
               'recall', 'chars_per_s', 'lr', 'grad_norm', 'mem_mb', 'epoch'],
     'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'eval_chars', 'subset', 'train_chars', 'train_flops',
@@ -512,24 +485,25 @@ _TRAIN_SCHEMA = {
 }
 
 
-@pytest.mark.usefixtures('_train_one_thread')
 @pytest.mark.parametrize('boundary', ['none', 'gumbel'])
-def test_train_log_schema_and_cumulative_flops(_train_synth, tmp_path, boundary):
-    """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the formula
-    with each step's measured SF (a vanilla step's FLOPs are a constant)."""
+def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
+    """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the
+    formula with each step's measured SF (a vanilla step's FLOPs are a constant)."""
     out = tmp_path / boundary
-    train.main(_train_tiny_with(_train_synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
+    train.main(tiny_args(synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
                                                            '--eval-max-chars', '0', '--out', str(out)])
-    log = _train_log(out)
+    log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
-    for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner', 'seq_len',
-              'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world', 'amp', 'torch'):
+    for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner',
+              'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world',
+              'amp', 'torch'):
         assert log[0][k] is not None, k
     for r in log[1:]:
-        assert list(r) == _TRAIN_SCHEMA[r['kind']], r
+        assert list(r) == SCHEMA[r['kind']], r
     trains = [r for r in log if r['kind'] == 'train']
     cfg = Config(**torch.load(out / 'ckpt.pt', weights_only=False)['config'])
-    assert [r['step'] for r in trains] == [1, 2, 3, 4] and [r['train_chars'] for r in trains] == [128, 256, 384, 512]
+    assert [r['step'] for r in trains] == [1, 2, 3, 4]
+    assert [r['train_chars'] for r in trains] == [128, 256, 384, 512]
     flops = 0.0
     for r in trains:
         flops += train.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
@@ -538,20 +512,23 @@ def test_train_log_schema_and_cumulative_flops(_train_synth, tmp_path, boundary)
     evals = [r for r in log if r['kind'] == 'eval']
     assert [(r['step'], r['split'], r['subset']) for r in evals] == [
         (0, 'valid', True), (2, 'valid', True), (4, 'valid', False), (4, 'test', False)]
-    assert evals[1]['train_flops'] == trains[1]['train_flops'] and evals[-1]['eval_chars'] == 4000 - 1
+    assert evals[1]['train_flops'] == trains[1]['train_flops']
+    assert evals[-1]['eval_chars'] == 4000 - 1
     assert (boundary == 'none') == (evals[-1]['sf'] == 1.0 and trains[-1]['precision'] is None)
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_max_time_stops_evaluates_saves_and_resumes(_train_synth, tmp_path, capsys):
+def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsys):
     out = tmp_path / 'budget'
-    train.main(_train_tiny_with(_train_synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9', '--out', str(out)])
+    train.main(tiny_args(synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9',
+                                           '--out', str(out)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: python train.py --out {out} --resume'
+    assert last == (f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: '
+                    f'python train.py --out {out} --resume')
     assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 1
-    assert [(r['step'], r['split']) for r in _train_log(out) if r['kind'] == 'eval'] == [(0, 'valid'), (1, 'valid')]
-    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget is this invocation's only
-    log = _train_log(out)
+    evals = [(r['step'], r['split']) for r in read_log(out) if r['kind'] == 'eval']
+    assert evals == [(0, 'valid'), (1, 'valid')]
+    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget was that run's only
+    log = read_log(out)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     assert [r['resumed_from'] for r in log if r['kind'] == 'config'] == [None, 1]
     assert [r['train_chars'] for r in log if r['kind'] == 'train'] == [128 * s for s in range(1, 6)]
@@ -561,11 +538,12 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     """A step whose loss is not finite leaves weights and Adam's moments untouched, without the host
     looking, and is counted for the next log record."""
     torch.manual_seed(0)
-    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1), dropout=0.0,
-                 dropatt=0.0, boundary='fixed')
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 dropout=0.0, dropatt=0.0, boundary='fixed')
     model = DynamicPoolingLM(cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
-    args = type('Args', (), dict(grad_accum=1, grad_clip=0.25, batch_size=2, seq_len=16, device='cpu'))()
+    args = type('Args', (), dict(grad_accum=1, grad_clip=0.25, batch_size=2, seq_len=16,
+                                 device='cpu'))()
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
     stats = train.StepStats(cfg, args)
@@ -580,22 +558,23 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     assert stats.read()['bad'] == 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
-    assert all(torch.equal(m, optimizer.state[p]['exp_avg']) for m, p in zip(moments, model.parameters()))
+    assert all(torch.equal(m, optimizer.state[p]['exp_avg'])
+               for m, p in zip(moments, model.parameters()))
     assert all(int(optimizer.state[p]['step']) == 1 for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------- optional loggers
-def test_train_missing_logger_package_is_one_line(_train_synth, tmp_path, capsys, monkeypatch):
-    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'), (['--wandb', 'dynpool'], 'wandb')):
+def test_train_missing_logger_package_is_one_line(synth, tmp_path, capsys, monkeypatch):
+    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'),
+                         (['--wandb', 'dynpool'], 'wandb')):
         monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
-        msg = _train_user_error(_train_tiny_with(_train_synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
+        msg = user_error(tiny_args(synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
                                 capsys, code=1)
         assert f'{flag[0]} needs the' in msg and 'pip install' in msg, msg
         assert not (tmp_path / 'o').exists()
 
 
-@pytest.mark.usefixtures('_train_one_thread')
-def test_train_tensorboard_and_wandb_get_the_records(_train_synth, tmp_path, monkeypatch):
+def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatch):
     calls = []
 
     class Writer:
@@ -623,12 +602,26 @@ def test_train_tensorboard_and_wandb_get_the_records(_train_synth, tmp_path, mon
     monkeypatch.setitem(sys.modules, 'wandb', type(sys)('wandb'))
     sys.modules['wandb'].init = init
     out = tmp_path / 'run'
-    train.main(_train_tiny_with(_train_synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
+    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
                                                                '--out', str(out)])
     assert calls[:2] == [('tb', 'tensorboard'), ('wandb', 'dp', 'config')]
     assert calls[-2:] == [('tb', 'close'), ('wandb', 'finish')]
-    last_train = [r for r in _train_log(out) if r['kind'] == 'train'][-1]
+    last_train = [r for r in read_log(out) if r['kind'] == 'train'][-1]
     assert ('tb', 'train/bpc', last_train['bpc'], 2) in calls
-    test = [r for r in _train_log(out) if r['kind'] == 'eval'][-1]
-    assert ('wandb', {f'test/{k}': test[k] for k in ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops',
-                                                     'train_time')}, 2) in calls
+    test = [r for r in read_log(out) if r['kind'] == 'eval'][-1]
+    numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time')
+    assert ('wandb', {f'test/{k}': test[k] for k in numbers}, 2) in calls
+
+
+
+def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path):
+    """A checkpoint without the cumulative counters still resumes: characters follow from the steps,
+    the FLOPs are unknown (null), not a wrong number."""
+    run = copy_run(done_run, tmp_path)
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    for k in ('train_chars', 'train_flops', 'train_time'):
+        del ck[k]
+    torch.save(ck, run / 'ckpt.pt')
+    train.main(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    last = [r for r in read_log(run) if r['kind'] == 'train'][-1]
+    assert (last['step'], last['train_chars'], last['train_flops']) == (2, 2 * 4 * 32, None)
