@@ -11,8 +11,7 @@ Train and evaluate a dynamic-pooling Transformer (Nawrot et al., ACL 2023) for c
     python train.py --device cpu --boundary none --max-steps 120 --eval-max-chars 20000  # quick
 
 --boundary: none (vanilla Transformer), fixed, whitespace, unigram, entropy, gumbel, hnet. A run
-writes
-out/<dataset>-<boundary>/ckpt.pt and log.jsonl (or --out); a finished run's last line is
+writes out/<dataset>-<boundary>/ckpt.pt and log.jsonl (or --out); a finished run's last line is
 `test bpc <x.xxxx> sf <y.yy>`. See `python train.py --help` for every flag.
 
 Notable:
@@ -299,7 +298,8 @@ def parse_args(argv):
     a('--temperature', type=float, help='Gumbel-sigmoid temperature (model default)')
     a('--prior', type=float, help='prior boundary rate for --boundary gumbel (model default)')
     a('--entropy-window', type=int, help='k of the entropy-spike rule (model default)')
-    a('--ratio-target', type=float, help='hnet: target compression N of the ratio loss (model default)')
+    a('--ratio-target', type=float,
+      help='hnet: target compression N of the ratio loss (model default)')
     a('--ratio-weight', type=float, help='hnet: weight of the ratio loss (model default)')
     a('--attention', choices=('auto', 'sdpa', 'blocked'),
       help='attention implementation (auto); speed only, the same values')
