@@ -110,51 +110,64 @@ def probability(s):
 def parse_args(argv=None):
     p = Parser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a('--preset', choices=PRESETS, default='cpu', help='model and batch sizes to start from (cpu: d 256 L 512 B 4; '
-      'paper: d 512 L 2048 B 8); the flags below override single values')
+    a('--preset', choices=PRESETS, default='cpu', help='model and batch sizes to start from (cpu: d 256 '
+      'L 512 B 4; paper: d 512 L 2048 B 8); the flags below override single values')
     a('--d-model', type=positive_int, help='model width')
     a('--n-head', type=positive_int, help='attention heads')
     a('--d-head', type=positive_int, help='width of one head')
     a('--d-inner', type=positive_int, help='feed-forward width')
     a('--seq-len', type=positive_int, help='characters per sequence (context length L)')
     a('--batch', type=positive_int, help='sequences per step')
-    a('--layers', default='2,8,2', help='pre,shortened,post layers of the pooled models; vanilla runs their sum at full length')
+    a('--layers', default='2,8,2',
+      help='pre,shortened,post layers of the pooled models; vanilla runs their sum at full length')
     a('--dropout', type=probability, default=0.1, help='residual dropout (the paper trains with 0.1)')
     a('--dropatt', type=probability, default=0.1, help='attention dropout (the paper trains with 0.1)')
-    a('--attn-chunk', type=positive_int, default=None, help='queries per attention block (Config.attn_chunk; default: the model\'s)')
+    a('--attn-chunk', type=positive_int, default=None,
+      help='queries per attention block (Config.attn_chunk; default: the model\'s)')
     a('--attention', choices=ATTENTION_PATHS, default=None, help='Config.attention for every configuration '
-      '(default: the model\'s own default); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
-    a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), '
-      'wsK (dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
-      'unigramK/entropyK/gumbelK (the predictor modes, their predictor pooling at mean length about K); '
-      'each optionally followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu '
-      'preset; the paper preset: ' + PAPER_CONFIGS + ', and on a GPU also ' + GPU_VARIANTS + ',' + BLOCKED_VARIANTS)
-    a('--steps', type=positive_int, default=None, help='timed training steps per configuration per round (3; 10 on a GPU)')
+      '(default: the model\'s own); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
+    a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), wsK '
+      '(dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
+      'unigramK/entropyK/gumbelK (the predictor modes, pooling at mean length about K); each optionally '
+      'followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu preset; the '
+      f'paper preset: {PAPER_CONFIGS}, on a GPU also {GPU_VARIANTS},{BLOCKED_VARIANTS}')
+    a('--steps', type=positive_int, default=None,
+      help='timed training steps per configuration per round (3; 10 on a GPU)')
     a('--warmup', type=non_negative_int, default=None,
       help='untimed steps first (allocator, Adam state, caches, compilation; 1; 3 on a GPU)')
-    a('--rounds', type=positive_int, default=None,
-      help='rounds over all configurations, each configuration in a fresh process per round (2; 1 on a GPU)')
+    a('--rounds', type=positive_int, default=None, help='rounds over all configurations, each '
+      'configuration in a fresh process per round (2; 1 on a GPU)')
     a('--device', default='cuda' if torch.cuda.is_available() else 'cpu', help='cpu or cuda')
-    a('--amp', choices=['auto', 'off', 'bf16'], default='auto', help='bf16 autocast; auto: on for cuda, off for cpu')
-    a('--threads', type=positive_int, default=None, help='torch.set_num_threads for every process (default: torch\'s choice)')
-    a('--clock', choices=['wall', 'cpu'], default='wall', help='wall: elapsed time; cpu: this process\'s CPU time, which '
-      'on a CPU shared with other jobs still reads what an idle core would take (use with --threads 1)')
-    a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation (fused: one kernel '
-      'over all parameters, ~3× faster than loop on CPU; loop is torch.optim.Adam\'s CPU default)')
-    a('--compile', action='store_true', help='torch.compile every configuration (as a +compile suffix does for one; '
-      'warm-up then includes compilation)')
-    a('--peak-n', type=positive_int, default=None, help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
-    a('--no-pieces', action='store_true', help='skip timing attention, feed-forward, pooling and predictor separately')
-    a('--plot', metavar='FILE', help='write a PNG of step time and memory against shortening factor (needs matplotlib)')
-    a('--profile', metavar='CONFIG', help='print the torch.profiler table of one training step of CONFIG and exit')
-    a('--trace', metavar='FILE', help='--profile: also write the Chrome trace (chrome://tracing, Perfetto) to FILE')
-    a('--generate', action='store_true', help='benchmark cached generation against full recomputation instead of training')
+    a('--amp', choices=['auto', 'off', 'bf16'], default='auto',
+      help='bf16 autocast; auto: on for cuda, off for cpu')
+    a('--threads', type=positive_int, default=None,
+      help='torch.set_num_threads for every process (default: torch\'s choice)')
+    a('--clock', choices=['wall', 'cpu'], default='wall', help='wall: elapsed time; cpu: this process\'s '
+      'CPU time, which on a CPU shared with other jobs still reads what an idle core would take '
+      '(use with --threads 1)')
+    a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation (fused: '
+      'one kernel over all parameters, ~3× faster than loop on CPU; loop is torch.optim.Adam\'s CPU default)')
+    a('--compile', action='store_true', help='torch.compile every configuration (as a +compile suffix '
+      'does for one; warm-up then includes compilation)')
+    a('--peak-n', type=positive_int, default=None,
+      help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
+    a('--no-pieces', action='store_true',
+      help='skip timing attention, feed-forward, pooling and predictor separately')
+    a('--plot', metavar='FILE',
+      help='write a PNG of step time and memory against shortening factor (needs matplotlib)')
+    a('--profile', metavar='CONFIG',
+      help='print the torch.profiler table of one training step of CONFIG and exit')
+    a('--trace', metavar='FILE',
+      help='--profile: also write the Chrome trace (chrome://tracing, Perfetto) to FILE')
+    a('--generate', action='store_true',
+      help='benchmark cached generation against full recomputation instead of training')
     a('--context', type=positive_int, default=1024, help='--generate: characters of context before generating')
     a('--new', type=positive_int, default=128, help='--generate: characters generated by the cached model')
     a('--gen-batch', type=positive_int, default=1, help='--generate: sequences generated side by side')
-    a('--recompute-steps', type=positive_int, default=8, help='--generate: characters generated by full recomputation (slow)')
-    a('--timeout', type=float, default=None, help='seconds one configuration\'s process may take before it is left '
-      'out of the table (default: no limit on CPU, 300 on a GPU, where a compilation can run long)')
+    a('--recompute-steps', type=positive_int, default=8,
+      help='--generate: characters generated by full recomputation (slow)')
+    a('--timeout', type=float, default=None, help='seconds one configuration\'s process may take before it '
+      'is left out of the table (default: no limit on CPU, 300 on a GPU, where a compilation can run long)')
     a('--seed', type=int, default=0, help='random seed of weights, characters and boundaries')
     a('--one', metavar='CONFIG', help=argparse.SUPPRESS)  # child process: one configuration, prints a JSON line
     args = p.parse_args(argv)
