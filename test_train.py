@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
-from dynpool import Config, DynamicPoolingLM
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
 
 # ==================================================================================================
@@ -269,7 +269,7 @@ def test_train_grad_accum_keeps_the_global_batch(_train_synth, tmp_path):
 
 # ----------------------------------------------------------------------------- learning
 @pytest.mark.usefixtures('_train_one_thread')
-@pytest.mark.parametrize('boundary', train.MODES)
+@pytest.mark.parametrize("boundary", BOUNDARY_MODES)
 def test_train_short_run_lowers_validation_bpc(boundary, _train_text8, tmp_path):
     out = tmp_path / boundary
     train.main(_train_tiny_with(_train_text8, boundary) + ['--seq-len', '64', '--max-steps', '30',

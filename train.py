@@ -37,10 +37,13 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import random
+import re
 import resource
 import sys
 import time
+import zipfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -48,9 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dynpool import Config, DynamicPoolingLM
-
-MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
 # The paper's recipe (appendix) for a GPU ...
 GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers='2,8,2', dropout=0.1, dropatt=0.1,
@@ -80,6 +81,150 @@ def die(msg):
     sys.exit(1)
 
 
+# ----------------------------------------------------------------------------- shared helpers
+# sample.py and bench.py import these: one device choice, one checkpoint reader, one Config builder.
+class UserError(Exception):
+    """A user mistake or a fault the user can fix: the script prints it as one `error: ...` line."""
+
+
+def pick_device(name=None):
+    """'cpu', 'cuda', 'cuda:1', 'mps' → the checked device string; None → cuda if available, else cpu."""
+    if name is None:
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f'--device {name} is not a device torch knows (cpu, cuda, cuda:1, mps)') from None
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f'--device {name} but no CUDA GPU is available here (try --device cpu)')
+    if dev.type == 'cuda' and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f'--device {name}: only {torch.cuda.device_count()} CUDA device(s) here')
+    if dev.type == 'mps' and not (hasattr(torch.backends, 'mps') and torch.backends.mps.is_available()):
+        raise UserError(f'--device {name} but MPS is not available here (try --device cpu)')
+    return str(dev)
+
+
+def config_from_dict(d):
+    """Config from dataclasses.asdict(Config); keys that are not Config fields are ignored, missing
+    ones take their defaults (so checkpoints from before a new field was added still load)."""
+    if not isinstance(d, dict):
+        raise UserError(f'the config is a {type(d).__name__}, expected a dict (dataclasses.asdict(Config))')
+    names = {f.name for f in dataclasses.fields(Config)}
+    try:
+        return Config(**{k: v for k, v in d.items() if k in names})
+    except (TypeError, ValueError) as e:
+        raise UserError(f'the config is invalid: {e}') from None
+
+
+def strip_prefixes(state_dict):
+    """Drop the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add to parameter names."""
+    out = {}
+    for k, v in state_dict.items():
+        while k.startswith(('_orig_mod.', 'module.')):
+            k = k.split('.', 1)[1]
+        out[k] = v
+    return out
+
+
+def _numpy_safe_globals():
+    """numpy's array reconstruction, allowed for safe loading: checkpoints hold numpy's RNG state."""
+    core = getattr(np, '_core', None) or np.core  # numpy 2 / numpy 1
+    dtypes = [type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float32,
+                                          np.float64, np.bool_)]
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+
+
+def read_checkpoint(path, trust=False):
+    """train.py's checkpoint (a file, or a run directory holding ckpt.pt) → its dict, checked to hold
+    'model', 'config' and 'vocab'. Raises UserError with one line for every way it can be wrong.
+    trust=True also unpickles arbitrary Python objects (only for files you trust)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / 'ckpt.pt'
+    if not path.is_file():
+        raise UserError(f'no checkpoint at {path}')
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
+    except pickle.UnpicklingError as e:
+        found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
+        if found and not trust:  # a readable file that pickles an object beyond tensors and containers
+            raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe loading '
+                            f'refuses; load it only if you trust the file') from None
+        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint') from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, AttributeError,
+            ImportError) as e:
+        msg = str(e).strip().splitlines()[0].split('. ')[0] if str(e).strip() else type(e).__name__
+        raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): {msg}') from None
+    if not isinstance(ckpt, dict):
+        raise UserError(f'checkpoint {path} holds a {type(ckpt).__name__}, not the dict train.py writes')
+    missing = [k for k in ('model', 'config', 'vocab') if k not in ckpt]
+    if missing:
+        raise UserError(f'checkpoint {path} lacks {", ".join(missing)}: it was not written by train.py')
+    vocab = ckpt['vocab']
+    alphabet = vocab.get('alphabet') if isinstance(vocab, dict) else None
+    if not isinstance(alphabet, (list, tuple, str)) or not all(isinstance(c, str) for c in alphabet):
+        raise UserError(f'checkpoint {path}: its vocab needs an alphabet, a list of characters')
+    if not isinstance(ckpt['model'], dict):
+        raise UserError(f'checkpoint {path}: the model state is a {type(ckpt["model"]).__name__}, not a dict')
+    try:
+        cfg = config_from_dict(ckpt['config'])
+    except UserError as e:
+        raise UserError(f'checkpoint {path}: {e}') from None
+    if len(alphabet) > cfg.vocab_size:
+        raise UserError(f'checkpoint {path}: the alphabet has {len(alphabet)} characters but the '
+                        f'model\'s vocab_size is {cfg.vocab_size}')
+    ckpt['path'] = str(path)
+    return ckpt
+
+
+def load_weights(model, state, path):
+    """Load a (possibly compiled or DDP) state dict into model; UserError when they do not fit."""
+    try:
+        result = model.load_state_dict(strip_prefixes(state), strict=False)
+    except RuntimeError as e:  # shapes that disagree with the config
+        lines = str(e).splitlines()
+        detail = next((ln.strip() for ln in lines if 'size mismatch' in ln), lines[0] if lines else '')
+        raise UserError(f'checkpoint {path}: the weights do not fit its config: {detail}') from None
+    if result.missing_keys or result.unexpected_keys:
+        def few(keys):
+            return ', '.join(keys[:4]) + (f' (+{len(keys) - 4} more)' if len(keys) > 4 else '')
+        parts = ([f'missing {few(result.missing_keys)}'] if result.missing_keys else []) + \
+                ([f'unexpected {few(result.unexpected_keys)}'] if result.unexpected_keys else [])
+        raise UserError(f'checkpoint {path}: the weights do not fit its config '
+                        f'(boundary={model.cfg.boundary!r}, layers={model.cfg.layers}): {"; ".join(parts)}')
+    return model
+
+
+def load_checkpoint(path, device='cpu', trust=False):
+    """train.py's checkpoint → (model in eval mode on device, checkpoint dict); the dict's 'vocab'
+    holds 'alphabet' (index = token id) and 'space_id'. Raises UserError with one line."""
+    ckpt = read_checkpoint(path, trust)
+    model = load_weights(DynamicPoolingLM(config_from_dict(ckpt['config'])), ckpt['model'], ckpt['path'])
+    return model.to(device).eval(), ckpt
+
+
+def step_flops(cfg, batch, seq_len, n_short=None):
+    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward). The forward sums, over
+    the stacks (vanilla: all layers at seq_len; else pre and post at seq_len, the shortened stack at
+    n_short = 1 + segments positions, the null group included), per layer
+        batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
+      + n*2*d*H*dh                                    position projection, once per sequence
+      + batch*H*n^2*2*dh*3                            content and position scores, weights x values
+    plus batch*seq_len*2*d*V for the logits. Pooling, upsampling, norms and softmax are left out; the
+    attention counts all n^2 terms (the usual MFU convention), causal kernels execute about half.
+    n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a device."""
+    d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
+    pre, short, post = cfg.layers
+    stacks = ([(pre + short + post, seq_len)] if cfg.boundary == 'none' or n_short is None
+              else [(pre + post, seq_len), (short, n_short)])
+    fwd = batch * seq_len * 2 * d * cfg.vocab_size
+    for layers, n in stacks:
+        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
+                              + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
+    return 3 * fwd
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print usage + message; we promise one line
         die(message)
@@ -91,7 +236,7 @@ def parse_args(argv):
     # which lets us tell what the user asked for from what was filled in.
     a = p.add_argument
     a('--data', help='dataset directory written by prepare_data.py (default data/text8)')
-    a('--boundary', choices=MODES, help='segmentation: none (vanilla), fixed, whitespace, unigram, entropy, gumbel')
+    a('--boundary', choices=BOUNDARY_MODES, help='segmentation: none (vanilla), fixed, whitespace, unigram, entropy, gumbel')
     a('--out', help='run directory for checkpoint and log.jsonl (default out/<dataset>-<boundary>)')
     a('--resume', action='store_true', help='continue the run in --out from its checkpoint')
     a('--device', help='cpu, cuda, cuda:1, ... (default cuda if available); picks the GPU or CPU preset')
@@ -239,16 +384,22 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
 
 # ----------------------------------------------------------------------------- training
 def main(argv=None):
+    """Train; every UserError ends as one `error: ...` line."""
+    try:
+        run(argv)
+    except UserError as e:
+        die(str(e))
+
+
+def run(argv=None):
     args = parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     ddp = WORLD > 1
-    device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        die(f'--device {device} is not a device torch knows (cpu, cuda, cuda:1, ...)')
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        die(f'--device {device} but no CUDA GPU is available')
+        device = pick_device(args.device)
+    except UserError as e:
+        die(str(e))
+    device_type = torch.device(device).type
     if device == 'cuda':  # one GPU per torchrun process
         device = f'cuda:{os.environ.get("LOCAL_RANK", 0)}'
     preset_name, preset = ('gpu', GPU_PRESET) if device_type == 'cuda' else ('cpu', CPU_PRESET)
@@ -264,11 +415,11 @@ def main(argv=None):
         if not ckpt_path.is_file():
             die(f'--resume but there is no checkpoint at {ckpt_path}')
         try:
-            ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=False)
-        except Exception as e:  # first line only: unpickling errors run over several
-            die(f'cannot read checkpoint {ckpt_path}: {(str(e).strip() or type(e).__name__).splitlines()[0]}')
-        if not isinstance(ckpt, dict) or {'args', 'config', 'vocab', 'model', 'rng'} - ckpt.keys():
-            die(f'{ckpt_path} is not a checkpoint written by train.py')
+            ckpt = read_checkpoint(ckpt_path)
+        except UserError as e:
+            die(str(e))
+        if {'args', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'rng'} - ckpt.keys():
+            die(f'{ckpt_path} lacks the training state to resume from (not written by train.py)')
         for k in KEPT_ON_RESUME:
             if k in given and getattr(args, k) != ckpt['args'].get(k):
                 die(f'--{k.replace("_", "-")} {getattr(args, k)} differs from the checkpoint\'s '
@@ -334,17 +485,17 @@ def main(argv=None):
                     d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt, layers=layers,
                     boundary=args.boundary, whitespace_id=meta.get('space_id'), fixed_factor=args.fixed_factor,
                     temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window)
-    fields = {f.name for f in dataclasses.fields(Config)}
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
-        cfg = Config(**{k: v for k, v in model_kw.items() if k in fields and v is not None})
-    except (ValueError, TypeError) as e:
+        cfg = config_from_dict({k: v for k, v in model_kw.items() if v is not None})
+    except UserError as e:
         die(str(e))
     if ckpt is not None:
         if ckpt['vocab'] != vocab:
             die(f'checkpoint {ckpt_path} was trained on another vocabulary than {args.data} '
                 f'(alphabet {"".join(ckpt["vocab"]["alphabet"])!r} vs {"".join(vocab["alphabet"])!r})')
-        if dataclasses.asdict(cfg) != ckpt['config']:
-            diff = [k for k, v in dataclasses.asdict(cfg).items() if ckpt['config'].get(k) != v]
+        if cfg != config_from_dict(ckpt['config']):
+            diff = [k for k, v in dataclasses.asdict(cfg).items()
+                    if getattr(config_from_dict(ckpt['config']), k) != v]
             die(f'checkpoint {ckpt_path} has another model config than these flags and data ({", ".join(diff)})')
 
     # --- processes, seeds, precision
@@ -373,7 +524,7 @@ def main(argv=None):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
     step, epoch, pos = 0, 0, 0
     if ckpt is not None:
-        model.load_state_dict(ckpt['model'])
+        load_weights(model, ckpt['model'], ckpt_path)
         optimizer.load_state_dict(ckpt['optimizer'])
         scaler.load_state_dict(ckpt['scaler'])
         step, epoch, pos = ckpt['step'], ckpt['epoch'], ckpt['pos']
