@@ -43,6 +43,7 @@ Errors: one line `error: ...` on stderr; exit 2 for a bad flag, 1 otherwise, 130
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -57,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from dynpool import BoundaryPredictor, Config, DynamicPoolingLM, downsample, sinusoids, upsample
+from train import UserError, pick_device, step_flops
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -215,13 +217,11 @@ def check_args(args):
     if len(set(names)) < len(names):
         raise ValueError(f'--configs names a configuration twice: {args.configs}')
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f'--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)') from None
+        device = torch.device(pick_device(args.device))
+    except UserError as e:
+        raise ValueError(str(e)) from None
     if device.type not in ('cpu', 'cuda'):
         raise ValueError(f'--device {args.device}: bench.py runs on cpu or cuda')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f'--device {args.device}: CUDA is not available here (try --device cpu)')
     if args.clock == 'cpu' and device.type != 'cpu':
         raise ValueError('--clock cpu times CPU work only: use it with --device cpu')
     if args.timeout is not None and not args.timeout > 0:
@@ -354,25 +354,20 @@ def stack_lengths(args, mode, sf):
     return [(pre, L), (short, 1 + L / sf), (post, L)]
 
 
-FLOP_FORMULA = ("model FLOPs of a step = 3 × forward (backward = 2 × forward); forward = Σ over stacks of\n"
-                "  layers × [B·n·2·(3·d·H·dh + H·dh·d + 2·d·d_inner)  (qkv, out, feed-forward)\n"
-                "          + n·2·d·H·dh                            (position projection r_net, once per sequence)\n"
-                "          + B·H·n²·2·dh·3]                        (content and position scores, weights × values: full n²)\n"
-                "  + B·L·2·d·V (logits) [+ B·L·2·(d·d_inner + d_inner), the boundary predictor of unigram/entropy/gumbel];\n"
-                "  n = the stack's length (L, or 1 + L/SF for the shortened stack, SF measured);\n"
-                "  pooling, upsampling, norms and softmax are left out. The attention skips the masked future\n"
-                "  blocks, so it executes about half the n² terms counted here (the usual MFU convention).")
+def flop_formula():
+    """The FLOP count in words: train.step_flops's own docstring, and what bench.py adds to it."""
+    doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
+    return (f'model FLOPs (train.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}\n'
+            f'  bench.py adds the boundary predictor of unigram/entropy/gumbel: 3 x B*L*2*(d*d_inner + d_inner)')
 
 
-def step_flops(args, mode, sf):
-    d, H, dh, di, B, L = args.d_model, args.n_head, args.d_head, args.d_inner, args.batch, args.seq_len
-    fwd = B * L * 2 * d * VOCAB
-    if mode in PREDICTOR_MODES:
-        fwd += B * L * 2 * (d * di + di)
-    for layers, n in stack_lengths(args, mode, sf):
-        fwd += layers * (B * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di) + n * 2 * d * H * dh
-                         + B * H * n * n * 2 * dh * 3)
-    return 3 * fwd
+def config_flops(args, name, sf):
+    """Model FLOPs of one training step of configuration `name` at the measured SF."""
+    cfg = model_config(args, name)
+    flops = step_flops(cfg, args.batch, args.seq_len, None if cfg.boundary == 'none' else 1 + args.seq_len / sf)
+    if cfg.boundary in PREDICTOR_MODES:   # the predictor MLP, forward and backward
+        flops += 3 * args.batch * args.seq_len * 2 * (cfg.d_model * cfg.d_inner + cfg.d_inner)
+    return flops
 
 
 clock = time.perf_counter  # --clock cpu switches every CPU timing here to time.process_time
@@ -809,7 +804,7 @@ def summarise(args, names, results):
         table[n] = dict(time=statistics.median([x for run in runs for x in run['times']]),
                         peak=max(run['peak'] for run in runs),
                         mem=statistics.median(run['step_mem'] for run in runs), sf=sf,
-                        flops=step_flops(args, parse_config(n, args)[0], sf))
+                        flops=config_flops(args, n, sf))
     return table
 
 
@@ -820,7 +815,7 @@ def reference(name, table):
 
 
 def print_table(args, names, table, peak):
-    print(FLOP_FORMULA)
+    print(flop_formula())
     cuda = args.device.startswith('cuda')
     width = max(8, *map(len, names))
     mem_label = 'peak alloc' if cuda else 'peak RSS'

@@ -187,7 +187,7 @@ def test_sample_cli_checkpoint_errors_are_one_line(_sample_ckpts, capsys, tmp_pa
     torch.save(dict(good, config=dict(good['config'], layers=(1, 0, 1))), tmp_path / 'badcfg.pt')
     torch.save(dict(good, config=dict(good['config'], d_inner=48)), tmp_path / 'shapes.pt')
     torch.save([1, 2, 3], tmp_path / 'list.pt')
-    cases = {tmp_path / 'missing' / 'ckpt.pt': 'not found', tmp_path / 'empty-run-dir': 'not found',
+    cases = {tmp_path / 'missing' / 'ckpt.pt': 'no checkpoint', tmp_path / 'empty-run-dir': 'no checkpoint',
              corrupt: 'corrupt', tmp_path / 'text.pt': 'corrupt', tmp_path / 'novocab.pt': 'vocab',
              tmp_path / 'mismatch.pt': 'do not fit', tmp_path / 'badcfg.pt': 'invalid', tmp_path / 'list.pt': 'dict',
              tmp_path / 'shapes.pt': 'size mismatch'}
