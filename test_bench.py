@@ -21,14 +21,11 @@ TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
 
 
-def _cli(args, cwd, code=None, timeout=120):
-    """`python bench.py ARGS` in cwd, or a Python process that runs `code`, then bench.cli() on ARGS."""
-    argv = [str(a) for a in args]
-    cmd = [sys.executable, str(ROOT / 'bench.py')] + argv if code is None else \
-        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r}); import bench\n{code}\n'
-                               f'sys.argv = ["bench.py"] + {argv!r}; bench.cli()']
+def _cli(args, cwd):
+    """`python bench.py ARGS` in cwd."""
     env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, str(ROOT / 'bench.py')] + [str(a) for a in args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,13 +79,17 @@ def test_attention_is_passed_only_when_asked_for():
 # ---------------------------------------------------------------------------------------------
 # Faults at run time: one line, exit 1 or 130, nothing written
 # ---------------------------------------------------------------------------------------------
-def test_failing_configuration_is_one_line(tmp_path):
-    """A child that cannot allocate its batch: the parent names the configuration, in one line, exit 1."""
-    p = _cli(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
-                     '--peak-n', '64', '--plot', 'p.png'], tmp_path)
-    assert p.returncode == 1, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: configuration vanilla failed: '), p.stderr
-    assert 'memory' in p.stderr and 'Traceback' not in p.stderr
+def test_failing_configuration_is_one_line(tmp_path, capsys, monkeypatch):
+    """A real child that cannot allocate its batch: the parent names the configuration, in one line,
+    exit 1, and writes no plot."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
+                           '--peak-n', '64', '--plot', 'p.png'])
+    err = capsys.readouterr().err
+    assert e.value.code == 1
+    assert err.count('\n') == 1 and err.startswith('error: configuration vanilla failed: '), err
+    assert 'memory' in err and 'Traceback' not in err
     assert os.listdir(tmp_path) == []
 
 
@@ -112,12 +113,20 @@ def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
     assert rows == ['vanilla', 'fixed2'] and 'round 1: ws4      failed: out of memory: boom' in out
 
 
-def test_ctrl_c_exits_130_with_nothing_written(tmp_path):
-    ctrl_c = 'import os, signal, time\ndef ctrl_c(*a):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n' \
-             'bench.spawn = ctrl_c'
-    p = _cli(TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'], tmp_path, code=ctrl_c)
-    assert p.returncode == 130, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted'), p.stderr
+def test_ctrl_c_exits_130_with_nothing_written(tmp_path, capsys, monkeypatch):
+    """bench.py's command line (cli) on Ctrl-C while a configuration runs: one line, exit 130, no plot."""
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, 'spawn', ctrl_c)
+    monkeypatch.setattr(sys, 'argv', ['bench.py'] + TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'])
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(SystemExit) as e:
+            bench.cli()
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C escaped bench.cli')
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and err == 'error: interrupted (Ctrl-C); no file written\n'
     assert os.listdir(tmp_path) == []
 
 

@@ -268,32 +268,26 @@ def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
 # ---------------------------------------------------------------------------------------------
 # 5. Requests too large for memory, running out of memory, Ctrl-C
 # ---------------------------------------------------------------------------------------------
-def _sample_run_cli(args, cwd, code=None):
-    """`python sample.py ARGS`, or with `code` a Python process that runs `code` and then the same
-    command line through sample.main (as `python sample.py` does)."""
-    argv = [str(a) for a in args]
-    cmd = [sys.executable, str(_SAMPLE_ROOT / 'sample.py')] + argv if code is None else \
-        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(_SAMPLE_ROOT)!r}); import sample\n{code}\n'
-                               f'sys.exit(sample.main({argv!r}))']
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, env=_sample_env())
-
-
 @pytest.mark.parametrize('request_', [['--chars', '1000000000'], ['--num-samples', '100000000', '--chars', '50']])
-def test_sample_cli_request_beyond_memory_is_refused_in_one_line(_sample_ckpts, tmp_path, request_):
+def test_sample_cli_request_beyond_memory_is_refused_in_one_line(_sample_ckpts, tmp_path, capsys, monkeypatch,
+                                                                 request_):
     """--chars 1e9 or --num-samples 1e8 is refused before anything is allocated or written, naming
-    the flags and the most that fits."""
-    p = _sample_run_cli(['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--entropy-trace', 't.tsv']
-                        + request_, cwd=tmp_path)
-    assert p.returncode == 1 and p.stdout == '', p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: ') and 'GiB' in p.stderr, p.stderr
-    most = re.search(r'at most ([\d,]+) --chars with --num-samples \d+, or at most ([\d,]+) --num-samples',
-                     p.stderr)
-    assert most, p.stderr
-    flag = request_[0]
-    asked = int(request_[1])
-    allowed = int(most.group(1 if flag == '--chars' else 2).replace(',', ''))
-    assert 0 < allowed < asked                 # a smaller request of the same kind would fit
-    assert os.listdir(tmp_path) == []          # no trace, no temporary file
+    the flags and the most that fits (the first through a real `python sample.py`)."""
+    argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--entropy-trace', 't.tsv'] + request_
+    if request_[0] == '--chars':
+        p = subprocess.run([sys.executable, str(_SAMPLE_ROOT / 'sample.py')] + [str(a) for a in argv],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_sample_env())
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    else:
+        monkeypatch.chdir(tmp_path)
+        rc, out, err = _sample_main(argv, capsys)
+    assert rc == 1 and out == '', err
+    assert err.count('\n') == 1 and err.startswith('error: ') and 'GiB' in err, err
+    most = re.search(r'at most ([\d,]+) --chars with --num-samples \d+, or at most ([\d,]+) --num-samples', err)
+    assert most, err
+    allowed = int(most.group(1 if request_[0] == '--chars' else 2).replace(',', ''))
+    assert 0 < allowed < int(request_[1])       # a smaller request of the same kind would fit
+    assert os.listdir(tmp_path) == []           # no trace, no temporary file
 
 
 def test_sample_memory_estimate_covers_the_caches():
@@ -315,23 +309,32 @@ def test_sample_out_of_memory_is_one_line(_sample_ckpts, capsys, monkeypatch):
     assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: out of memory'), err
 
 
-def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, tmp_path):
+def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, tmp_path, capsys, monkeypatch):
     """Ctrl-C while generating: exit 130, one line, no file. Ctrl-C while the plot is drawn: the
     finished trace is kept whole, no plot and no temporary file."""
     argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--chars', 20, '--seed', 1,
             '--entropy-trace', 't.tsv', '--entropy-plot', 'fig.png']
-    interrupt = 'import os, signal, time\ndef ctrl_c(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n' \
-                '    time.sleep(30)\n'
-    (tmp_path / 'a').mkdir()
-    p = _sample_run_cli(argv, tmp_path / 'a', code=interrupt + 'sample.sample = ctrl_c')
-    assert p.returncode == 130 and p.stdout == '', p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 'no file' in p.stderr
-    assert os.listdir(tmp_path / 'a') == []
-    (tmp_path / 'b').mkdir()
-    half_plot = 'def half_plot(path, *a, **k):\n    open(path, "w").write("half a plot")\n    ctrl_c()\n'
-    p = _sample_run_cli(argv, tmp_path / 'b', code=interrupt + half_plot + 'sample.entropy_plot = half_plot')
-    assert p.returncode == 130, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 't.tsv' in p.stderr
-    assert os.listdir(tmp_path / 'b') == ['t.tsv']
-    rows = (tmp_path / 'b' / 't.tsv').read_text().splitlines()
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def half_plot(path, *args, **kwargs):
+        open(path, 'w').write('half a plot')
+        raise KeyboardInterrupt
+    def main(argv):
+        try:
+            return _sample_main(argv, capsys)
+        except KeyboardInterrupt:
+            pytest.fail('Ctrl-C escaped sample.main')
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(sample, 'sample', ctrl_c)
+        rc, out, err = main(argv)
+    assert rc == 130 and out == '' and err == 'error: interrupted (Ctrl-C); no file written\n'
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(sample, 'entropy_plot', half_plot)
+    rc, out, err = main(argv)
+    assert rc == 130 and err.count('\n') == 1 and err.startswith('error: interrupted') and 't.tsv' in err
+    assert os.listdir(tmp_path) == ['t.tsv']
+    rows = (tmp_path / 't.tsv').read_text().splitlines()
     assert rows[0] == 'pos\tchar\tentropy_bits\tboundary' and len(rows) == 1 + 3 + 20
