@@ -514,11 +514,24 @@ def time_fn(fn, device, repeats=5):
 POOL, PRED = 'pooling + upsampling (B-matrix mean, gather)', 'boundary predictor'
 
 
+def stages(model):
+    """The model's stacks of layers in data-flow order: pre, shortened, post (vanilla: one)."""
+    # dynpool's named stages (stage_names), or its earlier positional `stacks`
+    names = getattr(model, 'stage_names', None)
+    return [getattr(model, n) for n in names] if names else list(model.stacks)
+
+
+def pooling_parts(model):
+    """The null group and the norm after the segment means, from the pooling unit (or the model)."""
+    unit = getattr(model, 'pooling', None)
+    return (unit.null_group, unit.norm) if unit is not None else (model.null_group, model.down_norm)
+
+
 def time_pieces(args, name, step_time):
     """Forward + backward time of each piece of configuration `name`, times how often a step runs it."""
     model, mode, k, (x, y, b) = setup(args, name)
     B, L, D, dev = args.batch, args.seq_len, args.d_model, args.device
-    layer = model.stacks[0].layers[0]
+    layer = stages(model)[0].layers[0]
     rows = []
 
     def fwd_bwd(f, *inputs):
@@ -542,8 +555,9 @@ def time_pieces(args, name, step_time):
     if mode != 'none':
         with torch.no_grad():
             bb = model(x, boundaries=b).boundaries.detach().float()   # the boundaries the step pools with
+        null, norm = pooling_parts(model)
         rows.append((POOL, time_fn(fwd_bwd(
-            lambda h: upsample(model.down_norm(downsample(h, bb, model.null_group)), bb) + h, h), dev)))
+            lambda h: upsample(norm(downsample(h, bb, null)), bb) + h, h), dev)))
         own = mode in PREDICTOR_MODES
         pred = predictor_of(model) if own else BoundaryPredictor(model.cfg).to(dev)
         rows.append((PRED + ('' if own else ' (unigram/entropy/gumbel only; not in ws)'), time_fn(fwd_bwd(
@@ -568,7 +582,8 @@ def time_pieces(args, name, step_time):
 
 
 def report_pieces(args, names, table):
-    """Pieces of vanilla and of one pooled step; the share of pooling, upsampling and the predictor."""
+    """Pieces of vanilla and of a pooled step (ws5.5 or the first pooled one, and the first predictor
+    configuration) → {configuration: share of pooling + upsampling + predictor in its step}."""
     van = table.get('vanilla')
     if van:
         time_pieces(args, 'vanilla', van['time'])
@@ -576,16 +591,16 @@ def report_pieces(args, names, table):
     pooled = [n for n in plain if n != 'vanilla']
     with_pred = [n for n in pooled if parse_config(n, args)[0] in PREDICTOR_MODES]
     picks = ['ws5.5' if 'ws5.5' in pooled else (pooled[0] if pooled else None)] + with_pred[:1]
+    shares = {}
     for pick in dict.fromkeys(p for p in picks if p):
         step_time = table[pick]['time']
         pieces = time_pieces(args, pick, step_time)
         pool, pred = pieces[POOL], pieces[PRED]
-        if pick in with_pred:
-            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / step_time:.1f}% '
-                  f'of a {pick} step')
-        else:
-            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / (step_time + pred):.1f}% '
-                  f'of a {pick} step with a predictor added')
+        own = pick in with_pred   # else a predictor of the same size is added to the step
+        shares[pick] = (pool + pred) / (step_time + (0 if own else pred))
+        print(f'  pooling + upsampling + boundary predictor: {100 * shares[pick]:.1f}% of a {pick} step'
+              + ('' if own else ' with a predictor added'))
+    return shares
 
 
 # -----------------------------------------------------------------------------
@@ -686,7 +701,7 @@ def bench_generate(args):
         with torch.no_grad():
             # Cached: prefill the context once, then one decode call per character.
             stack_time = [0.0, 0.0, 0.0]
-            for i, stack in enumerate(model.stacks):
+            for i, stack in enumerate(stages(model)):
                 def timed(*a, _step=stack.step, _i=i, **kw):
                     sync(dev)
                     t = clock()
@@ -706,7 +721,7 @@ def bench_generate(args):
                 model.decode(x[:, t], state)
             sync(dev)
             cached = clock() - t0
-            for stack in model.stacks:
+            for stack in stages(model):
                 del stack.step
             # model.generate end to end (prefill included, sampling its own characters).
             sync(dev)

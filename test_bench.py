@@ -213,3 +213,34 @@ def test_cuda_step_timed_with_events_and_peak_memory(capsys):
     assert bench.matmul_peak(args) > 1e12
     bench.profile_step(bench.parse_args(TINY + ['--device', 'cuda', '--profile', 'ws4']), 'ws4')
     assert 'host synchronisations in one ws4 step:' in capsys.readouterr().out
+
+
+def test_pieces_and_their_share_of_a_pooled_step(capsys, monkeypatch):
+    """The pieces of vanilla, ws and a predictor configuration, timed alone; the share of pooling +
+    upsampling + predictor is taken of the predictor configuration's own step, and of the ws step
+    with a predictor added."""
+    args = bench.parse_args(TINY + ['--seq-len', '32'])
+    names = ['vanilla', 'ws4', 'gumbel4']
+    table = {n: dict(time=t) for n, t in zip(names, (0.03, 0.02, 0.025))}
+    timed = {}
+    time_pieces = bench.time_pieces
+    monkeypatch.setattr(bench, 'time_pieces', lambda a, n, t: timed.setdefault(n, time_pieces(a, n, t)))
+    shares = bench.report_pieces(args, names, table)
+    out = capsys.readouterr().out
+    assert list(timed) == names and all(f'pieces of a {n} step' in out for n in names)
+    pool, pred = timed['gumbel4'][bench.POOL], timed['gumbel4'][bench.PRED]
+    assert pool > 0 and pred > 0
+    assert shares['gumbel4'] == pytest.approx((pool + pred) / 0.025)
+    pool, pred = timed['ws4'][bench.POOL], timed['ws4'][bench.PRED]
+    assert shares['ws4'] == pytest.approx((pool + pred) / (0.02 + pred))
+    assert f'{100 * shares["gumbel4"]:.1f}% of a gumbel4 step\n' in out
+
+
+def test_generation_bench_runs_cached_and_full(capsys):
+    args = bench.parse_args(TINY + ['--generate', '--context', '16', '--new', '4', '--recompute-steps', '2'])
+    bench.bench_generate(args)
+    out = capsys.readouterr().out
+    for name in ('vanilla', 'ws5.5'):
+        rates = re.findall(rf'{re.escape(name)} +(?:cached decode|model.generate|full recomputation)\D+([\d.]+) ', out)
+        assert len(rates) == 3 and all(float(r) > 0 for r in rates), out
+    assert 'all layers' in out and 'pre stack' in out

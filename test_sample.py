@@ -295,7 +295,9 @@ def test_sample_memory_estimate_covers_the_caches():
     model = _sample_tiny_model('whitespace', vocab=27)
     x = torch.randint(1, 27, (32, 7))
     _, state = model.prefill(x, capacity=7 + 50)
-    cache_bytes = sum((c.k.numel() + c.v.numel()) * c.k.element_size() for stack in state.caches for c in stack)
+    # one KVCache per stage (dict), or per layer in a list per stack
+    caches = state.caches.values() if isinstance(state.caches, dict) else [c for s in state.caches for c in s]
+    cache_bytes = sum((c.k.numel() + c.v.numel()) * c.k.element_size() for c in caches)
     est = sample.generation_bytes(model.cfg, 32, 7, 50)
     assert cache_bytes <= est <= 2 * cache_bytes
     assert sample.generation_bytes(model.cfg, 32, 7, 100) > est and sample.generation_bytes(model.cfg, 64, 7, 50) > est
