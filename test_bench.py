@@ -234,6 +234,7 @@ def test_pieces_and_their_share_of_a_pooled_step(capsys, monkeypatch):
     pool, pred = timed['ws4'][bench.POOL], timed['ws4'][bench.PRED]
     assert shares['ws4'] == pytest.approx((pool + pred) / (0.02 + pred))
     assert f'{100 * shares["gumbel4"]:.1f}% of a gumbel4 step\n' in out
+    assert out.count('(unigram/entropy/gumbel only; not in ws)') == 1   # gumbel4 times its own predictor
 
 
 def test_generation_bench_runs_cached_and_full(capsys):
