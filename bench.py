@@ -879,6 +879,8 @@ def main(argv=None):
         clock = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
+    if torch.device(args.device).index is not None:   # cuda:1: events, memory stats and sync there
+        torch.cuda.set_device(torch.device(args.device))
     if args.one:
         return run_one(args, args.one)
     if args.generate:
