@@ -158,7 +158,7 @@ def entropy_trace(text, entropy, boundaries):
     return '\n'.join(lines) + '\n'
 
 
-def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_len=0):
+def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_len=0, fmt=None):
     """The paper's Figure 2: next-character entropy (bits) per character, the characters along the
     x-axis, a dashed line after every character that closes a segment, the prompt shaded grey."""
     try:
@@ -190,7 +190,7 @@ def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_l
     axes[0, 0].set_title(title + ('  (dashed: segment ends' if boundaries is not None else '  (')
                          + ('; grey: prompt)' if prompt_len else ')'), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, format=fmt)
     plt.close(fig)
 
 
@@ -202,6 +202,20 @@ def positive_int(s):
     v = int(s)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def seed_int(s):
+    v = int(s)
+    if not 0 <= v < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
+    return v
+
+
+def thread_count(s):
+    v, cores = int(s), os.cpu_count() or 1
+    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
+        raise argparse.ArgumentTypeError(f"must be between 1 and this machine's {cores} cores, got {v}")
     return v
 
 
@@ -230,7 +244,7 @@ def parse_args(argv=None):
     p.add_argument('--top-k', type=positive_int, default=None,
                    help="sample only among the k most likely characters (default: all)")
     p.add_argument('--greedy', action='store_true', help="always take the most likely character (argmax)")
-    p.add_argument('--seed', type=int, default=1337, help="random seed: same seed, same output (1337)")
+    p.add_argument('--seed', type=seed_int, default=1337, help="random seed: same seed, same output (1337)")
     p.add_argument('--device', default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument('--show-segments', action='store_true',
@@ -244,7 +258,7 @@ def parse_args(argv=None):
     p.add_argument('--entropy-plot', default=None, metavar='FILE.png',
                    help="plot the per-character entropy with the boundaries marked (paper Fig. 2), first sample; "
                         "needs matplotlib")
-    p.add_argument('--threads', type=positive_int, default=1,
+    p.add_argument('--threads', type=thread_count, default=1,
                    help="CPU threads for torch (1): decoding one character at a time is latency-bound, and extra "
                         "threads only pay off for long prompts or many samples")
     p.add_argument('--trust-ckpt', action='store_true',
@@ -326,10 +340,34 @@ def write_atomic(path, flag, write):
             os.remove(tmp)
 
 
+def plot_format(path):
+    """The image format matplotlib writes for `path`: its extension, png without one."""
+    return os.path.splitext(path)[1][1:].lower() or 'png'
+
+
+def check_outputs(args):
+    """Refuse, before generating, an output file that could not be written."""
+    trace = None if args.entropy_trace == '-' else args.entropy_trace
+    for flag, path in (('--entropy-trace', trace), ('--entropy-plot', args.entropy_plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise UserError(f"cannot write {flag} {path}: the folder {folder} does not exist")
+    if args.entropy_plot:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            raise UserError("--entropy-plot needs matplotlib: pip install matplotlib") from None
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if plot_format(args.entropy_plot) not in formats:
+            raise UserError(f"--entropy-plot {args.entropy_plot}: matplotlib writes no "
+                            f".{plot_format(args.entropy_plot)} files; use one of {', '.join(sorted(formats))}")
+
+
 def run(args, stdout=None, written=None):
     """Generate and print; `written` collects the files completed so far."""
     stdout = stdout or sys.stdout
     written = [] if written is None else written
+    check_outputs(args)
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
     model, ckpt = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
@@ -382,7 +420,7 @@ def run(args, stdout=None, written=None):
         title = f"{run_name}: boundary={model.cfg.boundary}, next-character entropy"
         write_atomic(args.entropy_plot, '--entropy-plot', lambda tmp: entropy_plot(
             tmp, texts[0], entropy[0], None if boundaries is None else boundaries[0], title=title,
-            prompt_len=len(ids)))
+            prompt_len=len(ids), fmt=plot_format(args.entropy_plot)))
         written.append(args.entropy_plot)
         print(f"wrote {args.entropy_plot}", file=sys.stderr)
     stdout.flush()

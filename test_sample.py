@@ -257,7 +257,7 @@ def test_sample_cli_loads_compiled_or_ddp_state_dicts(_sample_ckpts, capsys, tmp
 
 
 @pytest.mark.parametrize('extra', [['--top-k', '0'], ['--chars', '-3'], ['--temperature', '-1'],
-                                   ['--num-samples', 'x']])
+                                   ['--num-samples', 'x'], ['--seed', str(10 ** 23)], ['--threads', '100000']])
 def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
     with pytest.raises(SystemExit) as e:
         sample.main(['--ckpt', str(_sample_ckpts['fixed'])] + extra)
@@ -340,3 +340,24 @@ def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, 
     assert os.listdir(tmp_path) == ['t.tsv']
     rows = (tmp_path / 't.tsv').read_text().splitlines()
     assert rows[0] == 'pos\tchar\tentropy_bits\tboundary' and len(rows) == 1 + 3 + 20
+
+
+@pytest.mark.parametrize('flag, path, words', [('--entropy-plot', 'fig.notaformat', 'writes no .notaformat'),
+                                               ('--entropy-plot', 'no/such/folder/fig.png', 'does not exist'),
+                                               ('--entropy-trace', 'no/such/folder/t.tsv', 'does not exist')])
+def test_sample_cli_unwritable_output_is_refused_before_generating(_sample_ckpts, tmp_path, capsys, monkeypatch,
+                                                                   flag, path, words):
+    """An output file that cannot be written is refused before any text is generated or printed."""
+    pytest.importorskip('matplotlib')
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--chars', 5, flag, path], capsys)
+    assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: ') and words in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_sample_cli_plot_without_extension_is_a_png(_sample_ckpts, tmp_path, capsys, monkeypatch):
+    pytest.importorskip('matplotlib')
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--chars', 5, '--entropy-plot', 'fig'], capsys)
+    assert rc == 0, err
+    assert os.listdir(tmp_path) == ['fig'] and (tmp_path / 'fig').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
