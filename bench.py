@@ -509,6 +509,8 @@ def spawn(args, name):
         r = subprocess.run(child_cmd(args, name), capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return None, f'took over {args.timeout:g} s (--timeout)'
+    if r.returncode < 0:   # SIGKILL: most often the kernel's out-of-memory killer
+        return None, f'killed by signal {-r.returncode}' + (' (out of memory?)' if r.returncode == -9 else '')
     if r.returncode != 0:
         lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
         return None, (lines[-1] if lines else f'exit status {r.returncode}').removeprefix('error: ')
