@@ -230,6 +230,7 @@ def check_args(args):
         model_config(args, name)  # Config's own checks: layers, factors, sizes, attention
     if len(set(names)) < len(names):
         raise ValueError(f'--configs names a configuration twice: {args.configs}')
+    args.configs = ','.join(names)
     try:
         device = torch.device(pick_device(args.device))
     except UserError as e:
@@ -277,6 +278,9 @@ def parse_config(name, args):
             break
         if not 1 <= k < float('inf') or (mode == 'fixed' and not k.is_integer()):
             raise ValueError(f'configuration {name}: the factor must be at least 1 (an integer for fixed)')
+        if k > args.seq_len:
+            raise ValueError(f'configuration {name}: the factor must be at most the sequence length '
+                             f'(--seq-len {args.seq_len})')
         return mode, k, compiled, attention
     raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, entropyK or gumbelK '
                      f'(e.g. fixed2, ws5.5, gumbel5.5), optionally with +compile, +sdpa, +blocked')

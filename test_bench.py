@@ -37,7 +37,7 @@ def _cli(args, cwd):
     (['--dropatt', '-0.1'], '--dropatt'), (['--peak-n', '0'], '--peak-n'), (['--threads', '0'], '--threads'),
     (['--attn-chunk', '0'], '--attn-chunk'), (['--n-head', '0'], '--n-head'), (['--steps', '0'], '--steps'),
     (['--warmup', '-1'], '--warmup'), (['--threads', '100000'], '--threads'), (['--seed', '-1'], '--seed'), (['--new', '0'], '--new'), (['--configs', 'ws0.5'], 'ws0.5'),
-    (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
+    (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'fixed65'], '--seq-len 64'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
     (['--layers', '2,8'], 'layers'), (['--device', 'nonsense'], '--device'), (['--trace', 't.json'], '--profile'),
     (['--plot', '/no/such/folder/p.png'], '/no/such/folder')])
 def test_bad_flags_are_one_line_exit_2(flags, words, capsys):
