@@ -11,8 +11,9 @@ each row gets exactly round(L / k) boundaries at uniformly random positions (wor
 mean length k), so the shortened stack runs on 1 + L/k positions. The predictor modes (unigramK,
 entropyK, gumbelK) run their boundary predictor and its loss in the step and pool with its own
 decisions; its logits are shifted once, before timing, so that about 1/k of the tokens close a
-segment (a random predictor would pool at whatever rate its initial weights give), and Adam updates
-the predictor with learning rate 0, so that it keeps that rate through the timed steps.
+segment (a random predictor would pool at whatever rate its initial weights give). Adam runs at
+learning rate 0 (every step does all the arithmetic of an update and leaves the weights as they
+were), so that every timed step pools alike.
 
     python bench.py                                   # CPU defaults, about three minutes on 2 idle cores:
                                                       #   d 256, 4 heads, d_inner 1024, L 512, batch 4, 12 configs
@@ -449,14 +450,11 @@ def peak_rss():
 
 
 def make_adam(args, model):
-    """Adam over all parameters; the boundary predictor's with learning rate 0."""
+    """Adam at learning rate 0: all the arithmetic of an update, weights left where they are."""
+    # Every timed step then pools alike: a predictor's decisions (and with them S) drift within a few
+    # real updates, as its loss trains it and the pre stack (README, Performance).
     impl = {'fused': dict(fused=True), 'foreach': dict(foreach=True), 'loop': dict(foreach=False)}[args.adam]
-    # The predictor's decisions set how much a step pools: its weights stay as calibrated (Adam still
-    # does all its arithmetic on them), or a few updates move its logits across the threshold.
-    pred = {id(p) for m in model.modules() if isinstance(m, BoundaryPredictor) for p in m.parameters()}
-    groups = [dict(params=[p for p in model.parameters() if id(p) not in pred])]
-    groups += [dict(params=[p for p in model.parameters() if id(p) in pred], lr=0.0)] if pred else []
-    return torch.optim.Adam(groups, lr=1e-4, **impl)
+    return torch.optim.Adam(model.parameters(), lr=0.0, **impl)
 
 
 def train_step(model, opt, x, y, b, amp):

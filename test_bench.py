@@ -136,7 +136,7 @@ def test_ctrl_c_exits_130_with_nothing_written(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize('name', ['unigram4', 'entropy4', 'gumbel8'])
 def test_predictor_configurations_pool_at_about_their_factor(name):
     """unigramK/entropyK/gumbelK: the predictor, shifted once, closes about 1/K of the segments, and
-    keeps doing so through the timed steps, which train it (its loss and gradients are in the step)."""
+    keeps doing so through the timed steps (its loss and gradients are in each of them)."""
     args = bench.parse_args(TINY + ['--batch', '4', '--seq-len', '128', '--d-inner', '256'])
     model, step, outs = bench.prepared(args, name)
     pred = bench.predictor_of(model)
