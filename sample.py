@@ -41,8 +41,8 @@ alphabet is an error, listed on one line. An empty prompt starts from a single s
 The checkpoint is the `ckpt.pt` that train.py writes (or its run directory), read by train.py's
 load_checkpoint: its 'model' (state dict), 'config' (dataclasses.asdict(Config)) and 'vocab'
 (alphabet: list of characters, index = token id; space_id); the rest (optimizer, RNG states, ...)
-is ignored. Loading is safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any pickle. Sampling is
-reproducible for a given --seed, device and torch version. On CPU one thread is the default
+is ignored. Loading is safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any
+pickle. Sampling is reproducible for a given --seed, device and torch version. On CPU one thread is the default
 (--threads): decoding one character at a time is latency-bound.
 
 Errors: one line `error: ...` on stderr, exit 2 for a bad flag, 1 otherwise, 130 on Ctrl-C. The
@@ -370,7 +370,10 @@ def run(args, stdout=None, written=None):
     check_outputs(args)
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
-    model, ckpt = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
+    try:
+        model, ckpt = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
+    except UserError as e:   # name this script's flag for the one refusal it can lift
+        raise UserError(f'{e} (--trust-ckpt)' if 'safe loading' in str(e) else str(e)) from None
     alphabet, space_id = list(ckpt['vocab']['alphabet']), ckpt['vocab'].get('space_id')
     ids = encode(args.prompt, alphabet)
     if not ids:

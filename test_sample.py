@@ -361,3 +361,16 @@ def test_sample_cli_plot_without_extension_is_a_png(_sample_ckpts, tmp_path, cap
     rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--chars', 5, '--entropy-plot', 'fig'], capsys)
     assert rc == 0, err
     assert os.listdir(tmp_path) == ['fig'] and (tmp_path / 'fig').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+class _Pickled:
+    """A Python object beyond tensors and containers, as a checkpoint might carry."""
+
+
+def test_sample_cli_unsafe_checkpoint_names_the_flag_that_lifts_the_refusal(_sample_ckpts, tmp_path, capsys):
+    good = torch.load(_sample_ckpts['fixed'], weights_only=False)
+    torch.save(dict(good, extra=_Pickled()), tmp_path / 'pickled.pt')
+    rc, out, err = _sample_main(['--ckpt', tmp_path / 'pickled.pt', '--chars', 5], capsys)
+    assert rc == 1 and out == '' and err.count('\n') == 1 and '_Pickled' in err and '--trust-ckpt' in err, err
+    rc, out, err = _sample_main(['--ckpt', tmp_path / 'pickled.pt', '--chars', 5, '--trust-ckpt'], capsys)
+    assert rc == 0 and len(out) == 7, err
