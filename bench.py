@@ -11,7 +11,9 @@ each row gets exactly round(L / k) boundaries at uniformly random positions (wor
 mean length k), so the shortened stack runs on 1 + L/k positions. The predictor modes (unigramK,
 entropyK, gumbelK) run their boundary predictor and its loss in the step and pool with its own
 decisions; its logits are shifted once, before timing, so that about 1/k of the tokens close a
-segment (a random predictor would pool at whatever rate its initial weights give).
+segment (a random predictor would pool at whatever rate its initial weights give). Adam runs at
+learning rate 0 (every step does all the arithmetic of an update and leaves the weights as they
+were), so that every timed step pools alike.
 
     python bench.py                                   # CPU defaults, about three minutes on 2 idle cores:
                                                       #   d 256, 4 heads, d_inner 1024, L 512, batch 4, 12 configs
@@ -43,6 +45,7 @@ Errors: one line `error: ...` on stderr; exit 2 for a bad flag, 1 otherwise, 130
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -57,6 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from dynpool import BoundaryPredictor, Config, DynamicPoolingLM, downsample, sinusoids, upsample
+from train import UserError, pick_device, step_flops
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -93,6 +97,20 @@ def positive_int(s):
     return v
 
 
+def seed_int(s):
+    v = int(s)
+    if not 0 <= v < 2 ** 63:
+        raise argparse.ArgumentTypeError(f'must be in [0, 2**63), got {v}')
+    return v
+
+
+def thread_count(s):
+    v, cores = int(s), os.cpu_count() or 1
+    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
+        raise argparse.ArgumentTypeError(f'must be between 1 and the {cores} cores of this machine, got {v}')
+    return v
+
+
 def non_negative_int(s):
     v = int(s)
     if v < 0:
@@ -110,52 +128,65 @@ def probability(s):
 def parse_args(argv=None):
     p = Parser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a('--preset', choices=PRESETS, default='cpu', help='model and batch sizes to start from (cpu: d 256 L 512 B 4; '
-      'paper: d 512 L 2048 B 8); the flags below override single values')
+    a('--preset', choices=PRESETS, default='cpu', help='model and batch sizes to start from (cpu: d 256 '
+      'L 512 B 4; paper: d 512 L 2048 B 8); the flags below override single values')
     a('--d-model', type=positive_int, help='model width')
     a('--n-head', type=positive_int, help='attention heads')
     a('--d-head', type=positive_int, help='width of one head')
     a('--d-inner', type=positive_int, help='feed-forward width')
     a('--seq-len', type=positive_int, help='characters per sequence (context length L)')
     a('--batch', type=positive_int, help='sequences per step')
-    a('--layers', default='2,8,2', help='pre,shortened,post layers of the pooled models; vanilla runs their sum at full length')
+    a('--layers', default='2,8,2',
+      help='pre,shortened,post layers of the pooled models; vanilla runs their sum at full length')
     a('--dropout', type=probability, default=0.1, help='residual dropout (the paper trains with 0.1)')
     a('--dropatt', type=probability, default=0.1, help='attention dropout (the paper trains with 0.1)')
-    a('--attn-chunk', type=positive_int, default=None, help='queries per attention block (Config.attn_chunk; default: the model\'s)')
+    a('--attn-chunk', type=positive_int, default=None,
+      help='queries per attention block (Config.attn_chunk; default: the model\'s)')
     a('--attention', choices=ATTENTION_PATHS, default=None, help='Config.attention for every configuration '
-      '(default: the model\'s own default); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
-    a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), '
-      'wsK (dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
-      'unigramK/entropyK/gumbelK (the predictor modes, their predictor pooling at mean length about K); '
-      'each optionally followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu '
-      'preset; the paper preset: ' + PAPER_CONFIGS + ', and on a GPU also ' + GPU_VARIANTS + ',' + BLOCKED_VARIANTS)
-    a('--steps', type=positive_int, default=None, help='timed training steps per configuration per round (3; 10 on a GPU)')
+      '(default: the model\'s own); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
+    a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), wsK '
+      '(dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
+      'unigramK/entropyK/gumbelK (the predictor modes, pooling at mean length about K); each optionally '
+      'followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu preset; the '
+      f'paper preset: {PAPER_CONFIGS}, on a GPU also {GPU_VARIANTS},{BLOCKED_VARIANTS}')
+    a('--steps', type=positive_int, default=None,
+      help='timed training steps per configuration per round (3; 10 on a GPU)')
     a('--warmup', type=non_negative_int, default=None,
       help='untimed steps first (allocator, Adam state, caches, compilation; 1; 3 on a GPU)')
-    a('--rounds', type=positive_int, default=None,
-      help='rounds over all configurations, each configuration in a fresh process per round (2; 1 on a GPU)')
+    a('--rounds', type=positive_int, default=None, help='rounds over all configurations, each '
+      'configuration in a fresh process per round (2; 1 on a GPU)')
     a('--device', default='cuda' if torch.cuda.is_available() else 'cpu', help='cpu or cuda')
-    a('--amp', choices=['auto', 'off', 'bf16'], default='auto', help='bf16 autocast; auto: on for cuda, off for cpu')
-    a('--threads', type=positive_int, default=None, help='torch.set_num_threads for every process (default: torch\'s choice)')
-    a('--clock', choices=['wall', 'cpu'], default='wall', help='wall: elapsed time; cpu: this process\'s CPU time, which '
-      'on a CPU shared with other jobs still reads what an idle core would take (use with --threads 1)')
-    a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation (fused: one kernel '
-      'over all parameters, ~3× faster than loop on CPU; loop is torch.optim.Adam\'s CPU default)')
-    a('--compile', action='store_true', help='torch.compile every configuration (as a +compile suffix does for one; '
-      'warm-up then includes compilation)')
-    a('--peak-n', type=positive_int, default=None, help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
-    a('--no-pieces', action='store_true', help='skip timing attention, feed-forward, pooling and predictor separately')
-    a('--plot', metavar='FILE', help='write a PNG of step time and memory against shortening factor (needs matplotlib)')
-    a('--profile', metavar='CONFIG', help='print the torch.profiler table of one training step of CONFIG and exit')
-    a('--trace', metavar='FILE', help='--profile: also write the Chrome trace (chrome://tracing, Perfetto) to FILE')
-    a('--generate', action='store_true', help='benchmark cached generation against full recomputation instead of training')
+    a('--amp', choices=['auto', 'off', 'bf16'], default='auto',
+      help='bf16 autocast; auto: on for cuda, off for cpu')
+    a('--threads', type=thread_count, default=None,
+      help='torch.set_num_threads for every process (default: torch\'s choice)')
+    a('--clock', choices=['wall', 'cpu'], default='wall', help='wall: elapsed time; cpu: this process\'s '
+      'CPU time, which on a CPU shared with other jobs still reads what an idle core would take '
+      '(use with --threads 1)')
+    a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation (fused: '
+      'one kernel over all parameters, ~3× faster than loop on CPU; loop is torch.optim.Adam\'s CPU default)')
+    a('--compile', action='store_true', help='torch.compile every configuration (as a +compile suffix '
+      'does for one; warm-up then includes compilation)')
+    a('--peak-n', type=positive_int, default=None,
+      help='size n of the n×n×n matmul that measures the peak (default 2048 cpu, 8192 cuda)')
+    a('--no-pieces', action='store_true',
+      help='skip timing attention, feed-forward, pooling and predictor separately')
+    a('--plot', metavar='FILE',
+      help='write a PNG of step time and memory against shortening factor (needs matplotlib)')
+    a('--profile', metavar='CONFIG',
+      help='print the torch.profiler table of one training step of CONFIG and exit')
+    a('--trace', metavar='FILE',
+      help='--profile: also write the Chrome trace (chrome://tracing, Perfetto) to FILE')
+    a('--generate', action='store_true',
+      help='benchmark cached generation against full recomputation instead of training')
     a('--context', type=positive_int, default=1024, help='--generate: characters of context before generating')
     a('--new', type=positive_int, default=128, help='--generate: characters generated by the cached model')
     a('--gen-batch', type=positive_int, default=1, help='--generate: sequences generated side by side')
-    a('--recompute-steps', type=positive_int, default=8, help='--generate: characters generated by full recomputation (slow)')
-    a('--timeout', type=float, default=None, help='seconds one configuration\'s process may take before it is left '
-      'out of the table (default: no limit on CPU, 300 on a GPU, where a compilation can run long)')
-    a('--seed', type=int, default=0, help='random seed of weights, characters and boundaries')
+    a('--recompute-steps', type=positive_int, default=8,
+      help='--generate: characters generated by full recomputation (slow)')
+    a('--timeout', type=float, default=None, help='seconds one configuration\'s process may take before it '
+      'is left out of the table (default: no limit on CPU, 300 on a GPU, where a compilation can run long)')
+    a('--seed', type=seed_int, default=0, help='random seed of weights, characters and boundaries')
     a('--one', metavar='CONFIG', help=argparse.SUPPRESS)  # child process: one configuration, prints a JSON line
     args = p.parse_args(argv)
     resolve_defaults(args)
@@ -201,14 +232,13 @@ def check_args(args):
         model_config(args, name)  # Config's own checks: layers, factors, sizes, attention
     if len(set(names)) < len(names):
         raise ValueError(f'--configs names a configuration twice: {args.configs}')
+    args.configs = ','.join(names)
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f'--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)') from None
+        device = torch.device(pick_device(args.device))
+    except UserError as e:
+        raise ValueError(str(e)) from None
     if device.type not in ('cpu', 'cuda'):
         raise ValueError(f'--device {args.device}: bench.py runs on cpu or cuda')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f'--device {args.device}: CUDA is not available here (try --device cpu)')
     if args.clock == 'cpu' and device.type != 'cpu':
         raise ValueError('--clock cpu times CPU work only: use it with --device cpu')
     if args.timeout is not None and not args.timeout > 0:
@@ -250,6 +280,9 @@ def parse_config(name, args):
             break
         if not 1 <= k < float('inf') or (mode == 'fixed' and not k.is_integer()):
             raise ValueError(f'configuration {name}: the factor must be at least 1 (an integer for fixed)')
+        if k > args.seq_len:
+            raise ValueError(f'configuration {name}: the factor must be at most the sequence length '
+                             f'(--seq-len {args.seq_len})')
         return mode, k, compiled, attention
     raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, entropyK or gumbelK '
                      f'(e.g. fixed2, ws5.5, gumbel5.5), optionally with +compile, +sdpa, +blocked')
@@ -341,25 +374,20 @@ def stack_lengths(args, mode, sf):
     return [(pre, L), (short, 1 + L / sf), (post, L)]
 
 
-FLOP_FORMULA = ("model FLOPs of a step = 3 × forward (backward = 2 × forward); forward = Σ over stacks of\n"
-                "  layers × [B·n·2·(3·d·H·dh + H·dh·d + 2·d·d_inner)  (qkv, out, feed-forward)\n"
-                "          + n·2·d·H·dh                            (position projection r_net, once per sequence)\n"
-                "          + B·H·n²·2·dh·3]                        (content and position scores, weights × values: full n²)\n"
-                "  + B·L·2·d·V (logits) [+ B·L·2·(d·d_inner + d_inner), the boundary predictor of unigram/entropy/gumbel];\n"
-                "  n = the stack's length (L, or 1 + L/SF for the shortened stack, SF measured);\n"
-                "  pooling, upsampling, norms and softmax are left out. The attention skips the masked future\n"
-                "  blocks, so it executes about half the n² terms counted here (the usual MFU convention).")
+def flop_formula():
+    """The FLOP count in words: train.step_flops's own docstring, and what bench.py adds to it."""
+    doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
+    return (f'model FLOPs (train.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}\n'
+            f'  bench.py adds the boundary predictor of unigram/entropy/gumbel: 3 x B*L*2*(d*d_inner + d_inner)')
 
 
-def step_flops(args, mode, sf):
-    d, H, dh, di, B, L = args.d_model, args.n_head, args.d_head, args.d_inner, args.batch, args.seq_len
-    fwd = B * L * 2 * d * VOCAB
-    if mode in PREDICTOR_MODES:
-        fwd += B * L * 2 * (d * di + di)
-    for layers, n in stack_lengths(args, mode, sf):
-        fwd += layers * (B * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di) + n * 2 * d * H * dh
-                         + B * H * n * n * 2 * dh * 3)
-    return 3 * fwd
+def config_flops(args, name, sf):
+    """Model FLOPs of one training step of configuration `name` at the measured SF."""
+    cfg = model_config(args, name)
+    flops = step_flops(cfg, args.batch, args.seq_len, None if cfg.boundary == 'none' else 1 + args.seq_len / sf)
+    if cfg.boundary in PREDICTOR_MODES:   # the predictor MLP, forward and backward
+        flops += 3 * args.batch * args.seq_len * 2 * (cfg.d_model * cfg.d_inner + cfg.d_inner)
+    return flops
 
 
 clock = time.perf_counter  # --clock cpu switches every CPU timing here to time.process_time
@@ -422,8 +450,11 @@ def peak_rss():
 
 
 def make_adam(args, model):
+    """Adam at learning rate 0: all the arithmetic of an update, weights left where they are."""
+    # Every timed step then pools alike: a predictor's decisions (and with them S) drift within a few
+    # real updates, as its loss trains it and the pre stack (README, Performance).
     impl = {'fused': dict(fused=True), 'foreach': dict(foreach=True), 'loop': dict(foreach=False)}[args.adam]
-    return torch.optim.Adam(model.parameters(), lr=1e-4, **impl)
+    return torch.optim.Adam(model.parameters(), lr=0.0, **impl)
 
 
 def train_step(model, opt, x, y, b, amp):
@@ -487,6 +518,8 @@ def spawn(args, name):
         r = subprocess.run(child_cmd(args, name), capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return None, f'took over {args.timeout:g} s (--timeout)'
+    if r.returncode < 0:   # SIGKILL: most often the kernel's out-of-memory killer
+        return None, f'killed by signal {-r.returncode}' + (' (out of memory?)' if r.returncode == -9 else '')
     if r.returncode != 0:
         lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
         return None, (lines[-1] if lines else f'exit status {r.returncode}').removeprefix('error: ')
@@ -506,11 +539,24 @@ def time_fn(fn, device, repeats=5):
 POOL, PRED = 'pooling + upsampling (B-matrix mean, gather)', 'boundary predictor'
 
 
+def stages(model):
+    """The model's stacks of layers in data-flow order: pre, shortened, post (vanilla: one)."""
+    # dynpool's named stages (stage_names), or its earlier positional `stacks`
+    names = getattr(model, 'stage_names', None)
+    return [getattr(model, n) for n in names] if names else list(model.stacks)
+
+
+def pooling_parts(model):
+    """The null group and the norm after the segment means, from the pooling unit (or the model)."""
+    unit = getattr(model, 'pooling', None)
+    return (unit.null_group, unit.norm) if unit is not None else (model.null_group, model.down_norm)
+
+
 def time_pieces(args, name, step_time):
     """Forward + backward time of each piece of configuration `name`, times how often a step runs it."""
     model, mode, k, (x, y, b) = setup(args, name)
     B, L, D, dev = args.batch, args.seq_len, args.d_model, args.device
-    layer = model.stacks[0].layers[0]
+    layer = stages(model)[0].layers[0]
     rows = []
 
     def fwd_bwd(f, *inputs):
@@ -534,8 +580,9 @@ def time_pieces(args, name, step_time):
     if mode != 'none':
         with torch.no_grad():
             bb = model(x, boundaries=b).boundaries.detach().float()   # the boundaries the step pools with
+        null, norm = pooling_parts(model)
         rows.append((POOL, time_fn(fwd_bwd(
-            lambda h: upsample(model.down_norm(downsample(h, bb, model.null_group)), bb) + h, h), dev)))
+            lambda h: upsample(norm(downsample(h, bb, null)), bb) + h, h), dev)))
         own = mode in PREDICTOR_MODES
         pred = predictor_of(model) if own else BoundaryPredictor(model.cfg).to(dev)
         rows.append((PRED + ('' if own else ' (unigram/entropy/gumbel only; not in ws)'), time_fn(fwd_bwd(
@@ -560,7 +607,8 @@ def time_pieces(args, name, step_time):
 
 
 def report_pieces(args, names, table):
-    """Pieces of vanilla and of one pooled step; the share of pooling, upsampling and the predictor."""
+    """Pieces of vanilla and of a pooled step (ws5.5 or the first pooled one, and the first predictor
+    configuration) → {configuration: share of pooling + upsampling + predictor in its step}."""
     van = table.get('vanilla')
     if van:
         time_pieces(args, 'vanilla', van['time'])
@@ -568,16 +616,16 @@ def report_pieces(args, names, table):
     pooled = [n for n in plain if n != 'vanilla']
     with_pred = [n for n in pooled if parse_config(n, args)[0] in PREDICTOR_MODES]
     picks = ['ws5.5' if 'ws5.5' in pooled else (pooled[0] if pooled else None)] + with_pred[:1]
+    shares = {}
     for pick in dict.fromkeys(p for p in picks if p):
         step_time = table[pick]['time']
         pieces = time_pieces(args, pick, step_time)
         pool, pred = pieces[POOL], pieces[PRED]
-        if pick in with_pred:
-            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / step_time:.1f}% '
-                  f'of a {pick} step')
-        else:
-            print(f'  pooling + upsampling + boundary predictor: {100 * (pool + pred) / (step_time + pred):.1f}% '
-                  f'of a {pick} step with a predictor added')
+        own = pick in with_pred   # else a predictor of the same size is added to the step
+        shares[pick] = (pool + pred) / (step_time + (0 if own else pred))
+        print(f'  pooling + upsampling + boundary predictor: {100 * shares[pick]:.1f}% of a {pick} step'
+              + ('' if own else ' with a predictor added'))
+    return shares
 
 
 # -----------------------------------------------------------------------------
@@ -678,7 +726,7 @@ def bench_generate(args):
         with torch.no_grad():
             # Cached: prefill the context once, then one decode call per character.
             stack_time = [0.0, 0.0, 0.0]
-            for i, stack in enumerate(model.stacks):
+            for i, stack in enumerate(stages(model)):
                 def timed(*a, _step=stack.step, _i=i, **kw):
                     sync(dev)
                     t = clock()
@@ -698,7 +746,7 @@ def bench_generate(args):
                 model.decode(x[:, t], state)
             sync(dev)
             cached = clock() - t0
-            for stack in model.stacks:
+            for stack in stages(model):
                 del stack.step
             # model.generate end to end (prefill included, sampling its own characters).
             sync(dev)
@@ -796,7 +844,7 @@ def summarise(args, names, results):
         table[n] = dict(time=statistics.median([x for run in runs for x in run['times']]),
                         peak=max(run['peak'] for run in runs),
                         mem=statistics.median(run['step_mem'] for run in runs), sf=sf,
-                        flops=step_flops(args, parse_config(n, args)[0], sf))
+                        flops=config_flops(args, n, sf))
     return table
 
 
@@ -807,7 +855,7 @@ def reference(name, table):
 
 
 def print_table(args, names, table, peak):
-    print(FLOP_FORMULA)
+    print(flop_formula())
     cuda = args.device.startswith('cuda')
     width = max(8, *map(len, names))
     mem_label = 'peak alloc' if cuda else 'peak RSS'
@@ -845,7 +893,7 @@ def plot(args, names, table, plt):
     ax1.legend()
     fig.suptitle(f'd {args.d_model}, L {args.seq_len}, batch {args.batch}, {device_name(args)}')
     fig.tight_layout()
-    write_atomic(args.plot, '--plot', lambda tmp: fig.savefig(tmp, dpi=120))
+    write_atomic(args.plot, '--plot', lambda tmp: fig.savefig(tmp, dpi=120, format='png'))
     print(f'plot written to {args.plot}')
 
 
@@ -856,6 +904,8 @@ def main(argv=None):
         clock = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
+    if torch.device(args.device).index is not None:   # cuda:1: events, memory stats and sync there
+        torch.cuda.set_device(torch.device(args.device))
     if args.one:
         return run_one(args, args.one)
     if args.generate:

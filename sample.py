@@ -38,11 +38,11 @@ Prompt characters: the prompt is lower-cased first when the checkpoint's alphabe
 letters (text8 and the paper's cleaning lower-case everything). Any character still outside the
 alphabet is an error, listed on one line. An empty prompt starts from a single space.
 
-The checkpoint is the `ckpt.pt` that train.py writes (or its run directory): a dict whose keys 'model'
-(state dict), 'config' (dataclasses.asdict(Config)) and 'vocab' (alphabet: list of characters,
-index = token id; space_id) are read; the rest (optimizer, RNG states, ...) is ignored. Loading is
-safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any pickle. Sampling is
-reproducible for a given --seed, device and torch version. On CPU one thread is the default
+The checkpoint is the `ckpt.pt` that train.py writes (or its run directory), read by train.py's
+load_checkpoint: its 'model' (state dict), 'config' (dataclasses.asdict(Config)) and 'vocab'
+(alphabet: list of characters, index = token id; space_id); the rest (optimizer, RNG states, ...)
+is ignored. Loading is safe (weights_only, numpy's RNG state allowed); --trust-ckpt loads any
+pickle. Sampling is reproducible for a given --seed, device and torch version. On CPU one thread is the default
 (--threads): decoding one character at a time is latency-bound.
 
 Errors: one line `error: ...` on stderr, exit 2 for a bad flag, 1 otherwise, 130 on Ctrl-C. The
@@ -52,119 +52,18 @@ naming the most --chars (or --num-samples) that would fit. Files are written who
 """
 
 import argparse
-import dataclasses
 import math
 import os
-import pickle
-import re
 import sys
-import zipfile
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dynpool import Config, DynamicPoolingLM, next_token
+from dynpool import next_token
+from train import UserError, load_checkpoint, pick_device
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange
 ANSI_RESET = '\033[0m'
-
-
-class SampleError(Exception):
-    """A user-facing problem (bad checkpoint, bad prompt, bad device): printed as one line, exit 1."""
-
-
-# -----------------------------------------------------------------------------
-# Checkpoint
-
-
-def _config_from_dict(cfg_dict):
-    """Config from dataclasses.asdict(Config), ignoring keys that are not Config fields."""
-    if not isinstance(cfg_dict, dict):
-        raise SampleError(f"the checkpoint's config is a {type(cfg_dict).__name__}, expected a dict "
-                          f"(dataclasses.asdict(Config))")
-    names = {f.name for f in dataclasses.fields(Config)}
-    try:
-        return Config(**{k: v for k, v in cfg_dict.items() if k in names})
-    except (TypeError, ValueError) as e:
-        raise SampleError(f"the checkpoint's config is invalid: {e}") from None
-
-
-def _strip_prefixes(state_dict):
-    """Drop the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add to parameter names."""
-    out = {}
-    for k, v in state_dict.items():
-        while k.startswith(('_orig_mod.', 'module.')):
-            k = k.split('.', 1)[1]
-        out[k] = v
-    return out
-
-
-def _numpy_safe_globals():
-    """numpy's array reconstruction, allowed for safe loading: train.py saves numpy's RNG state to resume."""
-    core = getattr(np, '_core', None) or np.core     # numpy 2 / numpy 1
-    dtypes = [type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64, np.float32,
-                                          np.float64, np.bool_)]
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
-
-
-def load_checkpoint(path, device='cpu', trust=False):
-    """Load train.py's checkpoint → (model in eval mode on device, alphabet list, space id or None).
-
-    Raises SampleError with one line for every way a checkpoint can be missing, unreadable or incomplete.
-    """
-    if os.path.isdir(path):
-        path = os.path.join(path, 'ckpt.pt')
-    if not os.path.exists(path):
-        raise SampleError(f"checkpoint not found: {path}")
-    try:
-        with torch.serialization.safe_globals(_numpy_safe_globals()):
-            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
-    except pickle.UnpicklingError as e:
-        found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
-        if found and not trust:   # a readable file that pickles a Python object beyond tensors and containers
-            raise SampleError(f"checkpoint {path} holds a pickled {found.group(1)}, which safe loading refuses; "
-                              f"if you trust this file, pass --trust-ckpt") from None
-        raise SampleError(f"cannot read checkpoint {path}: corrupt or not a torch checkpoint") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, AttributeError, ImportError) as e:
-        msg = str(e).strip().splitlines()[0].split('. ')[0] if str(e).strip() else type(e).__name__
-        raise SampleError(f"cannot read checkpoint {path} (corrupt or not a torch checkpoint): {msg}") from None
-    if not isinstance(ckpt, dict):
-        raise SampleError(f"checkpoint {path} holds a {type(ckpt).__name__}, expected a dict with "
-                          f"'model', 'config' and 'vocab'")
-
-    missing = [k for k in ('model', 'config', 'vocab') if k not in ckpt]
-    if missing:
-        raise SampleError(f"checkpoint {path} lacks {', '.join(map(repr, missing))}: expected keys 'model', "
-                          f"'config', 'vocab' (as train.py writes); found {sorted(map(str, ckpt))}")
-    state, cfg_dict, vocab = ckpt['model'], ckpt['config'], ckpt['vocab']
-    alphabet = vocab.get('alphabet') if isinstance(vocab, dict) else None
-    if not isinstance(alphabet, (list, tuple, str)) or not all(isinstance(c, str) for c in alphabet):
-        raise SampleError(f"checkpoint {path}: its 'vocab' needs 'alphabet', a list of characters (index = token id)")
-    alphabet = list(alphabet)
-
-    cfg = _config_from_dict(cfg_dict)
-    if len(alphabet) > cfg.vocab_size:
-        raise SampleError(f"checkpoint {path}: the alphabet has {len(alphabet)} characters but the model's "
-                          f"vocab_size is {cfg.vocab_size}")
-    space_id = vocab.get('space_id')
-
-    if not isinstance(state, dict):
-        raise SampleError(f"checkpoint {path}: the model state dict is a {type(state).__name__}, expected a dict")
-    model = DynamicPoolingLM(cfg)
-    try:
-        result = model.load_state_dict(_strip_prefixes(state), strict=False)
-    except RuntimeError as e:   # shapes that disagree with the config
-        detail = next((ln.strip() for ln in str(e).splitlines() if 'size mismatch' in ln), str(e).splitlines()[0])
-        raise SampleError(f"checkpoint {path}: the weights do not fit its config: {detail}") from None
-    if result.missing_keys or result.unexpected_keys:
-        def few(keys):
-            return ', '.join(keys[:4]) + (f' (+{len(keys) - 4} more)' if len(keys) > 4 else '')
-        parts = ([f"missing {few(result.missing_keys)}"] if result.missing_keys else []) + \
-                ([f"unexpected {few(result.unexpected_keys)}"] if result.unexpected_keys else [])
-        raise SampleError(f"checkpoint {path}: the weights do not fit its config "
-                          f"(boundary={cfg.boundary!r}, layers={cfg.layers}): {'; '.join(parts)}")
-    return model.to(device).eval(), alphabet, space_id
 
 
 # -----------------------------------------------------------------------------
@@ -173,14 +72,14 @@ def load_checkpoint(path, device='cpu', trust=False):
 
 def encode(text, alphabet):
     """Prompt → token ids. Lower-cases first when the alphabet has no upper-case letters; characters
-    still outside the alphabet raise SampleError naming each of them once."""
+    still outside the alphabet raise UserError naming each of them once."""
     if not any(c != c.lower() for c in alphabet):
         text = text.lower()
     index = {c: i for i, c in enumerate(alphabet)}
     bad = sorted({c for c in text if c not in index})
     if bad:
         shown = ''.join(a for a in alphabet)
-        raise SampleError(f"the prompt has characters outside the checkpoint's alphabet: "
+        raise UserError(f"the prompt has characters outside the checkpoint's alphabet: "
                           f"{', '.join(repr(c) for c in bad)} (alphabet: {shown!r})")
     return [index[c] for c in text]
 
@@ -252,7 +151,7 @@ def entropy_trace(text, entropy, boundaries):
     return '\n'.join(lines) + '\n'
 
 
-def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_len=0):
+def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_len=0, fmt=None):
     """The paper's Figure 2: next-character entropy (bits) per character, the characters along the
     x-axis, a dashed line after every character that closes a segment, the prompt shaded grey."""
     try:
@@ -260,7 +159,7 @@ def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_l
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SampleError("--entropy-plot needs matplotlib: pip install matplotlib") from None
+        raise UserError("--entropy-plot needs matplotlib: pip install matplotlib") from None
     n_rows = max(1, math.ceil(len(text) / per_row))
     ymax = max(1e-3, max(entropy)) * 1.1
     fig, axes = plt.subplots(n_rows, 1, figsize=(max(8, 0.16 * min(per_row, len(text)) + 1), 1.9 * n_rows + 0.4),
@@ -284,7 +183,7 @@ def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_l
     axes[0, 0].set_title(title + ('  (dashed: segment ends' if boundaries is not None else '  (')
                          + ('; grey: prompt)' if prompt_len else ')'), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, format=fmt)
     plt.close(fig)
 
 
@@ -296,6 +195,20 @@ def positive_int(s):
     v = int(s)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def seed_int(s):
+    v = int(s)
+    if not 0 <= v < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
+    return v
+
+
+def thread_count(s):
+    v, cores = int(s), os.cpu_count() or 1
+    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
+        raise argparse.ArgumentTypeError(f"must be between 1 and this machine's {cores} cores, got {v}")
     return v
 
 
@@ -324,7 +237,7 @@ def parse_args(argv=None):
     p.add_argument('--top-k', type=positive_int, default=None,
                    help="sample only among the k most likely characters (default: all)")
     p.add_argument('--greedy', action='store_true', help="always take the most likely character (argmax)")
-    p.add_argument('--seed', type=int, default=1337, help="random seed: same seed, same output (1337)")
+    p.add_argument('--seed', type=seed_int, default=1337, help="random seed: same seed, same output (1337)")
     p.add_argument('--device', default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cuda if available, else cpu)")
     p.add_argument('--show-segments', action='store_true',
@@ -338,7 +251,7 @@ def parse_args(argv=None):
     p.add_argument('--entropy-plot', default=None, metavar='FILE.png',
                    help="plot the per-character entropy with the boundaries marked (paper Fig. 2), first sample; "
                         "needs matplotlib")
-    p.add_argument('--threads', type=positive_int, default=1,
+    p.add_argument('--threads', type=thread_count, default=1,
                    help="CPU threads for torch (1): decoding one character at a time is latency-bound, and extra "
                         "threads only pay off for long prompts or many samples")
     p.add_argument('--trust-ckpt', action='store_true',
@@ -347,22 +260,6 @@ def parse_args(argv=None):
     if args.temperature < 0 or not math.isfinite(args.temperature):
         p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
     return args
-
-
-def pick_device(name):
-    if name is None:
-        return 'cuda' if torch.cuda.is_available() else 'cpu'
-    try:
-        dev = torch.device(name)
-    except RuntimeError as e:
-        raise SampleError(f"bad --device {name!r}: {e}") from None
-    if dev.type == 'cuda' and not torch.cuda.is_available():
-        raise SampleError(f"--device {name} asked for, but CUDA is not available here (try --device cpu)")
-    if dev.type == 'cuda' and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise SampleError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-    if dev.type == 'mps' and not (hasattr(torch.backends, 'mps') and torch.backends.mps.is_available()):
-        raise SampleError(f"--device {name} asked for, but MPS is not available here")
-    return str(dev)
 
 
 def free_memory(device):
@@ -414,7 +311,7 @@ def check_request(cfg, n_samples, prompt_len, n_new, device):
     max_chars = most(lambda n: generation_bytes(cfg, n_samples, prompt_len, n))
     max_samples = most(lambda b: generation_bytes(cfg, b, prompt_len, n_new))
     gib = 2 ** 30
-    raise SampleError(f"{n_samples} sample(s) of {n_new} characters after a {prompt_len}-character prompt "
+    raise UserError(f"{n_samples} sample(s) of {n_new} characters after a {prompt_len}-character prompt "
                       f"need about {need / gib:,.1f} GiB (key/value caches of {sum(cfg.layers)} layers over "
                       f"{prompt_len + n_new:,} positions), more than the {budget / gib:,.1f} GiB free on "
                       f"{device}: ask for at most {max_chars:,} --chars with --num-samples {n_samples}, "
@@ -430,19 +327,47 @@ def write_atomic(path, flag, write):
         write(tmp)
         os.replace(tmp, path)
     except (OSError, ValueError) as e:    # ValueError: a file format matplotlib cannot write
-        raise SampleError(f"cannot write {flag} {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise UserError(f"cannot write {flag} {path}: {getattr(e, 'strerror', None) or e}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def plot_format(path):
+    """The image format matplotlib writes for `path`: its extension, png without one."""
+    return os.path.splitext(path)[1][1:].lower() or 'png'
+
+
+def check_outputs(args):
+    """Refuse, before generating, an output file that could not be written."""
+    trace = None if args.entropy_trace == '-' else args.entropy_trace
+    for flag, path in (('--entropy-trace', trace), ('--entropy-plot', args.entropy_plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise UserError(f"cannot write {flag} {path}: the folder {folder} does not exist")
+    if args.entropy_plot:
+        try:
+            from matplotlib.backend_bases import FigureCanvasBase
+        except ImportError:
+            raise UserError("--entropy-plot needs matplotlib: pip install matplotlib") from None
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if plot_format(args.entropy_plot) not in formats:
+            raise UserError(f"--entropy-plot {args.entropy_plot}: matplotlib writes no "
+                            f".{plot_format(args.entropy_plot)} files; use one of {', '.join(sorted(formats))}")
 
 
 def run(args, stdout=None, written=None):
     """Generate and print; `written` collects the files completed so far."""
     stdout = stdout or sys.stdout
     written = [] if written is None else written
+    check_outputs(args)
     device = pick_device(args.device)
     torch.set_num_threads(args.threads)
-    model, alphabet, space_id = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
+    try:
+        model, ckpt = load_checkpoint(args.ckpt, device, trust=args.trust_ckpt)
+    except UserError as e:   # name this script's flag for the one refusal it can lift
+        raise UserError(f'{e} (--trust-ckpt)' if 'safe loading' in str(e) else str(e)) from None
+    alphabet, space_id = list(ckpt['vocab']['alphabet']), ckpt['vocab'].get('space_id')
     ids = encode(args.prompt, alphabet)
     if not ids:
         ids = [space_id if space_id is not None else 0]
@@ -491,7 +416,7 @@ def run(args, stdout=None, written=None):
         title = f"{run_name}: boundary={model.cfg.boundary}, next-character entropy"
         write_atomic(args.entropy_plot, '--entropy-plot', lambda tmp: entropy_plot(
             tmp, texts[0], entropy[0], None if boundaries is None else boundaries[0], title=title,
-            prompt_len=len(ids)))
+            prompt_len=len(ids), fmt=plot_format(args.entropy_plot)))
         written.append(args.entropy_plot)
         print(f"wrote {args.entropy_plot}", file=sys.stderr)
     stdout.flush()
@@ -509,7 +434,7 @@ def main(argv=None):
     written = []
     try:
         run(args, written=written)
-    except SampleError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

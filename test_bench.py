@@ -21,14 +21,11 @@ TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
 
 
-def _cli(args, cwd, code=None, timeout=120):
-    """`python bench.py ARGS` in cwd, or a Python process that runs `code`, then bench.cli() on ARGS."""
-    argv = [str(a) for a in args]
-    cmd = [sys.executable, str(ROOT / 'bench.py')] + argv if code is None else \
-        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r}); import bench\n{code}\n'
-                               f'sys.argv = ["bench.py"] + {argv!r}; bench.cli()']
+def _cli(args, cwd):
+    """`python bench.py ARGS` in cwd."""
     env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, str(ROOT / 'bench.py')] + [str(a) for a in args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,8 +36,8 @@ def _cli(args, cwd, code=None, timeout=120):
     (['--d-model', '-4'], '--d-model'), (['--d-model', '31'], 'd_model even'), (['--dropout', '2'], '--dropout'),
     (['--dropatt', '-0.1'], '--dropatt'), (['--peak-n', '0'], '--peak-n'), (['--threads', '0'], '--threads'),
     (['--attn-chunk', '0'], '--attn-chunk'), (['--n-head', '0'], '--n-head'), (['--steps', '0'], '--steps'),
-    (['--warmup', '-1'], '--warmup'), (['--new', '0'], '--new'), (['--configs', 'ws0.5'], 'ws0.5'),
-    (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
+    (['--warmup', '-1'], '--warmup'), (['--threads', '100000'], '--threads'), (['--seed', '-1'], '--seed'), (['--new', '0'], '--new'), (['--configs', 'ws0.5'], 'ws0.5'),
+    (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'fixed65'], '--seq-len 64'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
     (['--layers', '2,8'], 'layers'), (['--device', 'nonsense'], '--device'), (['--trace', 't.json'], '--profile'),
     (['--plot', '/no/such/folder/p.png'], '/no/such/folder')])
 def test_bad_flags_are_one_line_exit_2(flags, words, capsys):
@@ -62,7 +59,7 @@ def test_bad_flag_through_the_command_line(tmp_path):
 def test_cuda_without_cuda_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(['--device', 'cuda'])
-    assert e.value.code == 2 and 'CUDA is not available' in capsys.readouterr().err
+    assert e.value.code == 2 and 'CUDA' in capsys.readouterr().err
 
 
 def test_attention_is_passed_only_when_asked_for():
@@ -82,13 +79,17 @@ def test_attention_is_passed_only_when_asked_for():
 # ---------------------------------------------------------------------------------------------
 # Faults at run time: one line, exit 1 or 130, nothing written
 # ---------------------------------------------------------------------------------------------
-def test_failing_configuration_is_one_line(tmp_path):
-    """A child that cannot allocate its batch: the parent names the configuration, in one line, exit 1."""
-    p = _cli(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
-                     '--peak-n', '64', '--plot', 'p.png'], tmp_path)
-    assert p.returncode == 1, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: configuration vanilla failed: '), p.stderr
-    assert 'memory' in p.stderr and 'Traceback' not in p.stderr
+def test_failing_configuration_is_one_line(tmp_path, capsys, monkeypatch):
+    """A real child that cannot allocate its batch: the parent names the configuration, in one line,
+    exit 1, and writes no plot."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
+                           '--peak-n', '64', '--plot', 'p.png'])
+    err = capsys.readouterr().err
+    assert e.value.code == 1
+    assert err.count('\n') == 1 and err.startswith('error: configuration vanilla failed: '), err
+    assert 'memory' in err and 'Traceback' not in err
     assert os.listdir(tmp_path) == []
 
 
@@ -112,12 +113,20 @@ def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
     assert rows == ['vanilla', 'fixed2'] and 'round 1: ws4      failed: out of memory: boom' in out
 
 
-def test_ctrl_c_exits_130_with_nothing_written(tmp_path):
-    ctrl_c = 'import os, signal, time\ndef ctrl_c(*a):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n' \
-             'bench.spawn = ctrl_c'
-    p = _cli(TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'], tmp_path, code=ctrl_c)
-    assert p.returncode == 130, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted'), p.stderr
+def test_ctrl_c_exits_130_with_nothing_written(tmp_path, capsys, monkeypatch):
+    """bench.py's command line (cli) on Ctrl-C while a configuration runs: one line, exit 130, no plot."""
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, 'spawn', ctrl_c)
+    monkeypatch.setattr(sys, 'argv', ['bench.py'] + TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'])
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(SystemExit) as e:
+            bench.cli()
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C escaped bench.cli')
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and err == 'error: interrupted (Ctrl-C); no file written\n'
     assert os.listdir(tmp_path) == []
 
 
@@ -127,14 +136,15 @@ def test_ctrl_c_exits_130_with_nothing_written(tmp_path):
 @pytest.mark.parametrize('name', ['unigram4', 'entropy4', 'gumbel8'])
 def test_predictor_configurations_pool_at_about_their_factor(name):
     """unigramK/entropyK/gumbelK: the predictor, shifted once, closes about 1/K of the segments, and
-    the step trains it (its loss is in the step)."""
-    args = bench.parse_args(TINY + ['--batch', '8', '--seq-len', '128'])
-    model, mode, k, (x, y, b) = bench.setup(args, name)
-    out = model(x, targets=y, boundaries=b)
-    assert 0.7 * k < float(out.shortening_factor) < 1.4 * k, float(out.shortening_factor)
-    out.loss.backward()
+    keeps doing so through the timed steps (its loss and gradients are in each of them)."""
+    args = bench.parse_args(TINY + ['--batch', '4', '--seq-len', '128', '--d-inner', '256'])
+    model, step, outs = bench.prepared(args, name)
     pred = bench.predictor_of(model)
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pred.parameters())
+    for _ in range(6):
+        step()
+        k = bench.parse_config(name, args)[1]
+        assert 0.7 * k < float(outs[0].shortening_factor) < 1.4 * k, float(outs[0].shortening_factor)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pred.parameters())
 
 
 @pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel4'])
@@ -148,7 +158,7 @@ def test_flop_formula_matches_counted_matmuls(name):
         out = model(x, targets=y, boundaries=b)
         out.loss.backward()
     sf = float(out.shortening_factor) if out.shortening_factor is not None else 1.0
-    formula = bench.step_flops(args, mode, sf)
+    formula = bench.config_flops(args, name, sf)
     # r_net's input (the sinusoids) needs no gradient: its backward is 1×, not 2× — the only gap
     assert formula == pytest.approx(counter.get_total_flops(), rel=0.03)
 
@@ -204,3 +214,35 @@ def test_cuda_step_timed_with_events_and_peak_memory(capsys):
     assert bench.matmul_peak(args) > 1e12
     bench.profile_step(bench.parse_args(TINY + ['--device', 'cuda', '--profile', 'ws4']), 'ws4')
     assert 'host synchronisations in one ws4 step:' in capsys.readouterr().out
+
+
+def test_pieces_and_their_share_of_a_pooled_step(capsys, monkeypatch):
+    """The pieces of vanilla, ws and a predictor configuration, timed alone; the share of pooling +
+    upsampling + predictor is taken of the predictor configuration's own step, and of the ws step
+    with a predictor added."""
+    args = bench.parse_args(TINY + ['--seq-len', '32'])
+    names = ['vanilla', 'ws4', 'gumbel4']
+    table = {n: dict(time=t) for n, t in zip(names, (0.03, 0.02, 0.025))}
+    timed = {}
+    time_pieces = bench.time_pieces
+    monkeypatch.setattr(bench, 'time_pieces', lambda a, n, t: timed.setdefault(n, time_pieces(a, n, t)))
+    shares = bench.report_pieces(args, names, table)
+    out = capsys.readouterr().out
+    assert list(timed) == names and all(f'pieces of a {n} step' in out for n in names)
+    pool, pred = timed['gumbel4'][bench.POOL], timed['gumbel4'][bench.PRED]
+    assert pool > 0 and pred > 0
+    assert shares['gumbel4'] == pytest.approx((pool + pred) / 0.025)
+    pool, pred = timed['ws4'][bench.POOL], timed['ws4'][bench.PRED]
+    assert shares['ws4'] == pytest.approx((pool + pred) / (0.02 + pred))
+    assert f'{100 * shares["gumbel4"]:.1f}% of a gumbel4 step\n' in out
+    assert out.count('(unigram/entropy/gumbel only; not in ws)') == 1   # gumbel4 times its own predictor
+
+
+def test_generation_bench_runs_cached_and_full(capsys):
+    args = bench.parse_args(TINY + ['--generate', '--context', '16', '--new', '4', '--recompute-steps', '2'])
+    bench.bench_generate(args)
+    out = capsys.readouterr().out
+    for name in ('vanilla', 'ws5.5'):
+        rates = re.findall(rf'{re.escape(name)} +(?:cached decode|model.generate|full recomputation)\D+([\d.]+) ', out)
+        assert len(rates) == 3 and all(float(r) > 0 for r in rates), out
+    assert 'all layers' in out and 'pre stack' in out

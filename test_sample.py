@@ -187,7 +187,7 @@ def test_sample_cli_checkpoint_errors_are_one_line(_sample_ckpts, capsys, tmp_pa
     torch.save(dict(good, config=dict(good['config'], layers=(1, 0, 1))), tmp_path / 'badcfg.pt')
     torch.save(dict(good, config=dict(good['config'], d_inner=48)), tmp_path / 'shapes.pt')
     torch.save([1, 2, 3], tmp_path / 'list.pt')
-    cases = {tmp_path / 'missing' / 'ckpt.pt': 'not found', tmp_path / 'empty-run-dir': 'not found',
+    cases = {tmp_path / 'missing' / 'ckpt.pt': 'no checkpoint', tmp_path / 'empty-run-dir': 'no checkpoint',
              corrupt: 'corrupt', tmp_path / 'text.pt': 'corrupt', tmp_path / 'novocab.pt': 'vocab',
              tmp_path / 'mismatch.pt': 'do not fit', tmp_path / 'badcfg.pt': 'invalid', tmp_path / 'list.pt': 'dict',
              tmp_path / 'shapes.pt': 'size mismatch'}
@@ -257,7 +257,7 @@ def test_sample_cli_loads_compiled_or_ddp_state_dicts(_sample_ckpts, capsys, tmp
 
 
 @pytest.mark.parametrize('extra', [['--top-k', '0'], ['--chars', '-3'], ['--temperature', '-1'],
-                                   ['--num-samples', 'x']])
+                                   ['--num-samples', 'x'], ['--seed', str(10 ** 23)], ['--threads', '100000']])
 def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
     with pytest.raises(SystemExit) as e:
         sample.main(['--ckpt', str(_sample_ckpts['fixed'])] + extra)
@@ -268,32 +268,26 @@ def test_sample_cli_bad_flags_are_one_line(_sample_ckpts, capsys, extra):
 # ---------------------------------------------------------------------------------------------
 # 5. Requests too large for memory, running out of memory, Ctrl-C
 # ---------------------------------------------------------------------------------------------
-def _sample_run_cli(args, cwd, code=None):
-    """`python sample.py ARGS`, or with `code` a Python process that runs `code` and then the same
-    command line through sample.main (as `python sample.py` does)."""
-    argv = [str(a) for a in args]
-    cmd = [sys.executable, str(_SAMPLE_ROOT / 'sample.py')] + argv if code is None else \
-        [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(_SAMPLE_ROOT)!r}); import sample\n{code}\n'
-                               f'sys.exit(sample.main({argv!r}))']
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, env=_sample_env())
-
-
 @pytest.mark.parametrize('request_', [['--chars', '1000000000'], ['--num-samples', '100000000', '--chars', '50']])
-def test_sample_cli_request_beyond_memory_is_refused_in_one_line(_sample_ckpts, tmp_path, request_):
+def test_sample_cli_request_beyond_memory_is_refused_in_one_line(_sample_ckpts, tmp_path, capsys, monkeypatch,
+                                                                 request_):
     """--chars 1e9 or --num-samples 1e8 is refused before anything is allocated or written, naming
-    the flags and the most that fits."""
-    p = _sample_run_cli(['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--entropy-trace', 't.tsv']
-                        + request_, cwd=tmp_path)
-    assert p.returncode == 1 and p.stdout == '', p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: ') and 'GiB' in p.stderr, p.stderr
-    most = re.search(r'at most ([\d,]+) --chars with --num-samples \d+, or at most ([\d,]+) --num-samples',
-                     p.stderr)
-    assert most, p.stderr
-    flag = request_[0]
-    asked = int(request_[1])
-    allowed = int(most.group(1 if flag == '--chars' else 2).replace(',', ''))
-    assert 0 < allowed < asked                 # a smaller request of the same kind would fit
-    assert os.listdir(tmp_path) == []          # no trace, no temporary file
+    the flags and the most that fits (the first through a real `python sample.py`)."""
+    argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--entropy-trace', 't.tsv'] + request_
+    if request_[0] == '--chars':
+        p = subprocess.run([sys.executable, str(_SAMPLE_ROOT / 'sample.py')] + [str(a) for a in argv],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_sample_env())
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    else:
+        monkeypatch.chdir(tmp_path)
+        rc, out, err = _sample_main(argv, capsys)
+    assert rc == 1 and out == '', err
+    assert err.count('\n') == 1 and err.startswith('error: ') and 'GiB' in err, err
+    most = re.search(r'at most ([\d,]+) --chars with --num-samples \d+, or at most ([\d,]+) --num-samples', err)
+    assert most, err
+    allowed = int(most.group(1 if request_[0] == '--chars' else 2).replace(',', ''))
+    assert 0 < allowed < int(request_[1])       # a smaller request of the same kind would fit
+    assert os.listdir(tmp_path) == []           # no trace, no temporary file
 
 
 def test_sample_memory_estimate_covers_the_caches():
@@ -301,7 +295,9 @@ def test_sample_memory_estimate_covers_the_caches():
     model = _sample_tiny_model('whitespace', vocab=27)
     x = torch.randint(1, 27, (32, 7))
     _, state = model.prefill(x, capacity=7 + 50)
-    cache_bytes = sum((c.k.numel() + c.v.numel()) * c.k.element_size() for stack in state.caches for c in stack)
+    # one KVCache per stage (dict), or per layer in a list per stack
+    caches = state.caches.values() if isinstance(state.caches, dict) else [c for s in state.caches for c in s]
+    cache_bytes = sum((c.k.numel() + c.v.numel()) * c.k.element_size() for c in caches)
     est = sample.generation_bytes(model.cfg, 32, 7, 50)
     assert cache_bytes <= est <= 2 * cache_bytes
     assert sample.generation_bytes(model.cfg, 32, 7, 100) > est and sample.generation_bytes(model.cfg, 64, 7, 50) > est
@@ -315,23 +311,66 @@ def test_sample_out_of_memory_is_one_line(_sample_ckpts, capsys, monkeypatch):
     assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: out of memory'), err
 
 
-def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, tmp_path):
+def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(_sample_ckpts, tmp_path, capsys, monkeypatch):
     """Ctrl-C while generating: exit 130, one line, no file. Ctrl-C while the plot is drawn: the
     finished trace is kept whole, no plot and no temporary file."""
     argv = ['--ckpt', _sample_ckpts['entropy'], '--prompt', 'the', '--chars', 20, '--seed', 1,
             '--entropy-trace', 't.tsv', '--entropy-plot', 'fig.png']
-    interrupt = 'import os, signal, time\ndef ctrl_c(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n' \
-                '    time.sleep(30)\n'
-    (tmp_path / 'a').mkdir()
-    p = _sample_run_cli(argv, tmp_path / 'a', code=interrupt + 'sample.sample = ctrl_c')
-    assert p.returncode == 130 and p.stdout == '', p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 'no file' in p.stderr
-    assert os.listdir(tmp_path / 'a') == []
-    (tmp_path / 'b').mkdir()
-    half_plot = 'def half_plot(path, *a, **k):\n    open(path, "w").write("half a plot")\n    ctrl_c()\n'
-    p = _sample_run_cli(argv, tmp_path / 'b', code=interrupt + half_plot + 'sample.entropy_plot = half_plot')
-    assert p.returncode == 130, p.stderr
-    assert p.stderr.count('\n') == 1 and p.stderr.startswith('error: interrupted') and 't.tsv' in p.stderr
-    assert os.listdir(tmp_path / 'b') == ['t.tsv']
-    rows = (tmp_path / 'b' / 't.tsv').read_text().splitlines()
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def half_plot(path, *args, **kwargs):
+        open(path, 'w').write('half a plot')
+        raise KeyboardInterrupt
+    def main(argv):
+        try:
+            return _sample_main(argv, capsys)
+        except KeyboardInterrupt:
+            pytest.fail('Ctrl-C escaped sample.main')
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(sample, 'sample', ctrl_c)
+        rc, out, err = main(argv)
+    assert rc == 130 and out == '' and err == 'error: interrupted (Ctrl-C); no file written\n'
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(sample, 'entropy_plot', half_plot)
+    rc, out, err = main(argv)
+    assert rc == 130 and err.count('\n') == 1 and err.startswith('error: interrupted') and 't.tsv' in err
+    assert os.listdir(tmp_path) == ['t.tsv']
+    rows = (tmp_path / 't.tsv').read_text().splitlines()
     assert rows[0] == 'pos\tchar\tentropy_bits\tboundary' and len(rows) == 1 + 3 + 20
+
+
+@pytest.mark.parametrize('flag, path, words', [('--entropy-plot', 'fig.notaformat', 'writes no .notaformat'),
+                                               ('--entropy-plot', 'no/such/folder/fig.png', 'does not exist'),
+                                               ('--entropy-trace', 'no/such/folder/t.tsv', 'does not exist')])
+def test_sample_cli_unwritable_output_is_refused_before_generating(_sample_ckpts, tmp_path, capsys, monkeypatch,
+                                                                   flag, path, words):
+    """An output file that cannot be written is refused before any text is generated or printed."""
+    pytest.importorskip('matplotlib')
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--chars', 5, flag, path], capsys)
+    assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: ') and words in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_sample_cli_plot_without_extension_is_a_png(_sample_ckpts, tmp_path, capsys, monkeypatch):
+    pytest.importorskip('matplotlib')
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _sample_main(['--ckpt', _sample_ckpts['fixed'], '--chars', 5, '--entropy-plot', 'fig'], capsys)
+    assert rc == 0, err
+    assert os.listdir(tmp_path) == ['fig'] and (tmp_path / 'fig').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+class _Pickled:
+    """A Python object beyond tensors and containers, as a checkpoint might carry."""
+
+
+def test_sample_cli_unsafe_checkpoint_names_the_flag_that_lifts_the_refusal(_sample_ckpts, tmp_path, capsys):
+    good = torch.load(_sample_ckpts['fixed'], weights_only=False)
+    torch.save(dict(good, extra=_Pickled()), tmp_path / 'pickled.pt')
+    rc, out, err = _sample_main(['--ckpt', tmp_path / 'pickled.pt', '--chars', 5], capsys)
+    assert rc == 1 and out == '' and err.count('\n') == 1 and '_Pickled' in err and '--trust-ckpt' in err, err
+    rc, out, err = _sample_main(['--ckpt', tmp_path / 'pickled.pt', '--chars', 5, '--trust-ckpt'], capsys)
+    assert rc == 0 and len(out) == 7, err
