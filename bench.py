@@ -375,19 +375,15 @@ def stack_lengths(args, mode, sf):
 
 
 def flop_formula():
-    """The FLOP count in words: train.step_flops's own docstring, and what bench.py adds to it."""
+    """The FLOP count in words: train.step_flops's own docstring."""
     doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
-    return (f'model FLOPs (train.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}\n'
-            f'  bench.py adds the boundary predictor of unigram/entropy/gumbel: 3 x B*L*2*(d*d_inner + d_inner)')
+    return f'model FLOPs (train.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}'
 
 
 def config_flops(args, name, sf):
     """Model FLOPs of one training step of configuration `name` at the measured SF."""
     cfg = model_config(args, name)
-    flops = step_flops(cfg, args.batch, args.seq_len, None if cfg.boundary == 'none' else 1 + args.seq_len / sf)
-    if cfg.boundary in PREDICTOR_MODES:   # the predictor MLP, forward and backward
-        flops += 3 * args.batch * args.seq_len * 2 * (cfg.d_model * cfg.d_inner + cfg.d_inner)
-    return flops
+    return step_flops(cfg, args.batch, args.seq_len, None if cfg.boundary == 'none' else 1 + args.seq_len / sf)
 
 
 clock = time.perf_counter  # --clock cpu switches every CPU timing here to time.process_time
