@@ -828,7 +828,8 @@ class GenerationState:
 
 @dataclass
 class GenerationStep:
-    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
+    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them.
+    hnet decides b_t with token t+1: the last token's b reads 0 until the next step fills it in."""
     tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
     logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
     boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
