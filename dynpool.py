@@ -96,7 +96,7 @@ class RelativeAttention(nn.Module):
     def fused(self, x):
         """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
         torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
-        path there (README, Performance)."""
+        path there (README, the model in code)."""
         if self.attention == 'auto':
             return x.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
@@ -139,12 +139,14 @@ class RelativeAttention(nn.Module):
         L = r.size(1) - 1
         scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
         future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
+        # Added, not masked_fill: the backward then passes the gradient through untouched.
+        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
         if not fused:
-            return scores.masked_fill(future, float('-inf'))
+            return scores + causal
         # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
         # take such a mask as it is instead of copying it into a padded one.
         bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-        return bias.copy_(scores).masked_fill_(future, float('-inf'))
+        return bias.copy_(scores).add_(causal)
 
     def forward(self, x, pos, u, v, kv=None):
         """Causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0; kv: (k, v) cache
