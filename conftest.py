@@ -36,7 +36,8 @@ DATA_DIR = ROOT.parent / "shared" / "data"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", help="also run tests marked slow (torch.compile)")
+    parser.addoption("--slow", action="store_true",
+                     help="also run tests marked slow (torch.compile)")
 
 
 def pytest_configure(config):

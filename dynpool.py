@@ -272,7 +272,8 @@ class Stage(nn.Module):
         return x
 
     def empty_cache(self, B, capacity, ref):
-        """An empty KVCache for this stage, in ref's dtype and device."""
+        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
+        its dtype and on its device."""
         n, H, d = len(self.layers), ref.size(0), ref.size(1)
         return KVCache(k=ref.new_zeros(n, B, H, capacity, d), v=ref.new_zeros(n, B, H, capacity, d),
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))

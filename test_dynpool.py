@@ -654,7 +654,8 @@ def test_binomial_prior_loss_is_the_binomial_log_likelihood(prior):
 #    and 'auto', with or without S rounded up to a bucket, give the same values and gradients in
 #    every mode, training and evaluation. float64, several attention blocks (attn_chunk 5).
 # =============================================================================================
-VARIANTS = [dict(attention="blocked"), dict(attention="sdpa"), dict(attention="blocked", seg_bucket=16)]
+VARIANTS = [dict(attention="blocked"), dict(attention="sdpa"),
+            dict(attention="blocked", seg_bucket=16)]
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
@@ -831,7 +832,8 @@ def test_eval_is_deterministic_with_dropout(mode):
     if a.boundaries is not None:
         assert torch.equal(a.boundaries, b.boundaries)
     # ... while the same model in training mode does drop (so the test above means something)
-    assert not torch.equal(forward(model, x, True, seed=1).logits, forward(model, x, True, seed=2).logits)
+    train1, train2 = forward(model, x, True, seed=1), forward(model, x, True, seed=2)
+    assert not torch.equal(train1.logits, train2.logits)
 
 
 # =============================================================================================
@@ -870,7 +872,7 @@ def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
         assert all(b is None for b in seen)
         return 0
     got = torch.cat(seen, 1)
-    assert torch.equal(got, full_b.bool()), f"decode boundaries {got.int()} != forward {full_b.int()}"
+    assert torch.equal(got, full_b.bool()), f"decoded {got.int()} != forward {full_b.int()}"
     return int(full_b.sum())
 
 
@@ -912,7 +914,8 @@ def test_cache_parity_short_prompt_many_segments(mode):
 
 
 @pytest.mark.parametrize("mode, extra", [
-    ("none", dict(attn_chunk=5)), ("whitespace", dict(attn_chunk=5)), ("entropy", dict(attn_chunk=5)),
+    ("none", dict(attn_chunk=5)), ("whitespace", dict(attn_chunk=5)),
+    ("entropy", dict(attn_chunk=5)),
     ("whitespace", dict(attn_chunk=5, seg_bucket=8)), ("entropy", dict(attention="sdpa"))],
     ids=["none", "whitespace", "entropy", "whitespace-bucket", "entropy-sdpa"])
 def test_cache_parity_long_prompts(mode, extra):
@@ -1022,10 +1025,11 @@ def test_compiled_and_eager_losses_and_gradients_agree(mode):
         x = random_tokens(gen, 2, L)
         (eager, g_eager), (comp, g_comp) = (loss_and_grads(m, x, torch.roll(x, -1, 1))
                                             for m in (model, compiled))
+        # float32, and compiled 'auto' attention is one fused call where eager CPU runs blocks
         assert_close(comp.loss, eager.loss, atol=1e-5, msg=f"L={L} loss:")
         g_comp = {name.removeprefix("_orig_mod."): g for name, g in g_comp.items()}
         for name, g in g_eager.items():
-            assert_close(g_comp[name], g, atol=1e-5, msg=f"L={L} d/d{name}:")
+            assert_close(g_comp[name], g, atol=1e-5, rtol=1e-5, msg=f"L={L} d/d{name}:")
 
 
 # =============================================================================================
