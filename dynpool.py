@@ -96,8 +96,12 @@ class RelativeAttention(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, x):
-        """Whether x's device runs one scaled_dot_product_attention call ('auto': on GPUs)."""
-        return self.attention == 'sdpa' or (self.attention == 'auto' and x.device.type != 'cpu')
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
+        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
+        path there (README, the model in code)."""
+        if self.attention == 'auto':
+            return x.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
 
     def heads(self, x):
         """x [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
@@ -137,12 +141,14 @@ class RelativeAttention(nn.Module):
         L = r.size(1) - 1
         scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
         future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
+        # Added, not masked_fill: the backward then passes the gradient through untouched.
+        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
         if not fused:
-            return scores.masked_fill(future, float('-inf'))
+            return scores + causal
         # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
         # take such a mask as it is instead of copying it into a padded one.
         bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-        return bias.copy_(scores).masked_fill_(future, float('-inf'))
+        return bias.copy_(scores).add_(causal)
 
     def forward(self, x, pos, u, v, kv=None):
         """Causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0; kv: (k, v) cache
@@ -154,17 +160,17 @@ class RelativeAttention(nn.Module):
         q_content, q_pos = self.queries(q, u, v)
         k, val = k.contiguous(), val.contiguous()
         r = F.pad(self.positions(pos), (0, 0, 0, 1))                       # [H, L+1, d_head]
-        fused = self.fused(x)
-        # 'sdpa': one block of all L queries. 'blocked': queries in blocks [a, e) that see keys
-        # 0 … e-1 only, so the future half of the score matrix is never computed, and each
-        # block's scores [B, H, e-a, e] stay small enough to live in cache.
-        chunk = L if fused else self.chunk
+        if self.fused(x):  # one call for all L queries, no Python loop over L
+            bias = self.position_bias(q_pos, r, 0, L, True)
+            return self.merge(x, self.attend(q_content, k, val, bias, True))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
+        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
         ys = []
-        for a in range(0, L, chunk):
-            e = min(a + chunk, L)
-            bias = self.position_bias(q_pos, r, a, e, fused)
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, fused))
-        return self.merge(x, torch.cat(ys, 2) if len(ys) > 1 else ys[0])
+        for a in range(0, L, self.chunk):
+            e = min(a + self.chunk, L)
+            bias = self.position_bias(q_pos, r, a, e, False)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, False))
+        return self.merge(x, torch.cat(ys, 2))
 
     def step(self, x, u, v, kv, r, at):
         """One new position per row, x [B, 1, D], at per-row positions at [B]; writes its k, v
@@ -268,7 +274,8 @@ class Stage(nn.Module):
         return x
 
     def empty_cache(self, B, capacity, ref):
-        """An empty KVCache for this stage, in ref's dtype and device."""
+        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
+        its dtype and on its device."""
         n, H, d = len(self.layers), ref.size(0), ref.size(1)
         return KVCache(k=ref.new_zeros(n, B, H, capacity, d), v=ref.new_zeros(n, B, H, capacity, d),
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
@@ -591,11 +598,10 @@ def start_probability(q, k):
     return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
 
 
-def select_starts(h, start, bucket=1):
+def select_starts(h, start, S):
     """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S is the most chunks of a row, rounded up to a multiple of `bucket`."""
+    after a row's last chunk; S >= the most chunks of a row."""
     B, L, D = h.shape
-    S = -(-int(start.sum(1).max()) // bucket) * bucket
     t = torch.arange(L, device=h.device).expand(B, L)
     pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] starts; L: none
     z = h.gather(1, pos.clamp(max=L - 1)[..., None].expand(-1, -1, D))
@@ -655,7 +661,8 @@ class ChunkPooling(nn.Module):
         """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
         zero rows padding S to a bucket."""
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        return select_starts(h, routing.start, bucket)
+        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
+        return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
@@ -668,8 +675,8 @@ class ChunkPooling(nn.Module):
 
     def smooth(self, s, routing):
         """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        P = select_starts(routing.p[..., None], routing.start)[..., 0]     # [B, n] chunks' rates
-        return smooth_chunks(s, F.pad(P, (0, s.size(1) - P.size(1))))     # bucket rows: rate 0
+        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
+        return smooth_chunks(s, P[..., 0])
 
     def rows(self, routing):
         """[B] rows of down()'s output that the shortened stage keeps for generation."""
@@ -912,7 +919,10 @@ class DynamicPoolingLM(nn.Module):
                              f"{getattr(x, 'dtype', type(x))} of shape {shape(x)}")
         if x.size(1) == 0:
             raise ValueError("x must hold at least one token")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
+        # Value checks read the tensor back, a host sync on GPUs: there, data is checked once
+        # when it is loaded (train.py), not per forward.
+        values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
+        if values and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), "
                              f"got [{int(x.min())}, {int(x.max())}]")
         if targets is not None and (not torch.is_tensor(targets) or targets.shape != x.shape):
@@ -926,7 +936,7 @@ class DynamicPoolingLM(nn.Module):
             if dt.is_complex or not (dt == torch.bool or dt.is_floating_point
                                      or dt in (torch.int64, torch.int32, torch.uint8)):
                 raise ValueError(f"boundaries must be bool, integer or float 0/1, got {dt}")
-            if dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
+            if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
                 raise ValueError("boundaries must hold only 0 and 1")
         if self.source is not None:
             self.source.check(targets, boundaries)
