@@ -711,7 +711,7 @@ class HNetBoundaries(BoundarySource):
         super().__init__()
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.N, self.weight = cfg.ratio_target, cfg.ratio_weight
+        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
         self.whitespace_id = cfg.whitespace_id
 
     def init_weights(self):
@@ -734,7 +734,8 @@ class HNetBoundaries(BoundarySource):
 
     def loss(self, routing, logits, x, boundaries):
         spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        return self.weight * ratio_loss(routing.start, routing.p, self.N), spaces
+        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
+        return loss, spaces
 
 
 # The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
