@@ -1,35 +1,56 @@
-"""Shared test set-up and helpers for every test module: hypothesis profiles, thread count,
-paths, tolerances and tiny models. Run the suite with `python -m pytest -q` (README)."""
-
+"""Shared test set-up for every test module: thread count, hypothesis profiles, markers, paths,
+tolerances, tiny models and inputs. Run the suite with `python -m pytest -q` (README);
+`--slow` adds the torch.compile tests, and tests marked `gpu` run only where CUDA is.
+"""
 
 import math
 import os
 from pathlib import Path
 
+import pytest
 import torch
-import torch.nn as nn
 from hypothesis import HealthCheck, settings
 
-from dynpool import Config, DynamicPoolingLM
+from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.
 torch.set_num_threads(1)
 
-# ---------------------------------------------------------------------------------------------
-# Hypothesis profiles: "dev" explores new examples each run; "ci" (env var CI set) is derandomized.
-# ---------------------------------------------------------------------------------------------
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-               print_blob=True)
+# Hypothesis: "dev" explores new examples each run; "ci" (env var CI set) is derandomized.
+# Tests that take pytest fixtures add HYPOTHESIS_FIXTURES to their own @settings.
+_common = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+HYPOTHESIS_FIXTURES = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                  HealthCheck.function_scoped_fixture])
 
-MODES = ["none", "fixed", "whitespace", "unigram", "entropy", "gumbel", "hnet"]
-PREDICTOR_MODES = ["unigram", "entropy", "gumbel"]
-V = 8          # tiny vocabulary for the leakage tests
-SPACE = 0      # its space id (drawn often, see random_tokens)
-DATA_DIR = Path(__file__).parent.parent / "shared" / "data"
+MODES = list(BOUNDARY_MODES)
+PREDICTOR_MODES = list(_PREDICTOR_MODES)
+V = 8                        # tiny vocabulary of the model tests
+SPACE = 0                    # its space id (drawn often, see random_tokens)
+ALPHABET = [" "] + [chr(ord("a") + i) for i in range(26)]   # text8's, space id 0
 ROOT = Path(__file__).parent
+DATA_DIR = ROOT.parent / "shared" / "data"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run tests marked slow (torch.compile)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
+    config.addinivalue_line("markers", "slow: minutes on a CPU (torch.compile); run with --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+        if "slow" in item.keywords and not config.getoption("--slow"):
+            item.add_marker(pytest.mark.skip(reason="slow (torch.compile): run with --slow"))
 
 
 def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
@@ -44,66 +65,66 @@ def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
     if bad.any():
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise AssertionError(
-            f"{msg} not close: max abs diff {diff.max().item():.3e}, mean abs diff {diff.mean().item():.3e}, "
-            f"{int(bad.sum())}/{a.numel()} elements over atol={atol} rtol={rtol}; first at {first}: "
-            f"{a[first].item():.6g} vs {b[first].item():.6g}")
-
-_SAMPLE_ROOT = Path(__file__).parent
-_SAMPLE_MODES = ['none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet']
-_SAMPLE_PREDICTOR_MODES = ['unigram', 'entropy', 'gumbel']
-_SAMPLE_V = 8        # vocabulary of the parity tests; id 0 is the space
-_SAMPLE_ALPHABET = [' '] + [chr(ord('a') + i) for i in range(26)]   # text8's, space_id 0
-_SAMPLE_SETTINGS = dict(deadline=None, derandomize=bool(os.environ.get('CI')), print_blob=True,
-                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                               HealthCheck.function_scoped_fixture])
+            f"{msg} not close: max abs diff {diff.max().item():.3e}, mean abs diff "
+            f"{diff.mean().item():.3e}, {int(bad.sum())}/{a.numel()} elements over atol={atol} "
+            f"rtol={rtol}; first at {first}: {a[first].item():.6g} vs {b[first].item():.6g}")
 
 
-# Tiny random models
 # ---------------------------------------------------------------------------------------------
-def _sample_predictor_linear(model):
-    """The boundary predictor's final Linear(., 1)."""
-    cands = [m for name, m in model.named_modules()
-             if isinstance(m, nn.Linear) and m.out_features == 1 and ('pred' in name or 'bound' in name)]
-    assert cands, "no boundary predictor Linear(., 1) found"
-    return cands[-1]
-
-
-def _sample_tokens(gen, n, L, vocab, p_space=0.3):
+# Tiny models and inputs
+# ---------------------------------------------------------------------------------------------
+def random_tokens(gen, n, L, vocab=V, p_space=0.25):
+    """[n, L] ids in [0, vocab): the space (id 0) with probability p_space, else uniform."""
     x = torch.randint(1, vocab, (n, L), generator=gen)
     return torch.where(torch.rand(n, L, generator=gen) < p_space, torch.zeros_like(x), x)
 
 
-_SAMPLE_MODEL_CACHE = {}
+def tiny_config(mode, vocab=V, dropout=0.0, **kw):
+    """d_model 32, 2 heads x 16, d_inner 64, layers (1, 1, 1), fixed k 3, space id 0."""
+    args = dict(vocab_size=vocab, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=dropout,
+                dropatt=dropout, layers=(1, 1, 1), boundary=mode, fixed_factor=3,
+                whitespace_id=SPACE)
+    args.update(kw)
+    return Config(**args)
 
 
-def _sample_tiny_model(mode, vocab=_SAMPLE_V, seed=0, rate=0.3, **extra):
-    """d_model 32, 2 heads x 16, d_inner 64, layers (1, 1, 1), dropout off, eval mode. Predictor modes get
-    strong predictor weights and a bias found by bisection so that about `rate` of tokens close a segment.
-    `extra`: more Config fields."""
-    key = (mode, vocab, seed, rate, tuple(sorted(extra.items())))
-    if key in _SAMPLE_MODEL_CACHE:
-        return _SAMPLE_MODEL_CACHE[key]
-    torch.manual_seed(seed)
-    cfg = Config(vocab_size=vocab, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, dropatt=0.0,
-                 layers=(1, 1, 1), boundary=mode, fixed_factor=3, whitespace_id=0, **extra)
-    model = DynamicPoolingLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 0.5)     # peaked predictions: argmax ties are out of reach
-        if mode in _SAMPLE_PREDICTOR_MODES:
-            lin = _sample_predictor_linear(model)
-            lin.weight.normal_(0.0, 3.0 / math.sqrt(lin.in_features))
-            x = _sample_tokens(torch.Generator().manual_seed(seed + 1), 4, 128, vocab)
-            lo, hi = -20.0, 20.0
-            for _ in range(30):
-                lin.bias.fill_((lo + hi) / 2)
-                frac = model(x).boundaries.float().mean().item()
-                lo, hi = ((lo + hi) / 2, hi) if frac < rate else (lo, (lo + hi) / 2)
-            # Bisection ends where one calibration token sits exactly on the threshold; step off it, or that
-            # token (same id at position 0 in any input) would be a tie for every test.
-            lin.bias.fill_((lo + hi) / 2 + 0.01)
-    if mode == 'hnet':
-        draw_hnet_weights(model)
-    _SAMPLE_MODEL_CACHE[key] = model
+def predictor_linear(model):
+    """The boundary predictor's final Linear(d_inner, 1)."""
+    return model.source.predictor.net[-1]
+
+
+_CALIBRATED = {}
+
+
+def tiny_model(mode, vocab=V, seed=0, rate=0.3, **extra):
+    """A fresh copy (mutate it freely) of a tiny eval-mode model, dropout off unless `extra` says.
+    Peaked predictions (argmax ties out of reach); predictor modes get strong predictor weights and
+    a bias found by bisection so that about `rate` of tokens close a segment (a fresh predictor
+    says all-0 or all-1, and no test would exercise pooling). `extra`: Config fields that leave
+    the weights alone (attention, attn_chunk, seg_bucket, dropout, ...)."""
+    key = (mode, vocab, seed, rate)
+    if key not in _CALIBRATED:
+        torch.manual_seed(seed)
+        model = DynamicPoolingLM(tiny_config(mode, vocab)).eval()
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, 0.5)
+            if mode in PREDICTOR_MODES:
+                lin = predictor_linear(model)
+                lin.weight.normal_(0.0, 3.0 / math.sqrt(lin.in_features))
+                x = random_tokens(torch.Generator().manual_seed(seed + 1), 4, 128, vocab, 0.3)
+                lo, hi = -20.0, 20.0
+                for _ in range(30):
+                    lin.bias.fill_((lo + hi) / 2)
+                    frac = model(x).boundaries.float().mean().item()
+                    lo, hi = ((lo + hi) / 2, hi) if frac < rate else (lo, (lo + hi) / 2)
+                # Bisection ends where one calibration token sits exactly on the threshold; step
+                # off it, or that token (same id at position 0 in any input) would tie every test.
+                lin.bias.fill_((lo + hi) / 2 + 0.01)
+        if mode == "hnet":
+            draw_hnet_weights(model)
+        _CALIBRATED[key] = model
+    model = DynamicPoolingLM(tiny_config(mode, vocab, **extra)).eval()
+    model.load_state_dict(_CALIBRATED[key].state_dict())
     return model
 
 
@@ -116,16 +137,34 @@ def draw_hnet_weights(model, scale=0.5):
             w.copy_(torch.eye(D) + torch.randn(D, D) * scale / math.sqrt(D))
 
 
-def _sample_full_forward(model, x):
-    """Full (uncached) forward → (logits, boundaries or None, predictor logits or None)."""
-    seen = []
-    hook = None
-    if model.cfg.boundary in _SAMPLE_PREDICTOR_MODES:
-        hook = _sample_predictor_linear(model).register_forward_hook(lambda m, i, o: seen.append(o.detach()))
-    try:
-        with torch.no_grad():
-            out = model(x)
-    finally:
-        if hook is not None:
-            hook.remove()
-    return out.logits, out.boundaries, (seen[-1][..., 0] if seen else None)
+@pytest.fixture
+def tiny():
+    """tiny_model for one test: made once per test (its hypothesis examples share it), never
+    shared with another test."""
+    made = {}
+
+    def get(mode, **kw):
+        key = (mode, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = tiny_model(mode, **kw)
+        return made[key]
+    return get
+
+
+def full_forward(model, x):
+    """Uncached forward → (logits, boundaries or None, predictor logits or None), no grad."""
+    with torch.no_grad():
+        trunk = model.trunk(x)
+        r = trunk.routing
+        return model.lm_head(trunk.h), None if r is None else r.b, None if r is None else r.logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Old names, still imported by test_sample.py (to be removed once it uses the names above)
+# ---------------------------------------------------------------------------------------------
+_SAMPLE_ROOT = ROOT
+_SAMPLE_MODES = MODES
+_SAMPLE_ALPHABET = ALPHABET
+_SAMPLE_SETTINGS = HYPOTHESIS_FIXTURES
+_sample_tiny_model = tiny_model
+_sample_full_forward = full_forward

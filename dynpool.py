@@ -98,7 +98,7 @@ class RelativeAttention(nn.Module):
     def fused(self, x):
         """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
         torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
-        path there (README, Performance)."""
+        path there (README, the model in code)."""
         if self.attention == 'auto':
             return x.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
@@ -141,12 +141,14 @@ class RelativeAttention(nn.Module):
         L = r.size(1) - 1
         scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
         future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
+        # Added, not masked_fill: the backward then passes the gradient through untouched.
+        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
         if not fused:
-            return scores.masked_fill(future, float('-inf'))
+            return scores + causal
         # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
         # take such a mask as it is instead of copying it into a padded one.
         bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-        return bias.copy_(scores).masked_fill_(future, float('-inf'))
+        return bias.copy_(scores).add_(causal)
 
     def forward(self, x, pos, u, v, kv=None):
         """Causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0; kv: (k, v) cache
@@ -272,7 +274,8 @@ class Stage(nn.Module):
         return x
 
     def empty_cache(self, B, capacity, ref):
-        """An empty KVCache for this stage, in ref's dtype and device."""
+        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
+        its dtype and on its device."""
         n, H, d = len(self.layers), ref.size(0), ref.size(1)
         return KVCache(k=ref.new_zeros(n, B, H, capacity, d), v=ref.new_zeros(n, B, H, capacity, d),
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
@@ -595,11 +598,10 @@ def start_probability(q, k):
     return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
 
 
-def select_starts(h, start, bucket=1):
+def select_starts(h, start, S):
     """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S is the most chunks of a row, rounded up to a multiple of `bucket`."""
+    after a row's last chunk; S >= the most chunks of a row."""
     B, L, D = h.shape
-    S = -(-int(start.sum(1).max()) // bucket) * bucket
     t = torch.arange(L, device=h.device).expand(B, L)
     pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] starts; L: none
     z = h.gather(1, pos.clamp(max=L - 1)[..., None].expand(-1, -1, D))
@@ -659,7 +661,8 @@ class ChunkPooling(nn.Module):
         """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
         zero rows padding S to a bucket."""
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        return select_starts(h, routing.start, bucket)
+        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
+        return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
@@ -672,8 +675,8 @@ class ChunkPooling(nn.Module):
 
     def smooth(self, s, routing):
         """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        P = select_starts(routing.p[..., None], routing.start)[..., 0]     # [B, n] chunks' rates
-        return smooth_chunks(s, F.pad(P, (0, s.size(1) - P.size(1))))     # bucket rows: rate 0
+        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
+        return smooth_chunks(s, P[..., 0])
 
     def rows(self, routing):
         """[B] rows of down()'s output that the shortened stage keeps for generation."""
@@ -708,7 +711,7 @@ class HNetBoundaries(BoundarySource):
         super().__init__()
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.N, self.weight = cfg.ratio_target, cfg.ratio_weight
+        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
         self.whitespace_id = cfg.whitespace_id
 
     def init_weights(self):
@@ -731,7 +734,8 @@ class HNetBoundaries(BoundarySource):
 
     def loss(self, routing, logits, x, boundaries):
         spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        return self.weight * ratio_loss(routing.start, routing.p, self.N), spaces
+        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
+        return loss, spaces
 
 
 # The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
@@ -832,7 +836,8 @@ class GenerationState:
 
 @dataclass
 class GenerationStep:
-    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
+    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them.
+    hnet decides b_t with token t+1: the last token's b reads 0 until the next step fills it in."""
     tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
     logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
     boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
