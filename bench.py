@@ -44,7 +44,6 @@ Errors: one line `error: ...` on stderr; exit 2 for a bad flag, 1 otherwise, 130
 """
 
 import argparse
-import dataclasses
 import inspect
 import json
 import math
@@ -59,8 +58,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dynpool import BoundaryPredictor, Config, DynamicPoolingLM, downsample, sinusoids, upsample
-from train import UserError, pick_device, step_flops
+from dynpool import PREDICTOR_MODES, BoundaryPredictor, Config, DynamicPoolingLM, Routing, sinusoids
+from train import (UserError, non_negative_int, pick_device, positive_int, seed_int, step_flops,
+                   thread_count)
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -70,12 +70,10 @@ DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws
 PAPER_CONFIGS = 'vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy5.5,gumbel5.5'
 # on a GPU the paper preset adds compiled and blocked-attention rows for two configurations
 GPU_VARIANTS = 'vanilla+compile,ws5.5+compile'
-BLOCKED_VARIANTS = 'vanilla+blocked,ws5.5+blocked'   # only where Config has the attention switch
+BLOCKED_VARIANTS = 'vanilla+blocked,ws5.5+blocked'
 FAMILIES = (('vanilla', 'none'), ('fixed', 'fixed'), ('ws', 'whitespace'), ('unigram', 'unigram'),
             ('entropy', 'entropy'), ('gumbel', 'gumbel'))
-PREDICTOR_MODES = ('unigram', 'entropy', 'gumbel')
 ATTENTION_PATHS = ('auto', 'sdpa', 'blocked')
-HAS_ATTENTION = 'attention' in {f.name for f in dataclasses.fields(Config)}
 VOCAB = 27
 
 
@@ -88,34 +86,6 @@ def fail(message):
     """A fault that is not a bad flag: one line, exit 1."""
     print(f'error: {message}', file=sys.stderr)
     sys.exit(1)
-
-
-def positive_int(s):
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f'must be at least 1, got {v}')
-    return v
-
-
-def seed_int(s):
-    v = int(s)
-    if not 0 <= v < 2 ** 63:
-        raise argparse.ArgumentTypeError(f'must be in [0, 2**63), got {v}')
-    return v
-
-
-def thread_count(s):
-    v, cores = int(s), os.cpu_count() or 1
-    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
-        raise argparse.ArgumentTypeError(f'must be between 1 and the {cores} cores of this machine, got {v}')
-    return v
-
-
-def non_negative_int(s):
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f'must be at least 0, got {v}')
-    return v
 
 
 def probability(s):
@@ -206,7 +176,7 @@ def resolve_defaults(args):
     if args.configs is None:
         args.configs = DEFAULT_CONFIGS if args.preset == 'cpu' else PAPER_CONFIGS
         if args.preset == 'paper' and cuda:
-            args.configs += ',' + GPU_VARIANTS + (',' + BLOCKED_VARIANTS if HAS_ATTENTION else '')
+            args.configs += ',' + GPU_VARIANTS + ',' + BLOCKED_VARIANTS
     # a GPU step is short and steady: more steps, one round; compilation needs a few warm-up steps
     for name, cpu_value, gpu_value in (('steps', 3, 10), ('warmup', 1, 3), ('rounds', 2, 1)):
         if getattr(args, name) is None:
@@ -295,10 +265,7 @@ def model_config(args, name):
               fixed_factor=int(k) if mode == 'fixed' else 2)
     if args.attn_chunk:
         kw['attn_chunk'] = args.attn_chunk
-    if attention is not None:   # passed only when asked for: the field is newer than this script
-        if not HAS_ATTENTION:
-            raise ValueError(f'configuration {name}: this dynpool.py has no Config.attention '
-                             f'(drop --attention and the +{attention} suffix)')
+    if attention is not None:
         kw['attention'] = attention
     return Config(**kw)
 
@@ -536,16 +503,8 @@ POOL, PRED = 'pooling + upsampling (B-matrix mean, gather)', 'boundary predictor
 
 
 def stages(model):
-    """The model's stacks of layers in data-flow order: pre, shortened, post (vanilla: one)."""
-    # dynpool's named stages (stage_names), or its earlier positional `stacks`
-    names = getattr(model, 'stage_names', None)
-    return [getattr(model, n) for n in names] if names else list(model.stacks)
-
-
-def pooling_parts(model):
-    """The null group and the norm after the segment means, from the pooling unit (or the model)."""
-    unit = getattr(model, 'pooling', None)
-    return (unit.null_group, unit.norm) if unit is not None else (model.null_group, model.down_norm)
+    """The model's stages of layers in data-flow order: pre, shortened, post (vanilla: one)."""
+    return [getattr(model, n) for n in model.stage_names]
 
 
 def time_pieces(args, name, step_time):
@@ -576,9 +535,9 @@ def time_pieces(args, name, step_time):
     if mode != 'none':
         with torch.no_grad():
             bb = model(x, boundaries=b).boundaries.detach().float()   # the boundaries the step pools with
-        null, norm = pooling_parts(model)
+        r = Routing(bb)
         rows.append((POOL, time_fn(fwd_bwd(
-            lambda h: upsample(norm(downsample(h, bb, null)), bb) + h, h), dev)))
+            lambda h: model.pooling.up(model.pooling.down(h, r), r, h), h), dev)))
         own = mode in PREDICTOR_MODES
         pred = predictor_of(model) if own else BoundaryPredictor(model.cfg).to(dev)
         rows.append((PRED + ('' if own else ' (unigram/entropy/gumbel only; not in ws)'), time_fn(fwd_bwd(
@@ -790,12 +749,12 @@ def device_name(args):
 def measure(args, names):
     """Every configuration in its own process, in interleaved rounds, with the matmul peak measured
     before each round and after the last → (results per name, peak FLOP/s)."""
-    attention = args.attention or next((f.default for f in dataclasses.fields(Config) if f.name == 'attention'), None)
+    attention = args.attention or Config.attention
     print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner {args.d_inner}, '
           f'L {args.seq_len}, batch {args.batch}, layers {args.layers} (vanilla {sum(args.layers)}), '
           f'dropout {args.dropout}/{args.dropatt}, {"bf16 autocast" if args.amp == "bf16" else "fp32"}, {args.adam} Adam, '
           f'{device_name(args)}, torch {torch.__version__}'
-          + (f', attention {attention}' if HAS_ATTENTION else '') + (', compiled' if args.compile else ''))
+          + f', attention {attention}' + (', compiled' if args.compile else ''))
     timing = 'CUDA events' if args.device.startswith('cuda') else ('CPU time' if args.clock == 'cpu' else 'wall clock')
     print(f'{args.rounds} rounds × {len(names)} configurations interleaved, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps; median of the {args.rounds * args.steps} timed steps'

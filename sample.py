@@ -59,8 +59,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from dynpool import next_token
-from train import UserError, load_checkpoint, pick_device
+from train import (UserError, load_checkpoint, non_negative_int, pick_device, positive_int, seed_int,
+                   thread_count)
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange
 ANSI_RESET = '\033[0m'
@@ -189,34 +189,6 @@ def entropy_plot(path, text, entropy, boundaries, title='', per_row=80, prompt_l
 
 # -----------------------------------------------------------------------------
 # Command line
-
-
-def positive_int(s):
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def seed_int(s):
-    v = int(s)
-    if not 0 <= v < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**63), got {v}")
-    return v
-
-
-def thread_count(s):
-    v, cores = int(s), os.cpu_count() or 1
-    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
-        raise argparse.ArgumentTypeError(f"must be between 1 and this machine's {cores} cores, got {v}")
-    return v
-
-
-def non_negative_int(s):
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
 
 
 class Parser(argparse.ArgumentParser):

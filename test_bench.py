@@ -62,18 +62,13 @@ def test_cuda_without_cuda_is_one_line(capsys):
     assert e.value.code == 2 and 'CUDA' in capsys.readouterr().err
 
 
-def test_attention_is_passed_only_when_asked_for():
-    """Without --attention or a suffix the Config is built without the field (older dynpool.py works);
-    with one, the field is set, or refused in one line where Config has no such field."""
+def test_attention_suffix_sets_the_attention_path():
+    """A +sdpa/+blocked suffix sets Config.attention; without one the model's default stays."""
     args = bench.parse_args(TINY)
     assert bench.parse_config('ws4+compile+blocked', args) == ('whitespace', 4.0, True, 'blocked')
     assert bench.parse_config('gumbel5.5', args) == ('gumbel', 5.5, False, None)
-    if bench.HAS_ATTENTION:
-        assert bench.model_config(args, 'vanilla+sdpa').attention == 'sdpa'
-    else:
-        with pytest.raises(ValueError, match='no Config.attention'):
-            bench.model_config(args, 'vanilla+sdpa')
-        bench.model_config(args, 'vanilla')
+    assert bench.model_config(args, 'vanilla+sdpa').attention == 'sdpa'
+    assert bench.model_config(args, 'vanilla').attention == 'auto'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +147,7 @@ def test_flop_formula_matches_counted_matmuls(name):
     """The printed formula against torch's own count of the matrix multiplies of one training step
     (forward + backward), with the attention computed in one block so that every n² term runs."""
     args = bench.parse_args(TINY + ['--dropout', '0', '--dropatt', '0', '--attn-chunk', '64']
-                            + (['--attention', 'blocked'] if bench.HAS_ATTENTION else []))
+                            + ['--attention', 'blocked'])
     model, mode, k, (x, y, b) = bench.setup(args, name)
     with FlopCounterMode(display=False) as counter:
         out = model(x, targets=y, boundaries=b)

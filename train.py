@@ -229,6 +229,36 @@ def load_checkpoint(path, device='cpu', trust=False):
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
 
 
+# Argument types shared by sample.py and bench.py: argparse turns their error into one line.
+def positive_int(s):
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f'must be at least 1, got {v}')
+    return v
+
+
+def seed_int(s):
+    v = int(s)
+    if not 0 <= v < 2 ** 63:
+        raise argparse.ArgumentTypeError(f'must be in [0, 2**63), got {v}')
+    return v
+
+
+def thread_count(s):
+    v, cores = int(s), os.cpu_count() or 1
+    if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
+        raise argparse.ArgumentTypeError(f'must be between 1 and the {cores} cores of this machine, '
+                                         f'got {v}')
+    return v
+
+
+def non_negative_int(s):
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f'must be at least 0, got {v}')
+    return v
+
+
 def step_flops(cfg, batch, seq_len, n_short=None):
     """Model FLOPs of one training step = 3 x forward (backward = 2 x forward). The forward sums,
     over the stacks (vanilla: all layers at seq_len; else pre and post at seq_len, the shortened
@@ -801,12 +831,8 @@ def model_config(args, layers, meta):
               dropatt=args.dropatt, layers=layers, boundary=args.boundary,
               whitespace_id=meta.get('space_id'), fixed_factor=args.fixed_factor,
               temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window,
-              ratio_target=args.ratio_target, ratio_weight=args.ratio_weight)
-    if any(f.name == 'attention' for f in dataclasses.fields(Config)):
-        kw['attention'] = args.attention
-    elif args.attention != 'auto':
-        raise UserError('--attention needs a dynpool.py whose Config has an attention field',
-                        code=2)
+              ratio_target=args.ratio_target, ratio_weight=args.ratio_weight,
+              attention=args.attention)
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
         cfg = config_from_dict({k: v for k, v in kw.items() if v is not None})
     except UserError as e:
