@@ -24,7 +24,7 @@ were), so that every timed step pools alike.
     python bench.py --preset paper --device cpu --batch 1 --configs vanilla,fixed2,fixed4,ws5.5 --rounds 2 --steps 1
                                                       # d 512, L 2048 on CPU, batch 1 (about five minutes)
     python bench.py --preset paper                    # on a GPU: d 512, L 2048, batch 8, bf16; vanilla, fixed,
-                                                      #   ws2..ws8, the three predictor modes, and vanilla/ws5.5
+                                                      #   ws2..ws8, the predictor modes, hnet5.5, vanilla/ws5.5
                                                       #   compiled and with blocked attention (README)
     python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked
                                                       # +compile: torch.compile; +sdpa/+blocked/+auto: Config.attention
