@@ -11,7 +11,9 @@ each row gets exactly round(L / k) boundaries at uniformly random positions (wor
 mean length k), so the shortened stack runs on 1 + L/k positions. The predictor modes (unigramK,
 entropyK, gumbelK) run their boundary predictor and its loss in the step and pool with its own
 decisions; its logits are shifted once, before timing, so that about 1/k of the tokens close a
-segment (a random predictor would pool at whatever rate its initial weights give). Adam runs at
+segment (a random predictor would pool at whatever rate its initial weights give). hnetK runs H-Net's
+router, its ratio loss and chunk pooling (selection down, EMA up), its start probabilities shifted
+once the same way, so that about 1/k of the tokens start a chunk. Adam runs at
 learning rate 0 (every step does all the arithmetic of an update and leaves the weights as they
 were), so that every timed step pools alike.
 
@@ -22,7 +24,7 @@ were), so that every timed step pools alike.
     python bench.py --preset paper --device cpu --batch 1 --configs vanilla,fixed2,fixed4,ws5.5 --rounds 2 --steps 1
                                                       # d 512, L 2048 on CPU, batch 1 (about five minutes)
     python bench.py --preset paper                    # on a GPU: d 512, L 2048, batch 8, bf16; vanilla, fixed,
-                                                      #   ws2..ws8, the three predictor modes, and vanilla/ws5.5
+                                                      #   ws2..ws8, the predictor modes, hnet5.5, vanilla/ws5.5
                                                       #   compiled and with blocked attention (README)
     python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked
                                                       # +compile: torch.compile; +sdpa/+blocked/+auto: Config.attention
@@ -67,12 +69,12 @@ PRESETS = {
     'paper': dict(d_model=512, n_head=8, d_head=64, d_inner=2048, seq_len=2048, batch=8),
 }
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
-PAPER_CONFIGS = 'vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy5.5,gumbel5.5'
+PAPER_CONFIGS = 'vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy5.5,gumbel5.5,hnet5.5'
 # on a GPU the paper preset adds compiled and blocked-attention rows for two configurations
 GPU_VARIANTS = 'vanilla+compile,ws5.5+compile'
 BLOCKED_VARIANTS = 'vanilla+blocked,ws5.5+blocked'
 FAMILIES = (('vanilla', 'none'), ('fixed', 'fixed'), ('ws', 'whitespace'), ('unigram', 'unigram'),
-            ('entropy', 'entropy'), ('gumbel', 'gumbel'))
+            ('entropy', 'entropy'), ('gumbel', 'gumbel'), ('hnet', 'hnet'))
 ATTENTION_PATHS = ('auto', 'sdpa', 'blocked')
 VOCAB = 27
 
@@ -116,7 +118,8 @@ def parse_args(argv=None):
       '(default: the model\'s own); a +sdpa/+blocked/+auto suffix on a configuration overrides it')
     a('--configs', default=None, help='comma-separated: vanilla, fixedK (fixed pooling, factor K), wsK '
       '(dynamic pooling, external word-like boundaries of mean segment length K, e.g. ws5.5), '
-      'unigramK/entropyK/gumbelK (the predictor modes, pooling at mean length about K); each optionally '
+      'unigramK/entropyK/gumbelK (the predictor modes, pooling at mean length about K), hnetK (H-Net\'s '
+      'router and chunk pooling, chunks of mean length about K); each optionally '
       'followed by +compile and/or +sdpa, +blocked, +auto. Default: the twelve of the cpu preset; the '
       f'paper preset: {PAPER_CONFIGS}, on a GPU also {GPU_VARIANTS},{BLOCKED_VARIANTS}')
     a('--steps', type=positive_int, default=None,
@@ -226,7 +229,7 @@ def check_args(args):
 
 
 def parse_config(name, args):
-    """'vanilla' | 'fixedK' | 'wsK' | 'unigramK' | 'entropyK' | 'gumbelK', then '+compile' and/or
+    """'vanilla' | 'fixedK' | 'wsK' | 'unigramK' | 'entropyK' | 'gumbelK' | 'hnetK', then '+compile' and/or
     '+sdpa' | '+blocked' | '+auto' → (boundary mode, factor or None, compile?, attention or None)."""
     base, *mods = name.split('+')
     compiled, attention = args.compile, args.attention
@@ -254,8 +257,8 @@ def parse_config(name, args):
             raise ValueError(f'configuration {name}: the factor must be at most the sequence length '
                              f'(--seq-len {args.seq_len})')
         return mode, k, compiled, attention
-    raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, entropyK or gumbelK '
-                     f'(e.g. fixed2, ws5.5, gumbel5.5), optionally with +compile, +sdpa, +blocked')
+    raise ValueError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, entropyK, gumbelK or '
+                     f'hnetK (e.g. fixed2, ws5.5, gumbel5.5, hnet5.5), optionally with +compile, +sdpa, +blocked')
 
 
 def model_config(args, name):
@@ -282,6 +285,8 @@ def setup(args, name):
     batch = make_batch(args, mode, k, torch.Generator().manual_seed(args.seed))
     if mode in PREDICTOR_MODES:
         calibrate_predictor(model, batch[0], k)
+    elif mode == 'hnet':
+        calibrate_router(model, batch[0], k)
     return model.train(), mode, k, batch
 
 
@@ -330,6 +335,21 @@ def calibrate_predictor(model, x, k):
         t = model.cfg.threshold
         shift = math.log(t / (1 - t)) - torch.quantile(logits, 1 - 1 / k).item()
     pred.register_forward_hook(lambda m, inputs, out: out + shift)
+
+
+def calibrate_router(model, x, k):
+    """Shift H-Net's start probabilities (a forward hook on the router, kept for the timed steps) so
+    that about 1/k of the tokens of x start a chunk; p_0 = 1 stays a start."""
+    router, seen = model.source, []
+    hook = router.register_forward_hook(lambda m, inputs, out: seen.append(out.p.detach().float()))
+    with torch.no_grad():
+        model.train()(x)
+    hook.remove()
+    # p_t > ½ starts a chunk: put ½ at the quantile that leaves L/k - 1 starts after t = 0 per row.
+    p, L = seen[0][:, 1:].flatten(), x.size(1)
+    shift = 0.5 - torch.quantile(p, 1 - max(L / k - 1, 0) / (L - 1)).item() if L > 1 else 0.0
+    router.register_forward_hook(lambda m, inputs, out: m.route(
+        F.pad((out.p[:, 1:] + shift).clamp(0, 1), (1, 0), value=1.0)))
 
 
 def stack_lengths(args, mode, sf):
@@ -500,6 +520,9 @@ def time_fn(fn, device, repeats=5):
 
 
 POOL, PRED = 'pooling + upsampling (B-matrix mean, gather)', 'boundary predictor'
+# hnet's pieces under their own names, counted as POOL and PRED in the share
+HNET_POOL = 'selection + upsampling (EMA, confidence, residual)'
+HNET_PRED = 'router (W_q, W_k, ratio loss)'
 
 
 def stages(model):
@@ -532,7 +555,9 @@ def time_pieces(args, name, step_time):
             lambda h: layer.attn(h, pos, model.u, model.v), h), dev)))
         rows.append((f'feed-forward, n={n} ×{layers}', layers * time_fn(fwd_bwd(layer.ff, h), dev)))
     h = torch.randn(B, L, D, device=dev)
-    if mode != 'none':
+    if mode == 'hnet':
+        rows += hnet_pieces(model, x, h, fwd_bwd, dev)
+    elif mode != 'none':
         with torch.no_grad():
             bb = model(x, boundaries=b).boundaries.detach().float()   # the boundaries the step pools with
         r = Routing(bb)
@@ -558,27 +583,50 @@ def time_pieces(args, name, step_time):
     total = sum(t for _, t in rows)
     print(f'  {"sum of pieces (the rest: norms, dropout, residuals, overheads)":62s} {total * 1e3:9.1f} '
           f'{100 * total / step_time:6.1f}%')
-    return {piece.split(' (unigram')[0]: t for piece, t in rows}
+    names = {HNET_POOL: POOL, HNET_PRED: PRED}
+    return {names.get(piece, piece.split(' (unigram')[0]): t for piece, t in rows}
+
+
+def hnet_pieces(model, x, h, fwd_bwd, dev):
+    """hnet's router and its chunk pooling (down and up), with the model's own units and chunks."""
+    router, pooling, seen = model.source, model.pooling, []
+    hook = router.register_forward_hook(lambda m, inputs, out: seen.append(out))
+    with torch.no_grad():
+        model(x)                                  # the chunks the step pools with (calibrated)
+    hook.remove()
+    r = seen[0]
+
+    def pool(h, p):
+        # p as an input, so the backward runs through the EMA rates and the confidence
+        rp = type(r)(b=r.b, p=p, start=r.start)
+        return pooling.up(pooling.down(h, rp), rp, h)
+    return [(HNET_POOL, time_fn(fwd_bwd(pool, h, r.p), dev)),
+            (HNET_PRED, time_fn(fwd_bwd(lambda h: router.loss(router(h, x), None, x, None)[0], h), dev))]
 
 
 def report_pieces(args, names, table):
-    """Pieces of vanilla and of a pooled step (ws5.5 or the first pooled one, and the first predictor
-    configuration) → {configuration: share of pooling + upsampling + predictor in its step}."""
+    """Pieces of vanilla and of a pooled step (ws5.5 or the first pooled one, the first predictor
+    and the first hnet configuration) → {configuration: share of pooling + upsampling + predictor
+    (hnet: router) in its step}."""
     van = table.get('vanilla')
     if van:
         time_pieces(args, 'vanilla', van['time'])
     plain = [n for n in names if '+' not in n]
     pooled = [n for n in plain if n != 'vanilla']
     with_pred = [n for n in pooled if parse_config(n, args)[0] in PREDICTOR_MODES]
-    picks = ['ws5.5' if 'ws5.5' in pooled else (pooled[0] if pooled else None)] + with_pred[:1]
+    with_router = [n for n in pooled if parse_config(n, args)[0] == 'hnet']
+    picks = (['ws5.5' if 'ws5.5' in pooled else (pooled[0] if pooled else None)] + with_pred[:1]
+             + with_router[:1])
     shares = {}
     for pick in dict.fromkeys(p for p in picks if p):
         step_time = table[pick]['time']
         pieces = time_pieces(args, pick, step_time)
         pool, pred = pieces[POOL], pieces[PRED]
-        own = pick in with_pred   # else a predictor of the same size is added to the step
+        own = pick in with_pred + with_router   # else a predictor of the same size is added
         shares[pick] = (pool + pred) / (step_time + (0 if own else pred))
-        print(f'  pooling + upsampling + boundary predictor: {100 * shares[pick]:.1f}% of a {pick} step'
+        what = 'router + selection + upsampling' if pick in with_router else \
+            'pooling + upsampling + boundary predictor'
+        print(f'  {what}: {100 * shares[pick]:.1f}% of a {pick} step'
               + ('' if own else ' with a predictor added'))
     return shares
 

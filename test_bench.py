@@ -142,7 +142,7 @@ def test_predictor_configurations_pool_at_about_their_factor(name):
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pred.parameters())
 
 
-@pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel4'])
+@pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel4', 'hnet4'])
 def test_flop_formula_matches_counted_matmuls(name):
     """The printed formula against torch's own count of the matrix multiplies of one training step
     (forward + backward), with the attention computed in one block so that every n² term runs."""
@@ -156,6 +156,19 @@ def test_flop_formula_matches_counted_matmuls(name):
     formula = bench.config_flops(args, name, sf)
     # r_net's input (the sinusoids) needs no gradient: its backward is 1×, not 2× — the only gap
     assert formula == pytest.approx(counter.get_total_flops(), rel=0.03)
+
+
+@pytest.mark.parametrize('name', ['hnet4', 'hnet8'])
+def test_hnet_configurations_pool_at_about_their_factor(name):
+    """hnetK: the router's start probabilities, shifted once, start about 1/K of the chunks, and keep
+    doing so through the timed steps (the router learns through the pooling and the ratio loss)."""
+    args = bench.parse_args(TINY + ['--batch', '4', '--seq-len', '128', '--d-inner', '256'])
+    model, step, outs = bench.prepared(args, name)
+    k = bench.parse_config(name, args)[1]
+    for _ in range(6):
+        step()
+        assert 0.7 * k < float(outs[0].shortening_factor) < 1.4 * k, float(outs[0].shortening_factor)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.source.parameters())
 
 
 def test_child_measures_steps_memory_and_sf(capsys):
@@ -212,12 +225,12 @@ def test_cuda_step_timed_with_events_and_peak_memory(capsys):
 
 
 def test_pieces_and_their_share_of_a_pooled_step(capsys, monkeypatch):
-    """The pieces of vanilla, ws and a predictor configuration, timed alone; the share of pooling +
-    upsampling + predictor is taken of the predictor configuration's own step, and of the ws step
-    with a predictor added."""
+    """The pieces of vanilla, ws, a predictor and an hnet configuration, timed alone; the share of
+    pooling + upsampling + predictor (hnet: router) is taken of the predictor's and hnet's own steps,
+    and of the ws step with a predictor added."""
     args = bench.parse_args(TINY + ['--seq-len', '32'])
-    names = ['vanilla', 'ws4', 'gumbel4']
-    table = {n: dict(time=t) for n, t in zip(names, (0.03, 0.02, 0.025))}
+    names = ['vanilla', 'ws4', 'gumbel4', 'hnet4']
+    table = {n: dict(time=t) for n, t in zip(names, (0.03, 0.02, 0.025, 0.022))}
     timed = {}
     time_pieces = bench.time_pieces
     monkeypatch.setattr(bench, 'time_pieces', lambda a, n, t: timed.setdefault(n, time_pieces(a, n, t)))
@@ -230,6 +243,10 @@ def test_pieces_and_their_share_of_a_pooled_step(capsys, monkeypatch):
     pool, pred = timed['ws4'][bench.POOL], timed['ws4'][bench.PRED]
     assert shares['ws4'] == pytest.approx((pool + pred) / (0.02 + pred))
     assert f'{100 * shares["gumbel4"]:.1f}% of a gumbel4 step\n' in out
+    # hnet: its own router and chunk pooling, in its own step
+    pool, pred = timed['hnet4'][bench.POOL], timed['hnet4'][bench.PRED]
+    assert pool > 0 and pred > 0 and shares['hnet4'] == pytest.approx((pool + pred) / 0.022)
+    assert bench.HNET_POOL in out and bench.HNET_PRED in out
     assert out.count('(unigram/entropy/gumbel only; not in ws)') == 1   # gumbel4 times its own predictor
 
 
