@@ -451,6 +451,25 @@ def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path,
     assert sorted(p.name for p in out.iterdir()) == ['.lock', 'ckpt.pt', 'log.jsonl']
 
 
+def test_train_ctrl_c_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypatch):
+    """Ctrl-C that arrives while torch.save writes: the checkpoint is finished and renamed first,
+    and only then does the KeyboardInterrupt come (raised inside the writer, it would close the
+    file under torch's C++ writer and abort the process)."""
+    real_save = torch.save
+
+    def save_interrupted_halfway(obj, f, *a, **k):
+        f.write(b'')                       # the writer has started ...
+        os.kill(os.getpid(), signal.SIGINT)  # ... when Ctrl-C arrives
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', save_interrupted_halfway)
+    path = tmp_path / 'ckpt.pt'
+    with pytest.raises(KeyboardInterrupt):
+        train.save_checkpoint(path, {'step': 7, 'w': torch.arange(5)}, None)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False)['step'] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']
+
+
 def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
     """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the
     first with exit code 130 and one line, keeping its last checkpoint whole."""

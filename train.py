@@ -51,6 +51,7 @@ import platform
 import random
 import re
 import resource
+import signal
 import sys
 import time
 import zipfile
@@ -699,6 +700,9 @@ def save_checkpoint(path, state, saved_step):
     """Write state atomically (temp file, fsync, rename). On any failure the temp file is removed
     and the previous checkpoint (of step saved_step, None if there is none) stays as it was."""
     tmp = path.with_name(path.name + '.tmp')
+    # Ctrl-C waits until the checkpoint is whole: a KeyboardInterrupt raised inside torch.save's
+    # writer would close the file under it and abort the process (C++ terminate).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with open(tmp, 'wb') as f:
             torch.save(state, f)
@@ -710,6 +714,7 @@ def save_checkpoint(path, state, saved_step):
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
     finally:
         tmp.unlink(missing_ok=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def kept(ckpt_path, saved_step):
