@@ -701,8 +701,10 @@ def save_checkpoint(path, state, saved_step):
     and the previous checkpoint (of step saved_step, None if there is none) stays as it was."""
     tmp = path.with_name(path.name + '.tmp')
     # Ctrl-C waits until the checkpoint is whole: a KeyboardInterrupt raised inside torch.save's
-    # writer would close the file under it and abort the process (C++ terminate).
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # writer would close the file under it and abort the process (C++ terminate). A handler, not a
+    # signal mask: torch's worker threads would still take a process-wide SIGINT.
+    pending = []
+    handler = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
     try:
         with open(tmp, 'wb') as f:
             torch.save(state, f)
@@ -714,7 +716,9 @@ def save_checkpoint(path, state, saved_step):
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
     finally:
         tmp.unlink(missing_ok=True)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
+    if pending and callable(handler):
+        handler(signal.SIGINT, None)  # the usual handler raises KeyboardInterrupt, now it is safe
 
 
 def kept(ckpt_path, saved_step):
