@@ -55,7 +55,7 @@ import signal
 import sys
 import time
 import zipfile
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -700,11 +700,6 @@ def save_checkpoint(path, state, saved_step):
     """Write state atomically (temp file, fsync, rename). On any failure the temp file is removed
     and the previous checkpoint (of step saved_step, None if there is none) stays as it was."""
     tmp = path.with_name(path.name + '.tmp')
-    # Ctrl-C waits until the checkpoint is whole: a KeyboardInterrupt raised inside torch.save's
-    # writer would close the file under it and abort the process (C++ terminate). A handler, not a
-    # signal mask: torch's worker threads would still take a process-wide SIGINT.
-    pending = []
-    handler = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
     try:
         with open(tmp, 'wb') as f:
             torch.save(state, f)
@@ -716,9 +711,21 @@ def save_checkpoint(path, state, saved_step):
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def interrupts_deferred():
+    """Ctrl-C inside the block takes effect at its end. A KeyboardInterrupt raised inside
+    torch.save's writer would close the file under it and abort the process (C++ terminate)."""
+    # A handler, not a signal mask: torch's worker threads would still take a process-wide SIGINT.
+    pending = []
+    handler = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
+    try:
+        yield
+    finally:
         signal.signal(signal.SIGINT, handler)
     if pending and callable(handler):
-        handler(signal.SIGINT, None)  # the usual handler raises KeyboardInterrupt, now it is safe
+        handler(signal.SIGINT, None)  # the usual handler: raises KeyboardInterrupt, now safely
 
 
 def kept(ckpt_path, saved_step):
@@ -1102,10 +1109,12 @@ def train(args, cfg, vocab, splits, labels, ckpt, started):
                 if step < args.max_steps:  # (a finished run is evaluated in full below)
                     eval_and_log(logger, raw_model, splits, 'valid', args.eval_subset_chars, args,
                                  autocast, state)
-                if RANK == 0:
-                    save_checkpoint(ckpt_path, checkpoint(raw_model, optimizer, scaler, state, cfg,
-                                                          vocab, args), saved)
-                saved, t_last = step, time.time()  # evaluating and saving are not training time
+                with interrupts_deferred():  # the checkpoint and the step it holds, together
+                    if RANK == 0:
+                        save_checkpoint(ckpt_path, checkpoint(raw_model, optimizer, scaler, state,
+                                                              cfg, vocab, args), saved)
+                    saved = step
+                t_last = time.time()  # evaluating and saving are not training time
         finish(logger, raw_model, splits, args, autocast, state, why)
     except KeyboardInterrupt:
         raise UserError(f'interrupted at step {state["step"]}; {kept(ckpt_path, saved)}',
