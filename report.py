@@ -28,7 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
-MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel')
+# dynpool.BOUNDARY_MODES in its order, spelled out so that reading logs needs no torch import
+MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet')
 # Config fields that say nothing about the experiment: runs differing only in these (and the seed)
 # are the same experiment. Logging switches (TensorBoard, W&B) count among them too.
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',

@@ -255,3 +255,10 @@ def test_plot_without_matplotlib_or_with_a_bad_name(study, tmp_path, monkeypatch
         with pytest.raises(report.ReportError, match=says):
             report.main([str(study), '--plot', str(tmp_path / name)])
     assert capsys.readouterr().out == '' and not list(tmp_path.glob('study*'))
+
+
+def test_modes_are_dynpool_s():
+    """report.py spells out the boundary modes (no torch import): the same, in dynpool's order, so
+    every mode gets its colour and its point in the Pareto panel."""
+    from dynpool import BOUNDARY_MODES
+    assert report.MODES == BOUNDARY_MODES
