@@ -645,10 +645,11 @@ def test_data_cli_second_run_refused_by_lock(tmp_path):
 def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
     process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
-    src = _data_slice(_DATA_SHARED / "raw" / "vi.txt", tmp_path / "vi.txt", 3_000_000)
+    # enough text that training outlasts the wait below on a quiet machine too (6M characters: ~3 s)
+    src = _data_slice(_DATA_SHARED / "raw" / "vi.txt", tmp_path / "vi.txt", 8_000_000)
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, str(Path(prepare_data.__file__)), "--input", str(src), "--lang", "vi",
-                          "--out-dir", str(out), "--unigram", "8000", "--unigram-sample-chars", "3000000"],
+                          "--out-dir", str(out), "--unigram", "8000", "--unigram-sample-chars", "6000000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = ""
     for line in p.stderr:  # wait until the training has begun
@@ -662,7 +663,8 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
                if Path(f"/proc/{k}/cmdline").exists()):
             break
         time.sleep(0.05)
-    time.sleep(1.5)
+    time.sleep(0.5)
+    assert p.poll() is None, "prepare_data.py finished before Ctrl-C: give it more text to train on"
     t0 = time.time()
     p.send_signal(signal.SIGINT)
     _, rest = p.communicate(timeout=60)
