@@ -1159,6 +1159,11 @@ def run(argv=None):
     lock = lock_run_dir(Path(args.out)) if RANK == 0 else None
     try:
         train(args, cfg, vocab, splits, labels, ckpt, started)
+        if WORLD > 1:
+            # every rank past its last collective before any tears down (rank 0 hosts the store;
+            # without it a late rank could abort in C++ at exit). Not after an error: a rank
+            # still training would never arrive.
+            torch.distributed.barrier()
     finally:
         if lock is not None:
             os.close(lock)  # (the OS drops the lock of a killed process by itself)
