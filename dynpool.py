@@ -516,6 +516,7 @@ class PredictedBoundaries(BoundarySource):
         super().__init__()
         self.predictor = BoundaryPredictor(cfg)
         self.threshold = cfg.threshold
+        self.double_sigmoid = cfg.double_sigmoid
 
     def forward(self, h, x, boundaries=None, start=0):
         logits = self.predictor(h)                       # [B, L]
@@ -524,10 +525,15 @@ class PredictedBoundaries(BoundarySource):
     def decide(self, logits, start):
         return (torch.sigmoid(logits.float()) > self.threshold).float()
 
-    @staticmethod
-    def bce(routing, targets):
+    def bce(self, routing, targets):
         """The predictor's cross-entropy against bool targets [B, L], and the targets."""
-        return F.binary_cross_entropy_with_logits(routing.logits.float(), targets.float()), targets
+        logits = routing.logits.float()
+        # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
+        # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
+        # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
+        if self.double_sigmoid:
+            logits = torch.sigmoid(logits)
+        return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
 
 
 class UnigramBoundaries(PredictedBoundaries):
@@ -767,6 +773,7 @@ class Config:
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
+    double_sigmoid: bool = False       # unigram/entropy: the released code's loss, BCE of σ(logit)
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
@@ -798,6 +805,9 @@ class Config:
         if not self.ratio_target > 1 or not self.ratio_weight >= 0:
             raise ValueError(f"ratio_target must be > 1 and ratio_weight >= 0, "
                              f"got {self.ratio_target} and {self.ratio_weight}")
+        if self.double_sigmoid and self.boundary not in ('unigram', 'entropy'):
+            raise ValueError(f"double_sigmoid is the unigram/entropy predictor's loss, not "
+                             f"{self.boundary!r}'s")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         if self.vocab_size < 1 or self.d_model % 2:

@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ import sample
 from conftest import (DATA_DIR, HYPOTHESIS_FIXTURES, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
                       draw_hnet_weights, full_forward, predictor_linear, random_tokens, tiny_config,
                       tiny_model)
-from dynpool import (Config, DynamicPoolingLM, Layer, binomial_prior_loss, boundary_matrix,
+from dynpool import (Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss, boundary_matrix,
                      downsample, entropy_spikes, ratio_loss, sinusoids,
                      smooth_chunks, upsample)
 
@@ -652,6 +653,31 @@ def test_binomial_prior_loss_is_the_binomial_log_likelihood(prior):
     assert_close(g_got, g_want, atol=1e-12, msg="gradient:")
 
 
+
+@pytest.mark.parametrize("mode", ["unigram", "entropy"])
+def test_double_sigmoid_is_the_released_codes_predictor_loss(mode):
+    """Config.double_sigmoid: BCEWithLogitsLoss of σ(logit), as the paper's released code, with its
+    floors -log σ(1) (target 1) and log 2 (target 0); off: the cross-entropy of σ(logit)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 40, generator=gen, dtype=torch.float64) * 4
+    targets = torch.rand(3, 40, generator=gen) < 0.3
+    paper = DynamicPoolingLM(tiny_config(mode)).source
+    released = DynamicPoolingLM(tiny_config(mode, double_sigmoid=True)).source
+    r = Routing((logits > 0).double(), logits)
+    want = F.binary_cross_entropy(torch.sigmoid(logits).float(), targets.float())
+    assert_close(paper.bce(r, targets)[0], want)
+    want = torch.nn.BCEWithLogitsLoss()(torch.sigmoid(logits).float(), targets.float())
+    assert_close(released.bce(r, targets)[0], want)
+    sure = Routing(targets.double(), torch.where(targets, 50.0, -50.0).double())
+    rate = targets.double().mean().item()
+    floor = rate * -math.log(1 / (1 + math.exp(-1))) + (1 - rate) * math.log(2)
+    assert abs(released.bce(sure, targets)[0].item() - floor) < 1e-5
+    assert paper.bce(sure, targets)[0].item() < 1e-6
+
+
+def test_double_sigmoid_only_for_trained_predictors():
+    with pytest.raises(ValueError, match="double_sigmoid"):
+        tiny_config("gumbel", double_sigmoid=True)
 
 # =============================================================================================
 # 5. Exact variants (DESIGN: Config.attention): 'sdpa' (one fused call), 'blocked' (query blocks)

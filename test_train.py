@@ -332,6 +332,7 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--max-time', '0'], '--max-time'),
     (['--eval-subset-chars', '-1'], '--eval-subset-chars'),
     (['--attention', 'fast'], '--attention'),
+    (['--double-sigmoid'], 'double_sigmoid'),    # (tiny_args' boundary is fixed: no predictor)
 ])
 def test_train_error_bad_flags(synth, tmp_path, capsys, extra, words):
     msg = user_error(tiny_args(synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,

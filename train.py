@@ -84,7 +84,7 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
 # Flags that define the model or the data order: a resumed run must keep them.
 KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout',
                   'dropatt', 'fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
-                  'ratio_weight', 'seq_len', 'batch_size', 'seed')
+                  'ratio_weight', 'double_sigmoid', 'seq_len', 'batch_size', 'seed')
 
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
@@ -329,6 +329,9 @@ def parse_args(argv):
     a('--temperature', type=float, help='Gumbel-sigmoid temperature (model default)')
     a('--prior', type=float, help='prior boundary rate for --boundary gumbel (model default)')
     a('--entropy-window', type=int, help='k of the entropy-spike rule (model default)')
+    a('--double-sigmoid', action='store_true', default=None,
+      help="unigram/entropy: the paper's released predictor loss, BCE-with-logits of sigmoid(logit) "
+           "(a sigmoid twice; off: the cross-entropy the paper describes)")
     a('--ratio-target', type=float,
       help='hnet: target compression N of the ratio loss (model default)')
     a('--ratio-weight', type=float, help='hnet: weight of the ratio loss (model default)')
@@ -848,13 +851,13 @@ def model_config(args, layers, meta):
               whitespace_id=meta.get('space_id'), fixed_factor=args.fixed_factor,
               temperature=args.temperature, prior=args.prior, entropy_window=args.entropy_window,
               ratio_target=args.ratio_target, ratio_weight=args.ratio_weight,
-              attention=args.attention)
+              double_sigmoid=args.double_sigmoid, attention=args.attention)
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
         cfg = config_from_dict({k: v for k, v in kw.items() if v is not None})
     except UserError as e:
         raise UserError(str(e), code=2) from None
     for k in ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
-              'ratio_weight'):
+              'ratio_weight', 'double_sigmoid'):
         setattr(args, k, getattr(cfg, k))
     return cfg
 
