@@ -806,8 +806,8 @@ class Config:
             raise ValueError(f"ratio_target must be > 1 and ratio_weight >= 0, "
                              f"got {self.ratio_target} and {self.ratio_weight}")
         if self.double_sigmoid and self.boundary not in ('unigram', 'entropy'):
-            raise ValueError(f"double_sigmoid is the unigram/entropy predictor's loss, not "
-                             f"{self.boundary!r}'s")
+            raise ValueError(f"double_sigmoid is a loss of the unigram and entropy predictors, "
+                             f"not of boundary {self.boundary!r}")
         if not 0 < self.prior < 1:
             raise ValueError(f"prior must be in (0, 1), got {self.prior}")
         if self.vocab_size < 1 or self.d_model % 2:
