@@ -6,6 +6,7 @@
 #   bash study.sh                                # both parts, 1000 steps a run
 #   bash study.sh --part seeds --steps 2000      # one part, another budget
 #   bash study.sh --steps 3 -- --d-model 32 --layers 1,1,1   # flags after -- go to every train.py
+#   bash study.sh --part pareto --jobs 2         # two runs at a time, one thread each
 #
 # Parts (the runs they share, e.g. vanilla and fixed k=2 at seed 1337, run once):
 #   seeds   all seven modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
@@ -15,11 +16,13 @@
 # Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
 # where an interrupted study stopped. Keep the flags after -- the same for one --out.
+# --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
+# train faster than one two-thread run after the other); its output goes to <out>/<run>.log.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
 # <out>/<part>.png.
 set -u
 
-part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0
+part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0 jobs=1
 input=../shared/data/text8-head.txt data_dir=data
 die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --pareto-seeds) pareto_seeds=${2-}; shift ;;
     --input) input=${2-}; shift ;;
     --data-dir) data_dir=${2-}; shift ;;
+    --jobs) jobs=${2-}; shift ;;
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -45,6 +49,7 @@ case $part in
   *) code=2 die "--part must be seeds, pareto or all, not '$part'" ;;
 esac
 [[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be a positive whole number, not '$steps'"
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || code=2 die "--jobs must be a positive whole number, not '$jobs'"
 for s in $seeds $pareto_seeds; do
   [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers separated by spaces, not '$s'"
 done
@@ -98,6 +103,9 @@ for p in "${plan[@]}"; do echo "  ${p%% *}: $data_dir/${p#* }"; done
 [ $dry = 1 ] && exit 0
 
 interrupted() {
+  # background runs ignore SIGINT (bash starts them so): stop them; their checkpoints are atomic
+  local pid
+  for pid in $(jobs -rp); do pkill -TERM -P "$pid"; kill "$pid"; done 2>/dev/null
   echo "error: interrupted; finished runs and checkpoints in $out are kept," \
        "run the same command to resume" >&2
   exit 130
@@ -115,17 +123,32 @@ for p in "${plan[@]}"; do
       --unigram "${name##*-u}" || die "preparing $data_dir/$name failed (see above)"
 done
 
+# One run; with --jobs > 1 in the background, one thread, its output in <out>/<run>.log and its
+# failure recorded as a file (a background job cannot append to the failed list).
+train_one() {
+  local run=$1 name=$2 flags=$3 d=$out/$1 resume=()
+  [ -f "$d/ckpt.pt" ] && resume=(--resume)
+  # shellcheck disable=SC2086  # $flags is a list of flags
+  python train.py --data "$data_dir/$name" $flags --device cpu --max-steps "$steps" --out "$d" \
+      "${resume[@]}" "${train_flags[@]}" || { mkdir -p "$out" && touch "$out/.failed-$run"; }
+}
 failed=()
+mkdir -p "$out" && rm -f "$out"/.failed-*
 for p in "${plan[@]}"; do
   run=${p%% *} rest=${p#* }; d=$out/$run
   if finished "$d"; then echo "== $run: finished, skipped"; continue; fi
   read -r name flags <<< "$rest"
-  resume=(); [ -f "$d/ckpt.pt" ] && resume=(--resume)
-  echo "== $run ${resume[*]}"
-  # shellcheck disable=SC2086  # $flags is a list of flags
-  python train.py --data "$data_dir/$name" $flags --device cpu --max-steps "$steps" --out "$d" \
-      "${resume[@]}" "${train_flags[@]}" || failed+=("$run")
+  if [ "$jobs" = 1 ]; then
+    echo "== $run"
+    train_one "$run" "$name" "$flags"
+  else
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    echo "== $run (started $(date +%H:%M:%S), output in $out/$run.log)"
+    OMP_NUM_THREADS=1 train_one "$run" "$name" "$flags" > "$out/$run.log" 2>&1 &
+  fi
 done
+wait
+for f in "$out"/.failed-*; do [ -e "$f" ] && failed+=("${f##*/.failed-}") && rm -f "$f"; done
 
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
@@ -142,5 +165,5 @@ if [ ${#dirs[@]} -gt 0 ]; then
     rm -f "$md.tmp"; failed+=(report.py)
   fi
 fi
-[ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above);" \
+[ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above, or <run>.log in $out);" \
   "run the same command again to retry"
