@@ -1160,18 +1160,37 @@ def run(argv=None):
     if ckpt is not None:
         check_fits(ckpt, cfg, vocab, args.data)
     lock = lock_run_dir(Path(args.out)) if RANK == 0 else None
+    trained = False
     try:
         train(args, cfg, vocab, splits, labels, ckpt, started)
-        if WORLD > 1:
-            # every rank past its last collective before any tears down (rank 0 hosts the store;
-            # without it a late rank could abort in C++ at exit). Not after an error: a rank
-            # still training would never arrive.
-            torch.distributed.barrier()
+        trained = True
     finally:
         if lock is not None:
             os.close(lock)  # (the OS drops the lock of a killed process by itself)
         if WORLD > 1 and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            leave_process_group(wait=trained)
+
+
+def leave_process_group(wait):
+    """Tear the process group down together. A rank that exits while another still holds or closes
+    its gloo connections to it can abort in C++ at exit ("terminate called without an active
+    exception"): so every rank passes its last collective, destroys the group, and then waits, on
+    the rendezvous store, for the others to have destroyed theirs. Not after an error (`wait`
+    False): a rank still training would never arrive."""
+    if not wait:
+        torch.distributed.destroy_process_group()
+        return
+    torch.distributed.barrier()
+    store = torch.distributed.distributed_c10d._get_default_store()  # outlives the group
+    torch.distributed.destroy_process_group()
+    key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'  # torchrun restarts
+    deadline = time.time() + 60
+    try:
+        store.add(key, 1)
+        while store.add(key, 0) < WORLD and time.time() < deadline:
+            time.sleep(0.01)
+    except RuntimeError:  # the store's host (rank 0) saw everyone leave and exited first
+        pass
 
 
 def main(argv=None):
