@@ -16,6 +16,8 @@ A run without a test evaluation is 'running' (its <dir>/.lock is held) or 'stopp
 --at-chars / --at-flops / --at-time give each run's valid BPC at that training budget, linearly
 interpolated between the two validations around it (--no-interp: the last one at or before it);
 '-' where the run never got that far. 'min' means the largest budget every listed run reached.
+Curves and budgets use the validations made during training; where those read a subset of the
+split (train.py's --eval-subset-chars), the final full-split validation is left out of them.
 
 Reads the log schema of conventions (records with "kind") and the older one (no "kind": records
 with "split" are evaluations, others with "loss" training steps; no FLOPs or time: shown as '-').
@@ -183,6 +185,10 @@ def summarize(run):
     """One row of the results table, with the validation curve for budgets and plots."""
     cfg, train, evals = read_run(run)
     valid = [e for e in evals if e.get('split') == 'valid']
+    # The curve (plots, budgets): the validations made during training. Where they read a subset
+    # (--eval-subset-chars), the final full-split validation measures other text and would put a
+    # step in every curve's last point, so it is only the table's valid BPC.
+    curve = [e for e in valid if e.get('subset')] or valid
     test = [e for e in evals if e.get('split') == 'test']
     last = max(train + evals, key=lambda r: r['step'], default=None)
     done = bool(test)
@@ -191,7 +197,7 @@ def summarize(run):
                steps=last['step'] if last else cfg.get('resumed_from') or 0,
                max_steps=cfg.get('max_steps'), done=done,
                status='done' if done else 'running' if lock_held(run) else 'stopped',
-               valid=valid, valid_bpc=valid[-1]['bpc'] if valid else None,
+               curve=curve, valid_bpc=valid[-1]['bpc'] if valid else None,
                valid_step=valid[-1]['step'] if valid else None,
                test_bpc=test[-1]['bpc'] if done else None,
                sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s(train, cfg))
@@ -363,7 +369,7 @@ def plot(plt, rows, groups, path):
     for ax, (name, key, unit) in zip(axes.flat, BUDGETS):
         shown = set()
         for r in rows:
-            pts = sorted((e[key], e['bpc']) for e in r['valid'] if e[key] is not None)
+            pts = sorted((e[key], e['bpc']) for e in r['curve'] if e[key] is not None)
             if len(pts) < 1:
                 continue
             label = r['boundary'] if r['boundary'] not in shown else None
@@ -470,8 +476,8 @@ def resolve_budgets(args, rows):
     for name, key, unit in BUDGETS:
         b = getattr(args, f'at_{name}')
         if b == 'min':
-            reach = [max(e[key] for e in r['valid'] if e[key] is not None)
-                     for r in rows if any(e[key] is not None for e in r['valid'])]
+            reach = [max(e[key] for e in r['curve'] if e[key] is not None)
+                     for r in rows if any(e[key] is not None for e in r['curve'])]
             if not reach:
                 raise ReportError(f'--at-{name} min: no run logged training {unit} with its '
                                   f'validations (older train.py logs lack FLOPs and time)')
@@ -479,7 +485,7 @@ def resolve_budgets(args, rows):
         if b is not None:
             budgets.append((name, b))
             for r in rows:
-                r[f'at_{name}'] = value_at(r['valid'], key, b, not args.no_interp)
+                r[f'at_{name}'] = value_at(r['curve'], key, b, not args.no_interp)
     return budgets
 
 

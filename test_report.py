@@ -131,6 +131,22 @@ def test_equal_flops_and_time(study):
     assert rows['ws-s1']['at_time'] == pytest.approx(3.0)   # 0.5 s a step: step 100
 
 
+
+def test_final_full_split_validation_stays_out_of_curves_and_budgets(tmp_path):
+    """train.py validates on a 20k-character subset during training and on the whole split at the
+    end: the end point is the table's valid BPC, but no point of the curve or of a budget."""
+    recs = evals_and_steps([4.0, 3.0, 2.5])
+    full = dict(recs[-1], step=300, bpc=2.9, subset=False, eval_chars=200_000,
+                train_chars=300 * CHARS_PER_STEP, train_flops=3e11, train_time=150.0)
+    write_run(tmp_path, 'ws', [config()] + recs + [full, dict(full, split='test', bpc=3.0)])
+    write_run(tmp_path, 'none', [config('none')] + evals_and_steps([4.0, 2.9, 2.4, 2.0], 1.9))
+    rows, _ = rows_of(tmp_path, ['--at-chars', 'min'])
+    assert rows['ws']['valid_bpc'] == 2.9 and rows['ws']['test_bpc'] == 3.0
+    assert [e['bpc'] for e in rows['ws']['curve']] == [4.0, 3.0, 2.5]
+    assert rows['ws']['at_chars'] == 2.5 and rows['none']['at_chars'] == 2.4  # step 200, not 300
+    rows, _ = rows_of(tmp_path, ['--at-chars', str(250 * CHARS_PER_STEP)])
+    assert rows['ws']['at_chars'] is None
+
 def test_budget_suffixes():
     assert report.parse_budget('2M') == 2e6 and report.parse_budget('1.5e12') == 1.5e12
     assert report.parse_budget('3k') == 3000 and report.parse_budget('min') == 'min'
@@ -160,7 +176,7 @@ def test_old_schema(tmp_path, capsys):
     assert (r['steps'], r['train_chars'], r['train_flops'], r['train_time']) == \
         (20, 20 * CHARS_PER_STEP, None, None)
     assert (r['valid_bpc'], r['test_bpc'], r['sf'], r['seed']) == (3.5, 3.4, 2.0, None)
-    assert r['valid'][0]['eval_chars'] == 20000  # the old 'chars' counted evaluated characters
+    assert r['curve'][0]['eval_chars'] == 20000  # the old 'chars' counted evaluated characters
     # 10 steps at 1000 chars/s, then 10 at 2000: the rate of the whole run
     assert r['chars_per_s'] == pytest.approx(20 * CHARS_PER_STEP / (10 * CHARS_PER_STEP * 1.5e-3))
     assert r['at_chars'] == pytest.approx((4.7 + 3.5) / 2)
