@@ -12,7 +12,7 @@
 #   seeds   all seven modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
 #           entropy, gumbel (alpha 0.2), hnet
 #   pareto  at --pareto-seeds (1337): Unigram V = 200 500 1000 3000 5000 10000 (one dataset each),
-#           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4
+#           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4 5 6
 # Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
 # where an interrupted study stopped. Keep the flags after -- the same for one --out.
@@ -79,7 +79,7 @@ if [ "$part" != seeds ]; then
       add gumbel-a$a-s$s text8-head-u10000 --boundary gumbel --prior $a --seed $s
     done
     add none-s$s text8-head-u10000 --boundary none --seed $s     # fixed k = 1 is vanilla
-    for k in 2 3 4; do
+    for k in 2 3 4 5 6; do
       add fixed$k-s$s text8-head-u10000 --boundary fixed --fixed-factor $k --seed $s
     done
   done
