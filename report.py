@@ -281,10 +281,12 @@ def fmt(v, kind):
 def varying_flags(rows):
     """Per row, the flags (beyond mode and data) whose values differ between the rows shown."""
     cfgs = [r['config'] for r in rows]
-    keys = sorted(set.intersection(*(set(c) for c in cfgs)) - OWN_COLUMNS)
+    # A flag only some logs have (train.py gained it later) splits experiments too: shown as '-'
+    # where it is missing, or two rows would look the same.
+    keys = sorted(set().union(*(set(c) for c in cfgs)) - OWN_COLUMNS)
     keys = [k for k in keys if defines_experiment(k)
-            and len({json.dumps(c[k], sort_keys=True) for c in cfgs}) > 1]
-    return [' '.join(f'{k}={c[k]}' for k in keys) for c in cfgs]
+            and len({json.dumps(c.get(k, '-'), sort_keys=True) for c in cfgs}) > 1]
+    return [' '.join(f'{k}={c.get(k, "-")}' for k in keys) for c in cfgs]
 
 
 def steps_cell(r):

@@ -107,6 +107,22 @@ def test_text_table_shows_means_and_varying_flags(study, capsys):
     assert ' 3e11 ' in line and '3e11 ±' not in line  # FLOPs equal over the seeds: no '± 0'
 
 
+
+def test_a_flag_that_older_logs_lack_is_shown(tmp_path, capsys):
+    """A flag train.py gained later splits experiments; its absence is shown, or the rows of the
+    two experiments would read the same."""
+    for seed in (1, 2):
+        write_run(tmp_path, f'old-s{seed}', [config('unigram', seed=seed)]
+                  + evals_and_steps([4.0, 3.0], 2.9))
+        write_run(tmp_path, f'new-s{seed}', [config('unigram', seed=seed, double_sigmoid=True)]
+                  + evals_and_steps([4.0, 3.1], 3.0))
+    report.main([str(tmp_path)])
+    seeds = capsys.readouterr().out.split('Mean ± std over seeds')[1]
+    rows = [x for x in seeds.splitlines() if x.lstrip().startswith('unigram')]
+    assert len(rows) == 2
+    assert any('double_sigmoid=True' in x for x in rows)
+    assert any('double_sigmoid=-' in x for x in rows)
+
 def test_budgets_interpolate_and_stop_at_the_end(study):
     budget = 130 * CHARS_PER_STEP  # between the evals at steps 100 (3.0) and 200 (2.5)
     rows, _ = rows_of(study, ['--at-chars', str(budget)])
