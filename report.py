@@ -37,6 +37,10 @@ MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet')
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',
                       'torch', 'device_name', 'world', 'preset'}
 
+# Flags train.py gained after its logs began, with the value runs logged before ran with: such a
+# run is the same experiment as a newer one that logs the value.
+ADDED_LATER = {'double_sigmoid': False}
+
 # Shown in their own columns, so never repeated in the flags column.
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
@@ -119,7 +123,7 @@ def read_run(run):
             start = rec.get('resumed_from') or 0
             train = [r for r in train if r['step'] <= start]
             evals = [r for r in evals if r['step'] <= start and rec.get('resumed_from') is not None]
-            config = rec
+            config = {**ADDED_LATER, **rec}
         elif kind in ('train', 'eval') and isinstance(rec.get('step'), int):
             (train if kind == 'train' else evals).append(normalise(rec, kind, config))
     if config is None and not records:  # just started: nothing (complete) logged yet

@@ -108,20 +108,26 @@ def test_text_table_shows_means_and_varying_flags(study, capsys):
 
 
 
-def test_a_flag_that_older_logs_lack_is_shown(tmp_path, capsys):
-    """A flag train.py gained later splits experiments; its absence is shown, or the rows of the
-    two experiments would read the same."""
+def test_flags_that_older_logs_lack(tmp_path, capsys):
+    """A flag train.py gained later: a log without it ran with the old behaviour (same experiment
+    as a newer log that says so), and an unknown one splits experiments, shown as '-', or the
+    rows of the two experiments would read the same."""
     for seed in (1, 2):
         write_run(tmp_path, f'old-s{seed}', [config('unigram', seed=seed)]
                   + evals_and_steps([4.0, 3.0], 2.9))
-        write_run(tmp_path, f'new-s{seed}', [config('unigram', seed=seed, double_sigmoid=True)]
+        write_run(tmp_path, f'new-s{seed}', [config('unigram', seed=seed + 2, double_sigmoid=False)]
                   + evals_and_steps([4.0, 3.1], 3.0))
+        write_run(tmp_path, f'ds-s{seed}', [config('unigram', seed=seed, double_sigmoid=True)]
+                  + evals_and_steps([4.0, 3.1], 3.0))
+        write_run(tmp_path, f'x-s{seed}', [config('unigram', seed=seed, double_sigmoid=True,
+                                                  newer_flag=7)] + evals_and_steps([4.0, 3.1], 3.0))
     report.main([str(tmp_path)])
     seeds = capsys.readouterr().out.split('Mean ± std over seeds')[1]
     rows = [x for x in seeds.splitlines() if x.lstrip().startswith('unigram')]
-    assert len(rows) == 2
-    assert any('double_sigmoid=True' in x for x in rows)
-    assert any('double_sigmoid=-' in x for x in rows)
+    assert len(rows) == 3
+    assert any('double_sigmoid=False' in x and ' 4 ' in x for x in rows)  # old + new: 4 seeds
+    assert any('double_sigmoid=True newer_flag=-' in x for x in rows)
+    assert any('double_sigmoid=True newer_flag=7' in x for x in rows)
 
 def test_budgets_interpolate_and_stop_at_the_end(study):
     budget = 130 * CHARS_PER_STEP  # between the evals at steps 100 (3.0) and 200 (2.5)
