@@ -130,7 +130,7 @@ train_one() {
   [ -f "$d/ckpt.pt" ] && resume=(--resume)
   # shellcheck disable=SC2086  # $flags is a list of flags
   python train.py --data "$data_dir/$name" $flags --device cpu --max-steps "$steps" --out "$d" \
-      "${resume[@]}" "${train_flags[@]}" || { mkdir -p "$out" && touch "$out/.failed-$run"; }
+      "${resume[@]}" "${train_flags[@]}" || touch "$out/.failed-$run"
 }
 failed=()
 mkdir -p "$out" && rm -f "$out"/.failed-*
