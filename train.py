@@ -84,7 +84,8 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
 # Flags that define the model or the data order: a resumed run must keep them.
 KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout',
                   'dropatt', 'fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
-                  'ratio_weight', 'double_sigmoid', 'seq_len', 'batch_size', 'seed')
+                  'ratio_weight', 'double_sigmoid', 'seq_len', 'batch_size', 'seed',
+                  'flop_budget')
 
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
@@ -345,6 +346,11 @@ def parse_args(argv):
                                      '--batch-size (1)')
     a('--max-steps', type=int, help='optimizer steps; the cosine schedule ends here (GPU 200000, '
                                     'CPU 300)')
+    a('--flop-budget', type=float,
+      help='train until this many training FLOPs (the step_flops formula, with the measured SF) '
+           'instead of a step count: the cosine schedule decays over the FLOPs after warm-up and '
+           'the first step that reaches the budget is the last; --max-steps is then only a cap '
+           '(default none)')
     a('--stop-step', type=int, help='evaluate, save and exit at this step without finishing (for '
                                     'time-limited jobs); the schedule still follows --max-steps; '
                                     'continue with --resume')
@@ -406,6 +412,8 @@ def resolve_args(args):
     elif ckpt_path.exists():
         raise UserError(f'{ckpt_path} already exists; pass --resume to continue it or choose '
                         f'another --out')
+    if args.flop_budget is not None and args.max_steps is None:
+        args.max_steps = 10**9  # the budget decides when the run ends
     for k, v in {**COMMON, **preset}.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
@@ -440,6 +448,8 @@ def check_args(args):
             raise bad_flag(args, k, 'at least 0')
     if not args.lr > 0:
         raise bad_flag(args, 'lr', 'positive')
+    if args.flop_budget is not None and not 0 < args.flop_budget < math.inf:
+        raise bad_flag(args, 'flop_budget', 'a positive number of FLOPs')
     if args.max_time is not None and not 0 < args.max_time < math.inf:
         raise bad_flag(args, 'max_time', 'a positive number of seconds')
     for k in ('dropout', 'dropatt'):
@@ -749,7 +759,8 @@ def checkpoint(model, optimizer, scaler, state, cfg, vocab, args):
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), **state, config=dataclasses.asdict(cfg), vocab=vocab,
                 args=vars(args), rng=rng,
-                schedule=dict(lr=args.lr, warmup=args.warmup, max_steps=args.max_steps))
+                schedule=dict(lr=args.lr, warmup=args.warmup, max_steps=args.max_steps,
+                              flop_budget=args.flop_budget))
 
 
 def restore(ckpt, model, optimizer, scaler, args):
@@ -767,7 +778,8 @@ def restore(ckpt, model, optimizer, scaler, args):
     # (null)
     return dict(step=step, epoch=ckpt['epoch'], pos=ckpt['pos'],
                 train_chars=ckpt.get('train_chars', step * args.batch_size * args.seq_len),
-                train_flops=ckpt.get('train_flops'), train_time=ckpt.get('train_time', 0.0))
+                train_flops=ckpt.get('train_flops'), train_time=ckpt.get('train_time', 0.0),
+                budget_flops=ckpt.get('budget_flops', 0.0), warmup_flops=ckpt.get('warmup_flops'))
 
 
 # ----------------------------------------------------------------------------- logging
@@ -933,7 +945,8 @@ def setup(args, cfg, ckpt):
     # fused: one kernel over all parameters, which can also skip a step on the device (train_step)
     optimizer = torch.optim.Adam(raw_model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                  fused=True)
-    state = dict(step=0, epoch=0, pos=0, train_chars=0, train_flops=0.0, train_time=0.0)
+    state = dict(step=0, epoch=0, pos=0, train_chars=0, train_flops=0.0, train_time=0.0,
+                 budget_flops=0.0, warmup_flops=None)
     if ckpt is not None:
         state = restore(ckpt, raw_model, optimizer, scaler, args)
     if RANK > 0:  # dropout masks should differ between ranks; rank 0 keeps the saved stream
@@ -942,10 +955,18 @@ def setup(args, cfg, ckpt):
 
 
 # ----------------------------------------------------------------------------- training
-def lr_at(step, args):
-    """Linear warm-up, then one cosine cycle that reaches 0 at --max-steps."""
+def lr_at(step, args, state):
+    """Linear warm-up, then one cosine cycle that reaches 0 at --max-steps, or with --flop-budget
+    at the budget: progress is then the share of the FLOPs after warm-up already spent (for a
+    model whose steps all cost the same, e.g. vanilla, the two schedules are the same)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
+    if args.flop_budget is not None:
+        if state['warmup_flops'] is None:
+            state['warmup_flops'] = state['budget_flops']
+        spent = state['budget_flops'] - state['warmup_flops']
+        progress = min(1.0, spent / max(1.0, args.flop_budget - state['warmup_flops']))
+        return args.lr * 0.5 * (1 + math.cos(math.pi * progress))
     progress = min(1.0, (step - args.warmup) / max(1, args.max_steps - args.warmup))
     return args.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -964,6 +985,8 @@ class StepStats:
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
         self.index = {}  # names → their positions in sums, as a device tensor
         self.present, self.micro_steps, self.host_flops = set(), 0, 0.0
+        # --flop-budget: the schedule needs each step's FLOPs on the host (one read per step)
+        self.track, self.step_flops = args.flop_budget is not None, 0.0
 
     def add(self, **vals):
         names = tuple(vals)
@@ -980,11 +1003,24 @@ class StepStats:
         L = self.seq_len
         if 'sf' in vals:  # the shortened stack runs on 1 + L/SF positions, the null group included
             vals['flops'] = step_flops(self.cfg, self.micro, L, 1 + L / vals['sf'])
+            if self.track:
+                self.step_flops += float(vals['flops'])
         else:
             self.host_flops += step_flops(self.cfg, self.micro, L)
+            if self.track:
+                self.step_flops += step_flops(self.cfg, self.micro, L)
         self.add(**vals)
         self.present |= vals.keys()
         self.micro_steps += 1
+
+    def take_step_flops(self):
+        """This process's FLOPs since the last call (--flop-budget), summed over processes."""
+        f, self.step_flops = self.step_flops, 0.0
+        if WORLD > 1:
+            t = torch.tensor([f], dtype=torch.float64, device=self.sums.device)
+            torch.distributed.all_reduce(t)
+            f = t.item()
+        return f
 
     def add_step(self, norm, bad):
         finite = torch.isfinite(norm)
@@ -1082,7 +1118,7 @@ def train(args, cfg, vocab, splits, labels, ckpt, started):
         t_last = time.time()
         model.train()
         while state['step'] < stop:
-            lr = lr_at(state['step'], args)
+            lr = lr_at(state['step'], args, state)
             for group in optimizer.param_groups:
                 group['lr'] = lr
             state['epoch'], state['pos'] = batch.epoch, batch.pos  # the data once this step is done
@@ -1090,6 +1126,10 @@ def train(args, cfg, vocab, splits, labels, ckpt, started):
             state['step'] += 1
             state['train_chars'] += args.batch_size * args.seq_len
             step = state['step']
+            if args.flop_budget is not None:
+                state['budget_flops'] += stats.take_step_flops()
+                if state['budget_flops'] >= args.flop_budget * (1 - 1e-9):
+                    args.max_steps = stop = step  # the budget is spent: this run is finished
             save = step % args.eval_interval == 0 or step == stop
             if step % args.log_interval == 0 or save:
                 late = args.max_time is not None and time.time() - started >= args.max_time
