@@ -13,6 +13,10 @@
 #           entropy, gumbel (alpha 0.2), hnet
 #   pareto  at --pareto-seeds (1337): Unigram V = 200 500 1000 3000 5000 10000 (one dataset each),
 #           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4 5 6
+#   languages  --langs (text8 fi he vi) x --modes x --seeds, each pooled mode twice: at --steps
+#           (equal steps) and at the FLOP budget of the vanilla run of the same shape (equal
+#           compute, <run>-flops); text8 is the shared slice, fi/he/vi the shared raw text
+#           (--raw-dir), prepared with the paper's cleaning; Gumbel's prior 0.37 for Finnish
 # Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
 # where an interrupted study stopped. Keep the flags after -- the same for one --out.
@@ -23,7 +27,8 @@
 set -u
 
 part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0 jobs=1
-input=../shared/data/text8-head.txt data_dir=data
+input=../shared/data/text8-head.txt data_dir=data raw_dir=../shared/data/raw
+langs="text8 fi he vi" modes="none fixed2 whitespace unigram entropy gumbel hnet"
 die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -35,6 +40,9 @@ while [ $# -gt 0 ]; do
     --pareto-seeds) pareto_seeds=${2-}; shift ;;
     --input) input=${2-}; shift ;;
     --data-dir) data_dir=${2-}; shift ;;
+    --raw-dir) raw_dir=${2-}; shift ;;
+    --langs) langs=${2-}; shift ;;
+    --modes) modes=${2-}; shift ;;
     --jobs) jobs=${2-}; shift ;;
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -45,8 +53,8 @@ while [ $# -gt 0 ]; do
 done
 train_flags=("$@")
 case $part in
-  seeds|pareto|all) ;;
-  *) code=2 die "--part must be seeds, pareto or all, not '$part'" ;;
+  seeds|pareto|all|languages) ;;
+  *) code=2 die "--part must be seeds, pareto, languages or all, not '$part'" ;;
 esac
 [[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be a positive whole number, not '$steps'"
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || code=2 die "--jobs must be a positive whole number, not '$jobs'"
@@ -59,7 +67,33 @@ out=${out:-runs/study-$steps}
 # The plan: one line per run, "name data train.py-flags", names unique per experiment.
 plan=()
 add() { local n=$1; for p in "${plan[@]}"; do [ "${p%% *}" = "$n" ] && return; done; plan+=("$*"); }
-if [ "$part" != pareto ]; then
+if [ "$part" = languages ]; then
+  # the vanilla run's FLOPs at this shape: the budget every pooled -flops run trains to
+  budget=$(python - "$steps" "${train_flags[@]}" <<'PY'
+import sys
+import train
+args, _, _ = train.resolve_args(train.parse_args(['--device', 'cpu', '--boundary', 'none',
+                                                  '--out', '/nonexistent'] + sys.argv[2:]))
+layers = train.check_args(args)
+cfg = train.model_config(args, layers, dict(vocab_size=27))
+print(repr(int(sys.argv[1]) * train.step_flops(cfg, args.batch_size, args.seq_len)))
+PY
+) || die "could not compute the FLOP budget (see above)"
+  for s in $seeds; do
+    for l in $langs; do
+      for m in $modes; do
+        case $m in
+          fixed2) f="--boundary fixed --fixed-factor 2" ;;
+          unigram) f="--boundary unigram" ;;
+          gumbel) a=0.20; [ "$l" = fi ] && a=0.37; f="--boundary gumbel --prior $a" ;;
+          *) f="--boundary $m" ;;
+        esac
+        add "$l-$m-s$s" "$l" $f --seed "$s"
+        [ "$m" = none ] || add "$l-$m-flops-s$s" "$l" $f --seed "$s" --flop-budget "$budget"
+      done
+    done
+  done
+elif [ "$part" != pareto ]; then
   for s in $seeds; do
     add none-s$s          text8-head-u10000 --boundary none --seed $s
     add fixed2-s$s        text8-head-u10000 --boundary fixed --fixed-factor 2 --seed $s
@@ -70,7 +104,7 @@ if [ "$part" != pareto ]; then
     add hnet-s$s          text8-head-u10000 --boundary hnet --seed $s
   done
 fi
-if [ "$part" != seeds ]; then
+if [ "$part" = pareto ] || [ "$part" = all ]; then
   for s in $pareto_seeds; do
     for v in 200 500 1000 3000 5000 10000; do
       add unigram-u$v-s$s text8-head-u$v --boundary unigram --seed $s
@@ -117,10 +151,17 @@ command -v python >/dev/null || die "python is not on PATH"
 for p in "${plan[@]}"; do
   rest=${p#* }; name=${rest%% *}
   [ -f "$data_dir/$name/meta.json" ] && continue
-  [ -f "$input" ] || die "$input is missing (the first 4M characters of text8; pass --input FILE)"
   echo "preparing $data_dir/$name"
-  python prepare_data.py --input "$input" --dataset text8 --out-dir "$data_dir" --name "$name" \
-      --unigram "${name##*-u}" || die "preparing $data_dir/$name failed (see above)"
+  case $name in
+    text8-head-u*)
+      [ -f "$input" ] || die "$input is missing (the first 4M characters of text8; pass --input FILE)"
+      prep=(--input "$input" --dataset text8 --unigram "${name##*-u}") ;;
+    text8) prep=(--input "$input" --dataset text8) ;;
+    *) [ -f "$raw_dir/$name.txt" ] || die "$raw_dir/$name.txt is missing (pass --raw-dir DIR)"
+       prep=(--input "$raw_dir/$name.txt" --lang "$name") ;;
+  esac
+  python prepare_data.py "${prep[@]}" --out-dir "$data_dir" --name "$name" \
+      || die "preparing $data_dir/$name failed (see above)"
 done
 
 # One run; with --jobs > 1 in the background, one thread, its output in <out>/<run>.log and its
@@ -129,7 +170,9 @@ train_one() {
   local run=$1 name=$2 flags=$3 d=$out/$1 resume=()
   [ -f "$d/ckpt.pt" ] && resume=(--resume)
   # shellcheck disable=SC2086  # $flags is a list of flags
-  python train.py --data "$data_dir/$name" $flags --device cpu --max-steps "$steps" --out "$d" \
+  local steps_flag=(--max-steps "$steps")
+  [[ $flags == *--flop-budget* ]] && steps_flag=()
+  python train.py --data "$data_dir/$name" $flags --device cpu "${steps_flag[@]}" --out "$d" \
       "${resume[@]}" "${train_flags[@]}" || touch "$out/.failed-$run"
 }
 failed=()
