@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from dynpool import PREDICTOR_MODES, BoundaryPredictor, Config, DynamicPoolingLM, Routing, sinusoids
-from train import (UserError, non_negative_int, pick_device, positive_int, seed_int, step_flops,
+from operations import (UserError, non_negative_int, pick_device, positive_int, seed_int, step_flops,
                    thread_count)
 
 PRESETS = {
@@ -362,9 +362,9 @@ def stack_lengths(args, mode, sf):
 
 
 def flop_formula():
-    """The FLOP count in words: train.step_flops's own docstring."""
+    """The FLOP count in words: operations.step_flops's own docstring."""
     doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
-    return f'model FLOPs (train.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}'
+    return f'model FLOPs (operations.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}'
 
 
 def config_flops(args, name, sf):

@@ -59,7 +59,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from train import (UserError, load_checkpoint, non_negative_int, pick_device, positive_int, seed_int,
+from operations import (UserError, load_checkpoint, non_negative_int, pick_device, positive_int, seed_int,
                    thread_count)
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange

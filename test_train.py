@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import operations
 import train
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
 
@@ -466,8 +467,8 @@ def test_train_ctrl_c_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
     path = tmp_path / 'ckpt.pt'
     saved = None
     with pytest.raises(KeyboardInterrupt):
-        with train.interrupts_deferred():
-            train.save_checkpoint(path, {'step': 7, 'w': torch.arange(5)}, None)
+        with operations.interrupts_deferred():
+            operations.save_checkpoint(path, {'step': 7, 'w': torch.arange(5)}, None)
             saved = 7
     monkeypatch.undo()
     assert saved == 7  # what the interrupt message reports is the step on disk
@@ -530,7 +531,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     assert [r['train_chars'] for r in trains] == [128, 256, 384, 512]
     flops = 0.0
     for r in trains:
-        flops += train.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
+        flops += operations.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
         assert r['train_flops'] == pytest.approx(flops, rel=1e-6)
     assert all(a['train_time'] < b['train_time'] for a, b in zip(trains, trains[1:]))
     evals = [r for r in log if r['kind'] == 'eval']
@@ -570,7 +571,7 @@ def test_train_non_finite_step_is_skipped_on_the_device():
                                  device='cpu'))()
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
-    stats = train.StepStats(cfg, args)
+    stats = operations.StepStats(cfg, args)
     scaler = torch.amp.GradScaler('cpu', enabled=False)
     train.train_step(model, optimizer, scaler, batch, iter([batch]), stats, args, nullcontext())
     assert stats.read()['bad'] == 0
