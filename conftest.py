@@ -3,6 +3,7 @@ tolerances, tiny models and inputs. Run the suite with `python -m pytest -q` (RE
 `--slow` adds the torch.compile tests, and tests marked `gpu` run only where CUDA is.
 """
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -35,6 +36,10 @@ ROOT = Path(__file__).parent
 DATA_DIR = ROOT.parent / "shared" / "data"
 
 
+# matplotlib is the optional extra: only the tests marked plots need it (found, not imported: fast).
+_HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true",
                      help="also run tests marked slow (torch.compile)")
@@ -42,7 +47,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
-    config.addinivalue_line("markers", "slow: minutes on a CPU (torch.compile); run with --slow")
+    config.addinivalue_line("markers", "slow: minutes on a CPU (torch.compile, long doc commands); "
+                                       "run with --slow")
+    config.addinivalue_line("markers", "plots: draws with matplotlib (the optional extra); skipped "
+                                       "without it; `-m plots` runs only these")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,7 +58,9 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
         if "slow" in item.keywords and not config.getoption("--slow"):
-            item.add_marker(pytest.mark.skip(reason="slow (torch.compile): run with --slow"))
+            item.add_marker(pytest.mark.skip(reason="slow: run with --slow"))
+        if "plots" in item.keywords and not _HAS_MATPLOTLIB:
+            item.add_marker(pytest.mark.skip(reason='needs matplotlib: pip install "matplotlib>=3.5"'))
 
 
 def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
