@@ -10,16 +10,19 @@ environment at import time: torchrun's RANK / LOCAL_RANK / WORLD_SIZE are read b
 """
 import argparse
 import dataclasses
+import errno
 import fcntl
 import importlib
 import inspect
 import json
+import math
 import os
 import pickle
 import platform
 import re
 import resource
 import signal
+import stat
 import sys
 import time
 import zipfile
@@ -184,33 +187,185 @@ def load_checkpoint(path, device='cpu', trust=False):
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
 
 
-def positive_int(s):
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f'must be at least 1, got {v}')
+# ----------------------------------------------------------------------------- argument types
+# Every script's flags use these: argparse turns their ArgumentTypeError into one line that names
+# the flag ("argument --lr: must be a finite number > 0, got inf") and the script exits with 2.
+def _parse(s, kind, rule):
+    """s → int or float (finite), or ArgumentTypeError naming the rule."""
+    try:
+        v = kind(s)
+    except (TypeError, ValueError, OverflowError):
+        v = None
+    if v is None or (kind is float and not math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
     return v
 
 
-def seed_int(s):
-    v = int(s)
-    if not 0 <= v < 2 ** 63:
-        raise argparse.ArgumentTypeError(f'must be in [0, 2**63), got {v}')
-    return v
+def int_range(lo, hi=None):
+    """Argument type: an integer in [lo, hi] (hi None: no upper end)."""
+    top = f'2**{hi.bit_length()})' if hi is not None and hi > 2 ** 16 and not hi & (hi + 1) else f'{hi}]'
+    rule = f'an integer >= {lo}' if hi is None else f'an integer in [{lo}, {top}'
+
+    def parse(s):
+        v = _parse(s, int, rule)
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {v}')
+        return v
+    parse.__name__ = f'int_range({lo}, {hi})'
+    return parse
+
+
+def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
+    """Argument type: a finite float between lo and hi (None: no end; *_open: the end excluded)."""
+    if lo is not None and hi is not None:
+        rule = f'a finite number in {"(" if lo_open else "["}{lo:g}, {hi:g}{")" if hi_open else "]"}'
+    elif lo is not None:
+        rule = f'a finite number {">" if lo_open else ">="} {lo:g}'
+    else:
+        rule = f'a finite number {"<" if hi_open else "<="} {hi:g}' if hi is not None else 'a finite number'
+
+    def parse(s):
+        v = _parse(s, float, rule)
+        if (lo is not None and (v < lo or lo_open and v == lo)
+                or hi is not None and (v > hi or hi_open and v == hi)):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
+        return v
+    parse.__name__ = f'float_range({lo}, {hi})'
+    return parse
+
+
+positive_int = int_range(1)                    # counts, sizes, steps
+non_negative_int = int_range(0)                # counts where 0 means none
+seed_int = int_range(0, 2 ** 63 - 1)           # torch.Generator seeds
+numpy_seed = int_range(0, 2 ** 32 - 1)         # seeds that also seed numpy's legacy RNG
+positive_float = float_range(0, lo_open=True)  # learning rate, temperature, seconds, FLOPs
+non_negative_float = float_range(0)            # gradient clip (0 = off), loss weights
+fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
+probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken: (0, 1)
 
 
 def thread_count(s):
-    v, cores = int(s), os.cpu_count() or 1
+    """Argument type: threads, between 1 and this machine's cores."""
+    v, cores = _parse(s, int, 'an integer number of threads'), os.cpu_count() or 1
     if not 1 <= v <= cores:   # torch would try to start them all (and abort for a huge count)
         raise argparse.ArgumentTypeError(f'must be between 1 and the {cores} cores of this machine, '
                                          f'got {v}')
     return v
 
 
-def non_negative_int(s):
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f'must be at least 0, got {v}')
-    return v
+def _limit(p, name, default):
+    """os.pathconf limit of the nearest existing folder of p (default where the system has none)."""
+    for d in (p, *p.parents) if p.is_absolute() else (p, *p.parents, Path('.')):
+        try:
+            return os.pathconf(d, name) if d.is_dir() else default
+        except (OSError, ValueError):
+            continue
+    return default
+
+
+def _name_problem(p, room=0):
+    """Why path p cannot exist on this file system (a name or the whole path too long), or None."""
+    name_max, path_max = _limit(p, 'PC_NAME_MAX', 255), _limit(p, 'PC_PATH_MAX', 4096)
+    long = [part for part in p.parts if len(os.fsencode(part)) > name_max]
+    if long:
+        return (f'the name {long[0][:20]}... is {len(os.fsencode(long[0]))} bytes, longer than the '
+                f'{name_max} this file system allows')
+    if len(os.fsencode(str(p))) + room >= path_max:
+        return (f'the path is {len(os.fsencode(str(p)))} bytes long, over the {path_max} this system '
+                f'allows' + (' with the file names written inside it' if room else ''))
+    return None
+
+
+def _kind_of(st):
+    """What a stat result describes, in words."""
+    for test, what in ((stat.S_ISDIR, 'a directory'), (stat.S_ISREG, 'a file'),
+                       (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
+                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device')):
+        if test(st.st_mode):
+            return what
+    return 'not a regular file'
+
+
+def _stat(p):
+    """os.stat(p), None if p does not exist, or the reason it cannot be looked at, in words."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # a component on the way is a file
+        blocker = next((q for q in reversed((p, *p.parents)) if q.exists() and not q.is_dir()), p)
+        return f'{blocker} is {_kind_of(blocker.stat())}, not a directory'
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            return _name_problem(p) or e.strerror
+        return e.strerror or str(e)
+
+
+def _path_problem(p, kind):
+    """Why p cannot serve as `kind` (see check_path), or None."""
+    if '\0' in str(p):
+        return 'a path cannot hold a NUL character'
+    st = _stat(p)
+    if isinstance(st, str):
+        return st
+    if kind in ('file', 'dir'):
+        want = 'a directory' if kind == 'dir' else 'a file'
+        if st is None:
+            return f'no such {"directory" if kind == "dir" else "file"}'
+        if _kind_of(st) != want:
+            return f'is {_kind_of(st)}, not {"a regular file" if kind == "file" else want}'
+        if not os.access(p, os.R_OK | (os.X_OK if kind == 'dir' else 0)):
+            return 'is not readable (permission denied)'
+        return None
+    want = 'a directory' if kind == 'new-dir' else 'a file'
+    if st is not None:
+        if _kind_of(st) != want:
+            return f'is {_kind_of(st)}, not {"a directory" if kind == "new-dir" else "a regular file"}'
+        return None if os.access(p, os.W_OK) else 'is not writable (permission denied)'
+    too_long = _name_problem(p, room=64 if kind == 'new-dir' else 0)
+    if too_long:
+        return too_long
+    # new-file: its folder must exist; new-dir: the nearest existing folder must take a new one
+    parent = p.parent if kind == 'new-file' else next(q for q in p.parents if q.exists())
+    pst = _stat(parent)
+    if isinstance(pst, str):
+        return pst
+    if pst is None:
+        return f'the folder {parent} does not exist'
+    if not stat.S_ISDIR(pst.st_mode):
+        return f'{parent} is {_kind_of(pst)}, not a directory'
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f'cannot create it: {parent} is not writable (permission denied)'
+    return None
+
+
+PATH_KINDS = ('file', 'dir', 'new-file', 'new-dir')
+
+
+def check_path(path, kind='file', flag=None, code=1):
+    """A user's path → Path, checked for `kind`: 'file' (a readable regular file), 'dir' (a readable
+    directory), 'new-file' (a regular file, or none yet, to write in an existing directory), 'new-dir'
+    (a writable directory, or one that can be made); one UserError line naming it otherwise."""
+    if kind not in PATH_KINDS:
+        raise ValueError(f'kind must be one of {PATH_KINDS}, not {kind!r}')
+    text = os.fspath(path)
+    why = 'an empty path' if not text else _path_problem(Path(text), kind)
+    if why:
+        shown = text if len(text) <= 100 else f'{text[:40]}...{text[-40:]}'  # one readable line
+        shown = ''.join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+        raise UserError(f'{flag + " " if flag else ""}{shown}: {why}', code)
+    return Path(text)
+
+
+def user_path(kind='file'):
+    """Argument type: a path checked by check_path at parse time (exit 2, the flag named)."""
+    def parse(s):
+        try:
+            return check_path(s, kind)
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = f'{kind} path'
+    return parse
 
 
 def die(msg, code=1, rank=0):
