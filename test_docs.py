@@ -1,0 +1,442 @@
+"""Documentation that cannot go stale: every ```bash and ```python block of README.md and docs/*.md
+runs as a test, and the links, the CI commands and the project-only references are checked.
+
+    python -m pytest -q test_docs.py            # the quick blocks (seconds)
+    python -m pytest -q test_docs.py --slow     # also the blocks that take minutes (quick start ...)
+
+A marker, an HTML comment on the line right before a fence, says how a block runs:
+
+    <!-- doctest: skip (REASON) -->   never here (network, GPU-days, ...); the reason is required
+    <!-- doctest: slow -->            only with --slow (minutes on a CPU)
+    <!-- doctest: gpu -->             only where CUDA is (kinds combine: `gpu slow`)
+    <!-- doctest: plots -->           only where matplotlib, the optional extra, is installed
+    <!-- ci -->                       README's set-up and test commands: .ci/run runs these, in a
+                                      fresh virtual environment, so they are not run here
+
+Every fence names its language (```text for output). The blocks of one file run in order in one
+temporary copy of the repository, next to a link to this checkout's ../shared (blocks that read
+../shared skip, saying so, where it is absent); a block first runs the earlier runnable blocks of
+its file that have not run, so `-k` can pick any one block.
+"""
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).parent
+SHARED = ROOT.parent / "shared"
+RUNNABLE = {"bash": "bash", "sh": "bash", "python": "python"}
+KINDS = {"skip", "slow", "gpu", "plots"}
+# Not copied into the sandbox: version control, caches, and what runs and data preparation write.
+NOT_COPIED = {".git", "data", "runs", "out", "__pycache__", ".pytest_cache", ".hypothesis", ".venv",
+              "venv", ".benchmarks", ".whl", ".gl"}
+TIMEOUT = {"quick": 300, "slow": 1800}    # seconds a block may run before it counts as failed
+
+FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)\s*$")
+MARKER = re.compile(r"^\s*<!--\s*(doctest:|ci\b)(.*?)-->\s*$")
+
+
+@dataclass
+class Block:
+    """One fenced code block of a Markdown file."""
+    path: Path
+    line: int                       # 1-based line of the opening fence
+    lang: str
+    code: str
+    kinds: set = field(default_factory=set)   # skip / slow / gpu
+    reason: str = ""                # skip's reason
+    ci: bool = False
+
+    @property
+    def name(self):
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path.name
+        return f"{Path(path).as_posix()}:{self.line}"
+
+    @property
+    def runnable(self):
+        return self.lang in RUNNABLE and not self.ci and "skip" not in self.kinds
+
+
+def parse_marker(text, where):
+    """(kinds, reason, ci) of a marker comment's text; ValueError for a marker the runner does not
+    know, so a typo can never silently skip a block."""
+    m = MARKER.match(text)
+    head, rest = m.group(1), m.group(2).strip()
+    if head == "ci":
+        if rest:
+            raise ValueError(f"{where}: '<!-- ci -->' takes nothing after it, got {rest!r}")
+        return set(), "", True
+    reason = ""
+    if "(" in rest:
+        rest, reason = rest.split("(", 1)
+        reason = reason.rstrip(") ").strip()
+    kinds = set(rest.split())
+    unknown = kinds - KINDS
+    if unknown or not kinds:
+        raise ValueError(f"{where}: unknown doctest marker {text.strip()!r}; "
+                         f"use one or more of {sorted(KINDS)}")
+    if "skip" in kinds and not reason:
+        raise ValueError(f"{where}: 'doctest: skip' needs a reason, e.g. (network)")
+    return kinds, reason, False
+
+
+def parse(path):
+    """The fenced blocks of a Markdown file, with their markers → (blocks, errors)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    blocks, errors, i = [], [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            if MARKER.match(lines[i]) and not (i + 1 < len(lines) and FENCE.match(lines[i + 1])):
+                errors.append(f"{path}:{i + 1}: a doctest/ci marker must stand right before a fence")
+            i += 1
+            continue
+        indent, lang, start = len(m.group(1)), m.group(2), i
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        if end is None:
+            errors.append(f"{path}:{i + 1}: fence never closed")
+            break
+        # A fence indented under a list item: its lines lose that indentation, no more.
+        code = "\n".join(line[min(indent, len(line) - len(line.lstrip())):]
+                         for line in lines[i + 1:end]) + "\n"
+        block = Block(Path(path), start + 1, lang, code)
+        if not lang:
+            errors.append(f"{block.name}: a fence must name its language (```text for output)")
+        if start > 0 and MARKER.match(lines[start - 1]):
+            try:
+                block.kinds, block.reason, block.ci = parse_marker(lines[start - 1], block.name)
+            except ValueError as e:
+                errors.append(str(e))
+                block.kinds, block.reason = {"skip"}, "bad marker"
+        blocks.append(block)
+        i = end + 1
+    return blocks, errors
+
+
+def doc_files():
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+
+
+def all_blocks():
+    return [b for path in doc_files() for b in parse(path)[0]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a block
+# ---------------------------------------------------------------------------------------------
+class BlockFailed(Exception):
+    pass
+
+
+def make_sandbox(base):
+    """A copy of the repository in base/<repo name>, with base/shared a link to ../shared where
+    that exists, and a bin/ whose `python` is this interpreter → (repo copy, env)."""
+    repo = base / ROOT.name
+    shutil.copytree(ROOT, repo, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if n in NOT_COPIED
+                                             or n.endswith((".pyc", ".png"))])
+    if SHARED.is_dir():
+        (base / "shared").symlink_to(SHARED.resolve(), target_is_directory=True)
+    bin_dir = base / "bin"
+    bin_dir.mkdir()
+    for name in ("python", "python3"):
+        (bin_dir / name).symlink_to(sys.executable)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=str(repo), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    return repo, env
+
+
+def run_block(block, repo, env, timeout):
+    """Run one block in the repository copy; BlockFailed with its output when it fails."""
+    script = repo.parent / f"block-{block.line}.{'py' if RUNNABLE[block.lang] == 'python' else 'sh'}"
+    script.write_text(block.code, encoding="utf-8")
+    # bash -e: every line must succeed, not only the last one; pipefail: every part of a pipe.
+    cmd = [sys.executable, str(script)] if RUNNABLE[block.lang] == "python" else \
+        ["bash", "-e", "-o", "pipefail", str(script)]
+    try:
+        p = subprocess.run(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+        raise BlockFailed(f"{block.name} ({block.lang}) ran past {timeout} s\n{block.code}"
+                          f"--- last output ---\n{out[-3000:]}") from None
+    if p.returncode != 0:
+        raise BlockFailed(f"{block.name} ({block.lang}) exited {p.returncode}\n{block.code}"
+                          f"--- last output ---\n{p.stdout[-3000:]}")
+    return p.stdout
+
+
+def skip_reason(block, slow, cuda, shared, plots=True):
+    """Why this block does not run under these options, or None."""
+    if block.ci:
+        return "run by .ci/run in a fresh virtual environment"
+    if "skip" in block.kinds:
+        return f"doctest: skip ({block.reason})"
+    if "gpu" in block.kinds and not cuda:
+        return "doctest: gpu (needs CUDA)"
+    if "plots" in block.kinds and not plots:
+        return 'doctest: plots (needs matplotlib: pip install "matplotlib>=3.5")'
+    if "slow" in block.kinds and not slow:
+        return "doctest: slow (minutes): run with --slow"
+    if "../shared" in block.code and not shared:
+        return "needs ../shared/data beside the checkout (absent here)"
+    return None
+
+
+class Sandboxes:
+    """One repository copy per Markdown file; remembers which of its blocks ran and how."""
+
+    def __init__(self, tmp_factory, slow):
+        self.tmp_factory, self.slow = tmp_factory, slow
+        self.cuda, self.shared = torch.cuda.is_available(), SHARED.is_dir()
+        self.plots = importlib.util.find_spec("matplotlib") is not None
+        self.state = {}
+
+    def run(self, block):
+        """Run the earlier runnable blocks of block's file that have not run, then block itself."""
+        if block.path not in self.state:
+            base = self.tmp_factory.mktemp(block.path.stem.replace(".", "-"))
+            self.state[block.path] = (*make_sandbox(base), {})
+        repo, env, outcome = self.state[block.path]
+        blocks = [b for b in parse(block.path)[0] if b.runnable]
+        for b in blocks[:[x.line for x in blocks].index(block.line) + 1]:
+            if b.line not in outcome:
+                why = skip_reason(b, self.slow, self.cuda, self.shared, self.plots)
+                if why is not None:
+                    outcome[b.line] = ("skipped", why)
+                    continue
+                try:
+                    run_block(b, repo, env, TIMEOUT["slow" if "slow" in b.kinds else "quick"])
+                    outcome[b.line] = ("passed", "")
+                except BlockFailed as e:
+                    outcome[b.line] = ("failed", str(e))
+            state, detail = outcome[b.line]
+            if b.line != block.line and state == "failed":
+                pytest.fail(f"an earlier block of this file failed: {b.name}", pytrace=False)
+            if b.line != block.line and state == "skipped" and "../shared" in detail:
+                pytest.skip(f"an earlier block of this file {detail}")
+        state, detail = outcome[block.line]
+        if state == "skipped":
+            pytest.skip(detail)
+        if state == "failed":
+            pytest.fail(detail, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def sandboxes(tmp_path_factory, request):
+    return Sandboxes(tmp_path_factory, request.config.getoption("--slow"))
+
+
+def block_params():
+    params = []
+    for b in all_blocks():
+        if b.lang not in RUNNABLE:
+            continue
+        marks = [getattr(pytest.mark, k) for k in sorted(b.kinds & {"slow", "gpu", "plots"})]
+        params.append(pytest.param(b, id=b.name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("block", block_params())
+def test_block_runs(block, sandboxes):
+    """Each bash/python block of the docs exits 0 (after the earlier blocks of its file)."""
+    if not block.runnable:
+        pytest.skip(skip_reason(block, True, True, True))
+    sandboxes.run(block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The docs as a whole
+# ---------------------------------------------------------------------------------------------
+def test_markers_and_fences_are_well_formed():
+    errors = [e for path in doc_files() for e in parse(path)[1]]
+    assert not errors, "\n".join(errors)
+
+
+def github_anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces → '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path):
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return {github_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+def broken_links(path):
+    """Relative links of a Markdown file whose file or #anchor does not exist."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"{path.name}: {target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{path.name}: {target} (no such heading)")
+    return bad
+
+
+def test_links_resolve():
+    bad = [b for path in doc_files() for b in broken_links(path)]
+    assert not bad, "\n".join(bad)
+
+
+def outside_references(path):
+    """Lines of a Markdown file that cite the contract file kept outside the repository, a commit
+    hash or an issue number: the docs must stand on their own."""
+    bad = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        where = f"{path.name}:{n}"
+        if "DESIGN.md" in line:
+            bad.append(f"{where}: cites DESIGN.md (the design notes are docs/design.md)")
+        for word in re.findall(r"\b[0-9a-f]{7,40}\b", line):
+            if re.search(r"[a-f]", word) and re.search(r"\d", word):
+                bad.append(f"{where}: looks like a commit hash: {word}")
+        if re.search(r"\bissue\s+#?\d+|(?<![\w&])(?<!UTS )#\d+\b", line, re.I):
+            bad.append(f"{where}: an issue number")
+    return bad
+
+
+def test_docs_cite_nothing_outside_the_project():
+    bad = [b for path in doc_files() for b in outside_references(path)]
+    assert not bad, "\n".join(bad)
+
+
+def ci_commands_from_readme():
+    """README's <!-- ci --> blocks as .ci/run reads them: one command a line, continuations joined."""
+    commands = []
+    for b in parse(ROOT / "README.md")[0]:
+        if b.ci:
+            commands += [c.strip() for c in b.code.replace("\\\n", " ").splitlines() if c.strip()]
+    return commands
+
+
+def test_ci_runs_exactly_readmes_marked_commands():
+    ci = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True,
+                        text=True, timeout=60)
+    assert ci.returncode == 0, ci.stderr
+    readme = ci_commands_from_readme()
+    assert [" ".join(c.split()) for c in ci.stdout.splitlines()] == \
+        [" ".join(c.split()) for c in readme]
+    # The pin comes before requirements.txt (its bare `torch` would pull the CUDA build), and the
+    # suite runs as README's Tests section says.
+    first = [c.split("#")[0].split() for c in readme]
+    assert first[0][:3] == ["pip", "install", "torch==2.13.0"], readme
+    assert ["pip", "install", "-r", "requirements.txt"] in first
+    assert ["python", "-m", "pytest", "-q"] in first
+    assert first.index(["pip", "install", "-r", "requirements.txt"]) < \
+        first.index(["python", "-m", "pytest", "-q"])
+
+
+def test_matplotlib_stays_optional():
+    """requirements.txt installs no plotting package: plots are an extra, and tests that need
+    matplotlib skip without it."""
+    reqs = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    assert not [r for r in reqs if r.lower().startswith("matplotlib")]
+    assert any(r.lower().startswith("torch") for r in reqs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner itself, on small documents made to fail
+# ---------------------------------------------------------------------------------------------
+def write_doc(tmp_path, text):
+    path = tmp_path / "doc.md"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_runner_reads_blocks_markers_and_line_numbers(tmp_path):
+    doc = write_doc(tmp_path, "# t\n\n```bash\necho a\n```\n<!-- doctest: skip (network) -->\n"
+                              "```python\nprint(1)\n```\n<!-- doctest: gpu slow -->\n```sh\nx\n```\n"
+                              "<!-- ci -->\n```bash\npip install x\n```\n```text\nout\n```\n")
+    blocks, errors = parse(doc)
+    assert errors == []
+    assert [(b.line, b.lang, b.kinds, b.reason, b.ci) for b in blocks] == [
+        (3, "bash", set(), "", False), (7, "python", {"skip"}, "network", False),
+        (11, "sh", {"gpu", "slow"}, "", False), (15, "bash", set(), "", True),
+        (18, "text", set(), "", False)]
+    assert [b.runnable for b in blocks] == [True, False, True, False, False]
+    assert blocks[0].code == "echo a\n"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("<!-- doctest: skp -->\n```bash\nx\n```\n", "unknown doctest marker"),
+    ("<!-- doctest: skip -->\n```bash\nx\n```\n", "needs a reason"),
+    ("<!-- ci now -->\n```bash\nx\n```\n", "takes nothing"),
+    ("<!-- doctest: slow -->\n\n```bash\nx\n```\n", "right before a fence"),
+    ("```\nx\n```\n", "must name its language"),
+    ("```bash\nx\n", "never closed"),
+])
+def test_runner_rejects_malformed_markers_and_fences(tmp_path, bad, message):
+    blocks, errors = parse(write_doc(tmp_path, bad))
+    assert any(message in e for e in errors), errors
+    assert not any(b.runnable and b.kinds for b in blocks)   # a bad marker never runs its block
+
+
+@pytest.mark.parametrize("code, lang", [
+    ("false\necho this line succeeds\n", "bash"),        # bash -e: an early failure counts
+    ("false | cat\n", "bash"),                           # pipefail: so does one inside a pipe
+    ("python -c 'raise SystemExit(3)'\n", "bash"),       # `python` is this interpreter
+    ("print('before')\nraise ValueError('broken snippet')\n", "python"),
+])
+def test_runner_fails_a_broken_block_and_shows_its_output(tmp_path, code, lang):
+    repo, env = make_sandbox(tmp_path)
+    block = Block(tmp_path / "doc.md", 7, lang, code)
+    with pytest.raises(BlockFailed, match=r"doc.md:7 .* exited [1-9]") as failed:
+        run_block(block, repo, env, timeout=120)
+    assert code in str(failed.value)                     # the block itself ...
+    if lang == "python":                                 # ... and its output
+        assert "ValueError: broken snippet" in str(failed.value)
+
+
+def test_runner_runs_in_a_copy_of_the_repo_beside_shared(tmp_path):
+    repo, env = make_sandbox(tmp_path)
+    code = "test -f dynpool.py\ntest ! -e .git\ntouch written-here\n"
+    if SHARED.is_dir():
+        code += "test -f ../shared/data/text8-head.txt\n"
+    run_block(Block(tmp_path / "doc.md", 1, "bash", code), repo, env, timeout=60)
+    assert (repo / "written-here").exists() and not (ROOT / "written-here").exists()
+
+
+def test_runner_times_out(tmp_path):
+    repo, env = make_sandbox(tmp_path)
+    with pytest.raises(BlockFailed, match="ran past 1 s"):
+        run_block(Block(tmp_path / "doc.md", 1, "bash", "sleep 30\n"), repo, env, timeout=1)
+
+
+def test_runner_skips_by_marker_and_without_shared():
+    b = Block(ROOT / "README.md", 1, "bash", "cat ../shared/data/text8-head.txt\n")
+    assert skip_reason(b, slow=False, cuda=False, shared=True) is None
+    assert "absent" in skip_reason(b, slow=True, cuda=True, shared=False)
+    b.kinds = {"slow"}
+    assert "--slow" in skip_reason(b, slow=False, cuda=False, shared=True)
+    assert skip_reason(b, slow=True, cuda=False, shared=True) is None
+    b.kinds = {"gpu"}
+    assert "CUDA" in skip_reason(b, slow=True, cuda=False, shared=True)
+    b.kinds = {"plots"}
+    assert "matplotlib" in skip_reason(b, slow=True, cuda=True, shared=True, plots=False)
+    assert skip_reason(b, slow=True, cuda=True, shared=True, plots=True) is None
+
+
+def test_runner_flags_links_and_outside_references(tmp_path):
+    doc = write_doc(tmp_path, "# Title here\n[a](#title-here) [b](#nowhere) [c](missing.md)\n"
+                              "[d](https://example.org/x)\nsee DESIGN.md, commit fb28fa8, issue 14, #7\n"
+                              "2.93e13 FLOPs, 2,048,000 chars, step 1000, Unicode's UTS #39\n")
+    assert broken_links(doc) == ["doc.md: #nowhere (no such heading)",
+                                 "doc.md: missing.md (no such file)"]
+    assert github_anchor("H-Net's chunking (`--boundary hnet`)") == "h-nets-chunking---boundary-hnet"
+    assert [b.split(": ", 1)[1] for b in outside_references(doc)] == [
+        "cites DESIGN.md (the design notes are docs/design.md)",
+        "looks like a commit hash: fb28fa8", "an issue number"]
