@@ -147,10 +147,14 @@ def make_sandbox(base):
         (base / "shared").symlink_to(SHARED.resolve(), target_is_directory=True)
     bin_dir = base / "bin"
     bin_dir.mkdir()
+    # A wrapper, not a link: a linked interpreter would not find its virtual environment.
     for name in ("python", "python3"):
-        (bin_dir / name).symlink_to(sys.executable)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=str(repo), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    # Then the interpreter's own bin/, for the console scripts installed with it (torchrun).
+    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = dict(os.environ, PATH=path, PYTHONPATH=str(repo), PYTHONUNBUFFERED="1",
+               PYTHONDONTWRITEBYTECODE="1")
     return repo, env
 
 
@@ -403,7 +407,7 @@ def test_runner_fails_a_broken_block_and_shows_its_output(tmp_path, code, lang):
 
 def test_runner_runs_in_a_copy_of_the_repo_beside_shared(tmp_path):
     repo, env = make_sandbox(tmp_path)
-    code = "test -f dynpool.py\ntest ! -e .git\ntouch written-here\n"
+    code = "test -f dynpool.py\ntest ! -e .git\ntouch written-here\npython -c 'import torch, dynpool'\n"
     if SHARED.is_dir():
         code += "test -f ../shared/data/text8-head.txt\n"
     run_block(Block(tmp_path / "doc.md", 1, "bash", code), repo, env, timeout=60)
@@ -440,3 +444,14 @@ def test_runner_flags_links_and_outside_references(tmp_path):
     assert [b.split(": ", 1)[1] for b in outside_references(doc)] == [
         "cites DESIGN.md (the design notes are docs/design.md)",
         "looks like a commit hash: fb28fa8", "an issue number"]
+
+
+def test_runner_runs_earlier_blocks_first_and_stops_after_a_failure(tmp_path, tmp_path_factory):
+    doc = write_doc(tmp_path, "```bash\ntouch made-by-first\n```\n```bash\ntest -f made-by-first\n"
+                              "```\n```bash\nfalse\n```\n```bash\necho after\n```\n")
+    blocks, boxes = parse(doc)[0], Sandboxes(tmp_path_factory, slow=False)
+    boxes.run(blocks[1])                       # runs the first block before it
+    with pytest.raises(pytest.fail.Exception, match="exited 1"):
+        boxes.run(blocks[2])
+    with pytest.raises(pytest.fail.Exception, match="an earlier block of this file failed"):
+        boxes.run(blocks[3])
