@@ -178,3 +178,32 @@ _SAMPLE_ALPHABET = ALPHABET
 _SAMPLE_SETTINGS = HYPOTHESIS_FIXTURES
 _sample_tiny_model = tiny_model
 _sample_full_forward = full_forward
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+def checkpoint_state(mode="fixed", vocab=27, step=3):
+    """A checkpoint dict with train.py's keys (a tiny model, Adam's state in its state_dict layout,
+    RNG states, counters); write it with operations.save_checkpoint(path, state, None)."""
+    import dataclasses
+    import random
+
+    import numpy as np
+    model = tiny_model(mode, vocab=vocab, seed=1)
+    # Adam's state_dict made by hand: building torch.optim.Adam first imports torch._dynamo (~5 s)
+    params = list(model.parameters())
+    adam = {i: dict(step=torch.tensor(1.0), exp_avg=torch.randn_like(p) * 1e-3,
+                    exp_avg_sq=torch.rand_like(p) * 1e-6) for i, p in enumerate(params)}
+    groups = [dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False,
+                   maximize=False, foreach=None, capturable=False, differentiable=False,
+                   fused=None, params=list(range(len(params))))]
+    return dict(model=model.state_dict(), optimizer=dict(state=adam, param_groups=groups), scaler={},
+                step=step, epoch=0,
+                pos=4 * step, train_chars=128 * step, train_flops=1e6 * step, train_time=0.5 * step,
+                budget_flops=0.0, warmup_flops=None, config=dataclasses.asdict(model.cfg),
+                vocab=dict(alphabet=ALPHABET[:vocab], vocab_size=vocab, space_id=0),
+                args=dict(boundary=mode, data="data/text8", layers="1,1,1", seed=1337),
+                schedule=dict(lr=1e-3, warmup=2, max_steps=10, flop_budget=None),
+                rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+                         python=random.getstate(), cuda=None))

@@ -12,13 +12,16 @@ import argparse
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import importlib
 import inspect
+import io
 import json
 import math
 import os
 import pickle
 import platform
+import random
 import re
 import resource
 import signal
@@ -35,7 +38,7 @@ import torch
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dynpool import PREDICTOR_MODES, Config, DynamicPoolingLM, ModelOutput
+from dynpool import Config, DynamicPoolingLM, ModelOutput, step_flops
 
 
 class Processes(NamedTuple):
@@ -61,15 +64,26 @@ class UserError(Exception):
         self.code = code
 
 
-def pick_device(name=None):
-    """'cpu', 'cuda', 'cuda:1', 'mps' → the checked device string; None → cuda if there is one."""
+def pick_device(name=None, local_rank=None):
+    """'cpu', 'cuda', 'cuda:1', 'mps' → the checked device string; None → cuda if there is one.
+    local_rank (torchrun's LOCAL_RANK): a CUDA device becomes this process's own GPU."""
     if name is None:
-        return 'cuda' if torch.cuda.is_available() else 'cpu'
+        name = 'cuda' if torch.cuda.is_available() else 'cpu'
     try:
         dev = torch.device(name)
-    except RuntimeError:
-        raise UserError(f'--device {name} is not a device torch knows (cpu, cuda, cuda:1, '
-                        f'mps)') from None
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ('cpu', 'cuda', 'mps') or dev.type == 'cpu' and dev.index:
+        raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps')
+    if dev.type == 'cuda' and local_rank is not None and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        # every GPU of the node visible: the LOCAL_RANK-th; a scheduler that shows each process
+        # only its own (CUDA_VISIBLE_DEVICES): that one, whatever LOCAL_RANK says
+        if count > local_rank or count == 1:
+            dev = torch.device('cuda', local_rank if count > local_rank else 0)
+        else:
+            raise UserError(f'LOCAL_RANK {local_rank} but this process sees {count} CUDA devices '
+                            f'(one per process, or all of the node\'s, is expected)')
     if dev.type == 'cuda' and not torch.cuda.is_available():
         raise UserError(f'--device {name} but no CUDA GPU is available here (try --device cpu)')
     if dev.type == 'cuda' and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -111,18 +125,144 @@ def _numpy_safe_globals():
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
-def read_checkpoint(path, trust=False):
-    """train.py's checkpoint (a file, or a run directory holding ckpt.pt) → its dict, checked to
-    hold 'model', 'config' and 'vocab'. Raises UserError, one line, for every way it can be wrong.
-    trust=True also unpickles arbitrary Python objects (only for files you trust)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / 'ckpt.pt'
-    if not path.is_file():
-        raise UserError(f'no checkpoint at {path}')
+# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (the archive's
+# last bytes, which torch.load and zip readers skip) is CHECKSUM_TAG and the SHA-256, in hex, of
+# every byte before the hex digits. Any flipped byte, anywhere in the file, fails the check.
+CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
+_EOCD = b'PK\x05\x06'  # zip's end-of-central-directory record: 22 bytes, then the comment
+_SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
+
+
+def write_sealed(f, data):
+    """Write torch.save's bytes `data` to file f with the checksum comment at the end."""
+    if len(data) < 22 or bytes(data[-22:-18]) != _EOCD or bytes(data[-2:]) != b'\0\0':
+        raise RuntimeError('torch.save wrote no zip archive with an empty comment')
+    h = hashlib.sha256()
+    for part in (data[:-2], _SEAL.to_bytes(2, 'little'), CHECKSUM_TAG):  # the comment's length
+        h.update(part)
+        f.write(part)
+    f.write(h.hexdigest().encode())
+
+
+def verify_checksum(path):
+    """True where the file's checksum matches its content, False for a checkpoint without one
+    (torch.save's own archive, written before checkpoints carried one); UserError otherwise."""
+    size = path.stat().st_size
+    with open(path, 'rb') as f:
+        f.seek(max(0, size - 22 - _SEAL))
+        tail = f.read()
+        sealed = len(tail) == 22 + _SEAL and (tail[:4] == _EOCD or
+                                              tail[22:22 + len(CHECKSUM_TAG)] == CHECKSUM_TAG)
+        if not sealed:
+            if tail[-22:-18] == _EOCD and tail[-2:] == b'\0\0':
+                return False
+            raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint '
+                            f'(it does not end as one: cut short, or another kind of file)')
+        f.seek(0)
+        h, left = hashlib.sha256(), size - 64
+        while left > 0:
+            block = f.read(min(left, 1 << 22))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    if h.hexdigest().encode() != tail[-64:]:
+        raise UserError(f'checkpoint {path} is corrupt: its content does not match the SHA-256 '
+                        f'checksum written with it (a damaged disk or copy); use another copy')
+    return True
+
+
+def non_finite_tensor(obj, name=''):
+    """The name of the first floating tensor in obj (nested dicts, lists, tuples) that holds a NaN
+    or an inf, e.g. 'model.lm_head.weight' or 'optimizer.state.3.exp_avg'; None if all are finite."""
+    if isinstance(obj, torch.Tensor):
+        finite = not (obj.is_floating_point() or obj.is_complex()) or bool(torch.isfinite(obj).all())
+        return None if finite else name
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
+        obj, (list, tuple)) else ()
+    for k, v in items:
+        found = non_finite_tensor(v, f'{name}.{k}' if name else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def alphabet_problem(alphabet, space_id, vocab_size=None):
+    """What is wrong with a vocabulary (distinct single characters, the space's id pointing at ' ',
+    vocab_size its length where given), in words; None if nothing."""
+    if not isinstance(alphabet, (list, tuple)) or not all(isinstance(c, str) and len(c) == 1
+                                                          for c in alphabet):
+        return 'the alphabet must be a list of single characters'
+    if len(set(alphabet)) != len(alphabet):
+        twice = next(c for i, c in enumerate(alphabet) if c in alphabet[:i])
+        return f'the alphabet holds {twice!r} twice'
+    if vocab_size is not None and (type(vocab_size) is not int or vocab_size != len(alphabet)):
+        return f'vocab_size {vocab_size!r} is not the {len(alphabet)} characters of the alphabet'
+    if space_id is not None and (type(space_id) is not int or not 0 <= space_id < len(alphabet)
+                                 or alphabet[space_id] != ' '):
+        return f'space_id {space_id!r} is not the id of the space character in the alphabet'
+    return None
+
+
+def _is_number(v, none_ok=False):
+    """A finite, non-negative int or float (bool is not a number here)."""
+    if v is None:
+        return none_ok
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
+
+
+def _is_rng(rng):
+    """train.py's RNG states: torch's and CUDA's byte tensors, numpy's and Python's state tuples."""
+    def byte_tensor(t):
+        return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+    numpy, python = rng.get('numpy'), rng.get('python')
+    return (byte_tensor(rng.get('torch')) and (rng.get('cuda') is None or byte_tensor(rng['cuda']))
+            and isinstance(numpy, (tuple, list)) and len(numpy) == 5 and numpy[0] == 'MT19937'
+            and isinstance(python, (tuple, list)) and len(python) == 3)
+
+
+# The training state's fields and what each must be, checked where a checkpoint is read.
+CHECKPOINT_FIELDS = {
+    'step': ('a count >= 0', lambda v: type(v) is int and v >= 0),
+    'epoch': ('a count >= 0', lambda v: type(v) is int and v >= 0),
+    'pos': ('a count >= 0', lambda v: type(v) is int and v >= 0),
+    'train_chars': ('a count >= 0', lambda v: type(v) is int and v >= 0),
+    'train_flops': ('a number >= 0 or null', lambda v: _is_number(v, none_ok=True)),
+    'train_time': ('a number of seconds >= 0', _is_number),
+    'budget_flops': ('a number >= 0', _is_number),
+    'warmup_flops': ('a number >= 0 or null', lambda v: _is_number(v, none_ok=True)),
+    'args': ('a dict of flags', lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+    'schedule': ('a dict', lambda v: isinstance(v, dict)),
+    'scaler': ('a dict (the GradScaler state)', lambda v: isinstance(v, dict)),
+    'optimizer': ('a dict with state and param_groups', lambda v: isinstance(v, dict) and
+                  isinstance(v.get('state'), dict) and isinstance(v.get('param_groups'), list)),
+    'rng': ('a dict of torch, cuda, numpy and python RNG states',
+            lambda v: isinstance(v, dict) and _is_rng(v)),
+    'model': ('a dict of named tensors', lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items())),
+}
+
+
+def check_checkpoint_fields(ckpt, path):
+    """Every field of a checkpoint that is present, checked (counts, numbers, dicts, RNG states,
+    the model's named tensors, the vocabulary): one UserError line naming the first wrong one."""
+    for k, (rule, ok) in CHECKPOINT_FIELDS.items():
+        if k in ckpt and not ok(ckpt[k]):
+            shown = ckpt[k] if isinstance(ckpt[k], (int, float, str, type(None))) else \
+                type(ckpt[k]).__name__
+            raise UserError(f'checkpoint {path}: {k} must be {rule}, not {shown!r}'[:300])
+    vocab = ckpt.get('vocab')
+    why = 'it must be a dict' if not isinstance(vocab, dict) else alphabet_problem(
+        vocab.get('alphabet'), vocab.get('space_id'), vocab.get('vocab_size'))
+    if why:
+        raise UserError(f'checkpoint {path}: its vocab is wrong: {why}')
+
+
+def _torch_load(path, trust):
+    """torch.load with safe loading (numpy's RNG state allowed), every failure one UserError line."""
     try:
         with torch.serialization.safe_globals(_numpy_safe_globals()):
-            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
+            return torch.load(path, map_location='cpu', weights_only=not trust)
     except pickle.UnpicklingError as e:
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:  # a readable file that pickles more than tensors and containers
@@ -131,32 +271,63 @@ def read_checkpoint(path, trust=False):
         raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch '
                         f'checkpoint') from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, AttributeError,
-            ImportError) as e:
+            ImportError, TypeError, KeyError, IndexError, RecursionError) as e:
         msg = str(e).strip().splitlines()[0].split('. ')[0] if str(e).strip() else type(e).__name__
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
                         f'{msg}') from None
+
+
+def _read_checkpoint(path, trust=False):
+    """read_checkpoint → (checkpoint dict, whether its checksum was verified)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / 'ckpt.pt'
+    if not path.is_file():
+        raise UserError(f'no checkpoint at {path}')
+    try:
+        verified = verify_checksum(path)
+    except OSError as e:
+        raise UserError(f'cannot read checkpoint {path}: {e.strerror or e}') from None
+    ckpt = _torch_load(path, trust)
     if not isinstance(ckpt, dict):
         raise UserError(f'checkpoint {path} holds a {type(ckpt).__name__}, not the dict train.py '
                         f'writes')
     missing = [k for k in ('model', 'config', 'vocab') if k not in ckpt]
     if missing:
         raise UserError(f'checkpoint {path} lacks {", ".join(missing)}: not written by train.py')
-    vocab = ckpt['vocab']
-    alphabet = vocab.get('alphabet') if isinstance(vocab, dict) else None
-    if not isinstance(alphabet, (list, tuple, str)) or not all(isinstance(c, str)
-                                                               for c in alphabet):
-        raise UserError(f'checkpoint {path}: its vocab needs an alphabet, a list of characters')
-    if not isinstance(ckpt['model'], dict):
-        raise UserError(f'checkpoint {path}: the model state is a '
-                        f'{type(ckpt["model"]).__name__}, not a dict')
+    check_checkpoint_fields(ckpt, path)
     try:
         cfg = config_from_dict(ckpt['config'])
     except UserError as e:
         raise UserError(f'checkpoint {path}: {e}') from None
-    if len(alphabet) > cfg.vocab_size:
-        raise UserError(f'checkpoint {path}: the alphabet has {len(alphabet)} characters but the '
-                        f'model\'s vocab_size is {cfg.vocab_size}')
+    if len(ckpt['vocab']['alphabet']) > cfg.vocab_size:
+        raise UserError(f'checkpoint {path}: the alphabet has {len(ckpt["vocab"]["alphabet"])} '
+                        f'characters but the model\'s vocab_size is {cfg.vocab_size}')
+    bad = non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})
+    if bad is not None:
+        raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run that '
+                        f'diverged?); use an earlier checkpoint')
     ckpt['path'] = str(path)
+    return ckpt, verified
+
+
+def warn_unverified(path):
+    """One stderr line (rank 0) for a checkpoint without a checksum, which is loaded as it is."""
+    if torchrun_processes().rank == 0:
+        print(f'warning: checkpoint {path} has no checksum (written before checkpoints carried '
+              f'one), so its bytes cannot be verified; loading it as it is', file=sys.stderr,
+              flush=True)
+
+
+def read_checkpoint(path, trust=False):
+    """train.py's checkpoint (a file, or a run directory holding ckpt.pt) → its dict, its checksum
+    verified, its fields checked (check_checkpoint_fields), its weights and optimizer state finite.
+    Raises UserError, one line, for every way it can be wrong; a checkpoint from before checksums
+    loads with a one-line warning. trust=True also unpickles arbitrary Python objects (only for
+    files you trust)."""
+    ckpt, verified = _read_checkpoint(path, trust)
+    if not verified:
+        warn_unverified(ckpt['path'])
     return ckpt
 
 
@@ -182,9 +353,12 @@ def load_weights(model, state, path):
 def load_checkpoint(path, device='cpu', trust=False):
     """train.py's checkpoint → (model in eval mode on device, checkpoint dict); the dict's 'vocab'
     holds 'alphabet' (index = token id) and 'space_id'. Raises UserError with one line."""
-    ckpt = read_checkpoint(path, trust)
+    ckpt, verified = _read_checkpoint(path, trust)
     model = DynamicPoolingLM(config_from_dict(ckpt['config']))
-    return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
+    model = load_weights(model, ckpt['model'], ckpt['path']).to(device).eval()
+    if not verified:  # (only once it loads: a refused file says only why)
+        warn_unverified(ckpt['path'])
+    return model, ckpt
 
 
 # ----------------------------------------------------------------------------- argument types
@@ -498,15 +672,30 @@ def lock_run_dir(out_dir):
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically (temp file, fsync, rename). On any failure the temp file is removed
-    and the previous checkpoint (of step saved_step, None if there is none) stays as it was."""
+    """Write state atomically (temp file, fsync, rename) with its checksum (write_sealed); weights
+    or optimizer state holding NaN or inf are refused, never written. On any failure the temp file
+    is removed and the previous checkpoint (of step saved_step, None if none) stays as it was."""
+    bad = non_finite_tensor(state)
+    if bad is not None:
+        raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf values; '
+                        f'{kept(path, saved_step)}')
     tmp = path.with_name(path.name + '.tmp')
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(state, f)
+        buf = io.BytesIO()  # in memory first: the checksum covers the bytes as torch.save made them
+        torch.save(state, buf)
+        with open(tmp, 'wb') as f, buf.getbuffer() as data:
+            write_sealed(f, data)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename: a power cut leaves no empty ckpt.pt
         os.replace(tmp, path)  # atomic: a crash mid-save never leaves a broken checkpoint
+        try:  # the rename itself survives a power cut once the directory is on disk
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # some file systems cannot sync a directory; the checkpoint is written all the same
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
         why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
@@ -596,8 +785,12 @@ def device_name(device):
 
 
 def peak_mem_mb(device):
+    """Peak memory in MiB since the last call (CUDA: allocated on the device, whose peak this
+    resets); on CPU the process's peak resident memory, which cannot be reset."""
     if torch.device(device).type == 'cuda':
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
@@ -609,7 +802,8 @@ def sum_dtype(device):
 def setup_precision(amp, device_type):
     """--amp → (resolved name, autocast context, GradScaler): fp16 needs loss scaling, bf16 not."""
     if amp == 'auto' and device_type == 'cuda':
-        amp = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+        # native bf16 only: V100 and T4 would emulate it, slower than fp16 with loss scaling
+        amp = 'bf16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'fp16'
     elif amp == 'auto':
         amp = 'off'
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
@@ -657,9 +851,13 @@ class StepStats:
         self.micro = args.batch_size // (world * args.grad_accum)
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
         self.index = {}  # names → their positions in sums, as a device tensor
-        self.present, self.micro_steps, self.host_flops = set(), 0, 0.0
-        # --flop-budget: the schedule needs each step's FLOPs on the host (one read per step)
-        self.track, self.step_flops = getattr(args, 'flop_budget', None) is not None, 0.0
+        self.present, self.micro_steps = set(), 0
+        self.own_flops = 0.0   # this process's FLOPs known on the host, since the last read
+        self.all_flops = 0.0   # all processes' FLOPs the caller counted on the host (add_step)
+        # --flop-budget: the schedule needs each step's FLOPs on the host: this process's (a float
+        # or a device tensor), or all processes' where the host knows them
+        self.track = getattr(args, 'flop_budget', None) is not None
+        self.step_own, self.step_all = 0.0, None
 
     def add(self, **vals):
         names = tuple(vals)
@@ -669,40 +867,54 @@ class StepStats:
         values = torch.stack([v.to(self.sums.dtype) for v in vals.values()])
         self.sums.index_add_(0, self.index[names], values)
 
-    def add_micro(self, out):
+    def add_micro(self, out, device_flops=True):
+        """One micro-step's output. device_flops False: the caller knows the step's FLOPs on the
+        host (fixed, whitespace, vanilla) and gives them to add_step."""
         vals = dict(loss=out.loss, lm_loss=out.lm_loss, sf=out.shortening_factor,
                     precision=out.precision, recall=out.recall)
         vals = {k: v.detach().to(self.sums.dtype) for k, v in vals.items() if v is not None}
-        L = self.seq_len
-        if 'sf' in vals:  # the shortened stack runs on 1 + L/SF positions, the null group included
-            vals['flops'] = step_flops(self.cfg, self.micro, L, 1 + L / vals['sf'])
+        if device_flops:
+            # the shortened stack runs on 1 + L/SF positions, the null group included
+            n_short = 1 + self.seq_len / vals['sf'] if 'sf' in vals else None
+            f = step_flops(self.cfg, self.micro, self.seq_len, n_short)
+            if torch.is_tensor(f):
+                vals['flops'] = f
+            else:
+                self.own_flops += f
             if self.track:
-                self.step_flops += float(vals['flops'])
-        else:
-            self.host_flops += step_flops(self.cfg, self.micro, L)
-            if self.track:
-                self.step_flops += step_flops(self.cfg, self.micro, L)
+                self.step_own = self.step_own + f
         self.add(**vals)
         self.present |= vals.keys()
         self.micro_steps += 1
 
-    def take_step_flops(self):
-        """This process's FLOPs since the last call (--flop-budget), summed over processes."""
-        f, self.step_flops = self.step_flops, 0.0
-        if self.world > 1:
-            t = torch.tensor([f], dtype=torch.float64, device=self.sums.device)
-            torch.distributed.all_reduce(t)
-            f = t.item()
-        return f
-
-    def add_step(self, norm, bad):
+    def add_step(self, norm, bad, flops=None):
+        """The step's gradient norm and non-finite flag; flops: all processes' FLOPs of the step
+        where the host knows them (None: add_micro counted them)."""
         finite = torch.isfinite(norm)
         self.add(grad_norm=torch.where(finite, norm, 0.0), norms=finite, bad=bad)
+        if flops is not None:
+            self.all_flops += flops
+            self.step_all = flops
+
+    def take_step_flops(self):
+        """The last step's FLOPs over all processes (--flop-budget). Known on the host for fixed,
+        whitespace and vanilla; the predicted sources' SF is read from the device: a wait each
+        step, which only they and only --flop-budget pay."""
+        f, known = self.step_own, self.step_all
+        self.step_own, self.step_all = 0.0, None
+        if known is not None:
+            return known
+        if torch.is_tensor(f) or self.world > 1:
+            f = torch.as_tensor(f, dtype=torch.float64, device=self.sums.device)
+            if self.world > 1:
+                torch.distributed.all_reduce(f)
+            f = f.item()
+        return f
 
     def read(self, late=False):
         """Sum over processes, read and reset → means since the last read, FLOPs, skipped steps,
         and whether any process is out of time."""
-        self.sums[self.NAMES.index('flops')] += self.host_flops
+        self.sums[self.NAMES.index('flops')] += self.own_flops
         self.sums[self.NAMES.index('late')] += float(late)
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
@@ -710,10 +922,10 @@ class StepStats:
         n = max(1, self.micro_steps * self.world)
         r = {k: v[k] / n if k in self.present else None
              for k in ('loss', 'lm_loss', 'sf', 'precision', 'recall')}
-        r.update(sf=r['sf'] or 1.0, flops=v['flops'], bad=int(v['bad']), late=v['late'] > 0,
-                 grad_norm=v['grad_norm'] / v['norms'] if v['norms'] else None)
+        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.all_flops, bad=int(v['bad']),
+                 late=v['late'] > 0, grad_norm=v['grad_norm'] / v['norms'] if v['norms'] else None)
         self.sums.zero_()
-        self.micro_steps, self.host_flops = 0, 0.0
+        self.micro_steps, self.own_flops, self.all_flops = 0, 0.0, 0.0
         return r
 
 
@@ -739,31 +951,250 @@ def leave_process_group(wait, world):
         pass
 
 
-def step_flops(cfg, batch, seq_len, n_short=None):
-    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward). The forward sums,
-    over the stacks (vanilla: all layers at seq_len; else pre and post at seq_len, the shortened
-    stack at n_short = 1 + segments positions, the null group included), per layer
-        batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
-      + n*2*d*H*dh                                    position projection, once per sequence
-      + batch*H*n^2*2*dh*3                            content and position scores, weights x values
-    plus batch*seq_len*2*d*V for the logits and the boundary predictor's or router's matmuls.
-    Pooling, upsampling, norms and softmax are left out; the attention counts all n^2 terms (the
-    usual MFU convention), causal kernels run about half.
-    n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a
-    device; n_short=None counts every layer at seq_len."""
+# ----------------------------------------------------------------------------- training runs
+# train.py's run lifetime, its lines on the terminal, and the parts of its set-up and checkpoints
+# that keep a run safe rather than define the method.
 
-    d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
-    pre, short, post = cfg.layers
-    stacks = ([(pre + short + post, seq_len)] if cfg.boundary == 'none' or n_short is None
-              else [(pre + post, seq_len), (short, n_short)])
-    fwd = batch * seq_len * 2 * d * cfg.vocab_size
-    # The boundary source's own matmuls at full length: a predictor MLP d -> d_inner -> 1, or
-    # H-Net's router (W_q, W_k) and residual projection, three d x d.
-    if cfg.boundary in PREDICTOR_MODES:
-        fwd += batch * seq_len * 2 * (d * di + di)
-    elif cfg.boundary == 'hnet':
-        fwd += batch * seq_len * 2 * 3 * d * d
-    for layers, n in stacks:
-        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
-                              + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
-    return 3 * fwd
+
+def layer_counts(s):
+    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000)."""
+    try:
+        counts = [int(v) for v in str(s).split(',')]
+    except ValueError:
+        counts = []
+    if len(counts) != 3 or not all(0 <= n <= 1000 for n in counts):
+        raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
+                                         f'got {s!r}')
+    return ','.join(map(str, counts))
+
+
+def nonblank(s):
+    """Argument type: a name or path that is not blank and holds no NUL character."""
+    if not s.strip() or '\0' in s:
+        raise argparse.ArgumentTypeError(f'must be a non-blank name without NUL, got {s!r}')
+    return s
+
+
+def dataset_defaults(data_dir, names):
+    """meta.json's per-language defaults ("defaults", e.g. the Gumbel prior 0.37 for Finnish) of
+    the flags in names; {} where there are none (a missing or broken dataset is reported when the
+    data is loaded)."""
+    try:
+        defaults = read_meta(Path(data_dir)).get('defaults')
+    except UserError:
+        return {}
+    return {k: v for k, v in defaults.items() if k in names} if isinstance(defaults, dict) else {}
+
+
+def _free_memory(device):
+    """Bytes free for a new model on device: the GPU's free memory, else the host's available."""
+    if torch.device(device).type == 'cuda':
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open('/proc/meminfo') as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith('MemAvailable:'))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return math.inf  # (no way to tell: let the allocation decide)
+
+
+def check_model_memory(cfg, device):
+    """Refuse, before anything is allocated, a model whose weights, gradients and Adam moments
+    (16 bytes a parameter) exceed the free memory; the parameters are counted on the meta device."""
+    try:
+        with torch.device('meta'):
+            n = DynamicPoolingLM(cfg).num_params()
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError):
+        n = math.inf  # sizes torch cannot even describe
+    free = _free_memory(device)
+    if 16 * n > free:
+        raise UserError(f'the model would have {n:.3g} parameters, {16 * n / 2**30:.3g} GiB with '
+                        f'gradients and Adam moments, more than the {free / 2**30:.3g} GiB free on '
+                        f'{device}; choose smaller --d-model, --d-inner, --n-head, --d-head or '
+                        f'--layers', code=2)
+
+
+def check_resumable(ckpt, cfg, vocab, data):
+    """A resumed run keeps the checkpoint's vocabulary and model (speed-only fields may change)."""
+    if ckpt['vocab'] != vocab:
+        old, new = ''.join(ckpt['vocab']['alphabet']), ''.join(vocab['alphabet'])
+        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary than {data} '
+                        f'(alphabet {old!r} vs {new!r})')
+    old = config_from_dict(ckpt['config'])
+    diff = [f.name for f in dataclasses.fields(Config) if f.name not in ('attention', 'attn_chunk')
+            and getattr(old, f.name) != getattr(cfg, f.name)]
+    if diff:
+        raise UserError(f'checkpoint {ckpt["path"]} has another model config than these flags and '
+                        f'data ({", ".join(diff)})')
+
+
+def rng_states(device):
+    """Every random generator's state, for a checkpoint to continue exactly."""
+    device = torch.device(device)
+    # this process's GPU only: the states of all of them would not restore on a machine with fewer
+    cuda = torch.cuda.get_rng_state(device) if device.type == 'cuda' else None
+    return dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
+                cuda=cuda)
+
+
+def set_rng_states(rng, device):
+    """Restore rng_states()."""
+    torch.set_rng_state(rng['torch'])
+    if torch.device(device).type == 'cuda' and rng['cuda'] is not None:
+        torch.cuda.set_rng_state(rng['cuda'], device)
+    np.random.set_state(rng['numpy'])
+    random.setstate(rng['python'])
+
+
+def adam_step_skipping(optimizer, skip):
+    """optimizer.step(), skipped by a fused Adam where the 0-dim bool tensor `skip` is set: weights
+    and moments stay untouched, and the host never reads the flag. This is how GradScaler talks to
+    fused optimizers: `found_inf` (and `grad_scale`, here None: nothing to unscale) set on the
+    optimizer for its step to read, and removed after."""
+    optimizer.found_inf, optimizer.grad_scale = skip.float(), None
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf, optimizer.grad_scale
+
+
+@contextmanager
+def run_guard(out_dir, procs, where):
+    """A training run's lifetime: its folder locked (rank 0; the OS drops a killed process's
+    lock), Ctrl-C turned into one line and exit code 130 (where(): how far the run got, in
+    words), and the DDP process group taken down by all ranks together (after an error, by each
+    on its own: a rank still training would never arrive)."""
+    lock = lock_run_dir(out_dir) if procs.rank == 0 else None
+    ended = False
+    try:
+        yield
+        ended = True
+    except KeyboardInterrupt:
+        raise UserError(where(), code=130) from None
+    finally:
+        if lock is not None:
+            os.close(lock)
+        if procs.world > 1 and torch.distributed.is_initialized():
+            leave_process_group(wait=ended, world=procs.world)
+
+
+class Clock:
+    """Training time between log records (evaluating and saving are left out) and the ETA at this
+    invocation's own pace, in steps or FLOPs (`work`)."""
+
+    def __init__(self, step, work):
+        self.last, self.step, self.spent, self.first_work = time.time(), step, 0.0, work
+
+    def lap(self, step):
+        """→ (seconds, steps) of training since the last lap."""
+        now = time.time()
+        dt, steps = now - self.last, step - self.step
+        self.last, self.step, self.spent = now, step, self.spent + dt
+        return dt, steps
+
+    def pause_ended(self):
+        self.last = time.time()
+
+    def eta(self, work, total):
+        """Seconds until `work` reaches `total` at this invocation's pace; None before any."""
+        done = work - self.first_work
+        return (total - work) * self.spent / done if done > 0 and self.spent > 0 else None
+
+
+def duration(s):
+    """Seconds for the terminal: 42s, 9m12s, 3h05m; '?' where unknown."""
+    if s is None or not math.isfinite(s):
+        return '?'
+    s = max(0, round(s))
+    return (f'{s // 3600}h{s % 3600 // 60:02d}m' if s >= 3600 else
+            f'{s // 60}m{s % 60:02d}s' if s >= 60 else f'{s}s')
+
+
+def short_count(n):
+    """A count for the terminal: 812, 26k, 1.2M."""
+    return f'{n / 1e6:.1f}M' if n >= 1e6 else f'{n / 1e3:.0f}k' if n >= 1e4 else f'{n:.0f}'
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a message."""
+
+    def error(self, message):
+        raise UserError(f'{message} (see python {self.prog} --help)', code=2)
+
+
+def flag_parser(flags, description, default_of):
+    """A OneLineParser from a table of (flag, type, help): type None makes a switch (None, not
+    False, when not given: a resumed run can tell), a tuple the choices; default_of(name) → the
+    default in words, added to the help where it does not say its own."""
+    p = OneLineParser(description=description)
+    for flag, kind, words in flags:
+        shown = default_of(flag[2:].replace('-', '_'))
+        words += f' ({shown})' if shown and 'default' not in words else ''
+        if kind is None:
+            p.add_argument(flag, action='store_true', default=None, help=words)
+        elif isinstance(kind, tuple):
+            p.add_argument(flag, choices=kind, help=words)
+        else:
+            p.add_argument(flag, type=kind, help=words)
+    return p
+
+
+def resume_flags(ckpt_path, args, given, kept, not_resumed):
+    """--resume: the checkpoint at ckpt_path, checked to hold a training state, and the flags it
+    gives (all not given now, but those of one invocation only). A flag in `kept` given with
+    another value than the checkpoint's ends with exit code 2."""
+    if not ckpt_path.is_file():
+        raise UserError(f'--resume but there is no checkpoint at {ckpt_path}')
+    ckpt = read_checkpoint(ckpt_path)
+    if {'args', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'rng'} - ckpt.keys():
+        raise UserError(f'{ckpt_path} lacks the training state to resume from (not written by '
+                        f'train.py)')
+    for k in sorted(given & set(kept)):
+        if getattr(args, k) != ckpt['args'].get(k):
+            raise UserError(f'--{k.replace("_", "-")} {getattr(args, k)} differs from the '
+                            f'checkpoint\'s {ckpt["args"].get(k)} (a resumed run keeps its model '
+                            f'and data order)', code=2)
+    return ckpt, {k: v for k, v in ckpt['args'].items() if k not in given and k not in not_resumed}
+
+
+def start_processes(device, procs):
+    """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU); TF32 on GPUs."""
+    on = torch.device(device).type
+    if procs.world > 1:
+        if on == 'cuda':
+            torch.cuda.set_device(device)  # before the process group: NCCL binds to this GPU
+        torch.distributed.init_process_group('nccl' if on == 'cuda' else 'gloo')
+    if on == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: same recipe, much faster
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def training_checkpoint(model, optimizer, scaler, counters, cfg, vocab, args):
+    """Everything train.py needs to continue a run exactly: weights, optimizer, AMP scaler, every
+    RNG, the run's counters (step, data position, ...), config, vocabulary and flags."""
+    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg),
+                vocab=vocab, args=vars(args), rng=rng_states(args.device),
+                schedule=dict(lr=args.lr, warmup=args.warmup, max_steps=args.max_steps,
+                              flop_budget=args.flop_budget))
+
+
+def restore_training(ckpt, model, optimizer, scaler, device):
+    """Load training_checkpoint's weights, optimizer, AMP scaler and RNG states."""
+    load_weights(model, ckpt['model'], ckpt['path'])
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt['scaler']:  # a run saved without loss scaling (bf16, off) has none: fp16 starts afresh
+        scaler.load_state_dict(ckpt['scaler'])
+    set_rng_states(ckpt['rng'], device)
+
+
+def run_summary(args, params, amp, world, resumed_at=None):
+    """A training run's set-up in three lines for the terminal (log.jsonl has every flag)."""
+    resumed = f' (resumed at step {resumed_at})' if resumed_at is not None else ''
+    end = (f'until {args.flop_budget:.3g} FLOPs (at most {args.max_steps} steps)'
+           if args.flop_budget is not None else f'to step {args.max_steps}')
+    return (f'{args.boundary} on {args.data} -> {args.out}{resumed}\n'
+            f'  model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model '
+            f'{args.d_model}, {args.n_head} heads x {args.d_head}, d_inner {args.d_inner}; '
+            f'{args.device}, amp {amp}, {world} process(es)\n'
+            f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
+            f'{args.warmup} warm-up steps, then a cosine {end}')
