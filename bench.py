@@ -60,9 +60,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dynpool import PREDICTOR_MODES, BoundaryPredictor, Config, DynamicPoolingLM, Routing, sinusoids
-from operations import (UserError, non_negative_int, pick_device, positive_int, seed_int, step_flops,
-                   thread_count)
+from dynpool import (PREDICTOR_MODES, BoundaryPredictor, Config, DynamicPoolingLM, Routing, sinusoids,
+                     step_flops)
+from operations import UserError, non_negative_int, pick_device, positive_int, seed_int, thread_count
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -362,9 +362,9 @@ def stack_lengths(args, mode, sf):
 
 
 def flop_formula():
-    """The FLOP count in words: operations.step_flops's own docstring."""
+    """The FLOP count in words: dynpool.step_flops's own docstring."""
     doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
-    return f'model FLOPs (operations.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}'
+    return f'model FLOPs (dynpool.step_flops, n_short = 1 + L/SF with the SF measured in the step):\n{doc}'
 
 
 def config_flops(args, name, sf):

@@ -71,12 +71,12 @@ if [ "$part" = languages ]; then
   # the vanilla run's FLOPs at this shape: the budget every pooled -flops run trains to
   budget=$(python - "$steps" "${train_flags[@]}" <<'PY'
 import sys
-import operations, train
-args, _, _ = train.resolve_args(train.parse_args(['--device', 'cpu', '--boundary', 'none',
-                                                  '--out', '/nonexistent'] + sys.argv[2:]))
+import dynpool, train
+args, _ = train.resolve_args(train.parse_args(['--device', 'cpu', '--boundary', 'none',
+                                               '--out', 'out/budget-probe'] + sys.argv[2:]))
 layers = train.check_args(args)
 cfg = train.model_config(args, layers, dict(vocab_size=27))
-print(repr(int(sys.argv[1]) * operations.step_flops(cfg, args.batch_size, args.seq_len)))
+print(repr(int(sys.argv[1]) * dynpool.step_flops(cfg, args.batch_size, args.seq_len)))
 PY
 ) || die "could not compute the FLOP budget (see above)"
   for s in $seeds; do

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import operations
 import train
-from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
 
 
 ROOT = Path(__file__).parent
@@ -425,10 +425,14 @@ def test_train_error_unusable_out(synth, tmp_path, capsys, monkeypatch, where):
         def read_only(*a, **k):
             raise OSError(30, 'Read-only file system')
         monkeypatch.setattr(Path, 'mkdir', read_only)
-    msg = user_error(tiny_args(synth, 'none') + ['--out', str(out)], capsys, code=1)
-    assert f'cannot use --out {out}' in msg and '--out' in msg.split(';')[-1]
-    assert {'a file': 'is a file', 'under a file': f'{tmp_path / "f"} is a file',
-            'read-only': 'Read-only file system'}[where] in msg
+    # a file where the folder should be is a bad flag (2), caught at start; a file system that
+    # refuses the folder shows when it is made (1)
+    code = 1 if where == 'read-only' else 2
+    msg = user_error(tiny_args(synth, 'none') + ['--out', str(out)], capsys, code=code)
+    assert {'a file': f'--out {out}: is a file, not a directory',
+            'under a file': f'--out {out}: {tmp_path / "f"} is a file, not a directory',
+            'read-only': f'cannot use --out {out}: Read-only file system'}[where] in msg, msg
+    assert '--out' in msg.split(';')[-1]
     assert (tmp_path / 'f').read_text() == 'keep me' and not (tmp_path / 'ro').exists()
 
 
@@ -484,7 +488,7 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
                                                                  '--out', str(out)])
     try:
         for line in first.stdout:  # wait until it has saved a checkpoint and trains on
-            if line.startswith('kind train | step 3 '):
+            if line.startswith('step 3/'):
                 break
         second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '4'])
         _, err = second.communicate(timeout=120)
@@ -506,7 +510,7 @@ SCHEMA = {
     'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf', 'precision',
               'recall', 'chars_per_s', 'lr', 'grad_norm', 'mem_mb', 'epoch'],
     'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'eval_chars', 'subset', 'train_chars', 'train_flops',
-             'train_time'],
+             'train_time', 'mem_mb'],
 }
 
 
@@ -531,7 +535,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     assert [r['train_chars'] for r in trains] == [128, 256, 384, 512]
     flops = 0.0
     for r in trains:
-        flops += operations.step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
+        flops += step_flops(cfg, 4, 32, None if boundary == 'none' else 1 + 32 / r['sf'])
         assert r['train_flops'] == pytest.approx(flops, rel=1e-6)
     assert all(a['train_time'] < b['train_time'] for a, b in zip(trains, trains[1:]))
     evals = [r for r in log if r['kind'] == 'eval']
@@ -559,6 +563,13 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
     assert [r['train_chars'] for r in log if r['kind'] == 'train'] == [128 * s for s in range(1, 6)]
 
 
+def training(model, optimizer, cfg, args):
+    """train.Training for one process on CPU, without loss scaling, logger or compile."""
+    return train.Training(model, model, optimizer, torch.amp.GradScaler('cpu', enabled=False),
+                          nullcontext(), 'off', operations.StepStats(cfg, args), None,
+                          operations.Processes())
+
+
 def test_train_non_finite_step_is_skipped_on_the_device():
     """A step whose loss is not finite leaves weights and Adam's moments untouched, without the host
     looking, and is counted for the next log record."""
@@ -571,16 +582,15 @@ def test_train_non_finite_step_is_skipped_on_the_device():
                                  device='cpu'))()
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
-    stats = operations.StepStats(cfg, args)
-    scaler = torch.amp.GradScaler('cpu', enabled=False)
-    train.train_step(model, optimizer, scaler, batch, iter([batch]), stats, args, nullcontext())
-    assert stats.read()['bad'] == 0
+    t = training(model, optimizer, cfg, args)
+    train.train_step(t, batch, args)
+    assert t.stats.read()['bad'] == 0
     with torch.no_grad():
         model.lm_head.bias[0] = float('nan')
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = [optimizer.state[p]['exp_avg'].clone() for p in model.parameters()]
-    train.train_step(model, optimizer, scaler, batch, iter([batch]), stats, args, nullcontext())
-    assert stats.read()['bad'] == 1
+    train.train_step(t, batch, args)
+    assert t.stats.read()['bad'] == 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
     assert all(torch.equal(m, optimizer.state[p]['exp_avg'])
@@ -634,7 +644,7 @@ def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatc
     last_train = [r for r in read_log(out) if r['kind'] == 'train'][-1]
     assert ('tb', 'train/bpc', last_train['bpc'], 2) in calls
     test = [r for r in read_log(out) if r['kind'] == 'eval'][-1]
-    numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time')
+    numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time', 'mem_mb')
     assert ('wandb', {f'test/{k}': test[k] for k in numbers}, 2) in calls
 
 
