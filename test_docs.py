@@ -455,3 +455,26 @@ def test_runner_runs_earlier_blocks_first_and_stops_after_a_failure(tmp_path, tm
         boxes.run(blocks[2])
     with pytest.raises(pytest.fail.Exception, match="an earlier block of this file failed"):
         boxes.run(blocks[3])
+
+
+@pytest.mark.slow   # makes two virtual environments
+def test_ci_reports_failures_tolerates_empty_selections_and_stops_on_setup(tmp_path):
+    def ci(commands):
+        repo = tmp_path / f"repo{len(list(tmp_path.iterdir()))}"
+        (repo / ".ci").mkdir(parents=True)
+        shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
+        (repo / "README.md").write_text("<!-- ci -->\n```bash\n" + "\n".join(commands) + "\n```\n")
+        return subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True,
+                              timeout=600, env={k: v for k, v in os.environ.items()
+                                                if not k.startswith(("VIRTUAL_ENV", "PYTHON"))})
+    p = ci(["python -c 'import sys; assert sys.prefix != sys.base_prefix'",   # a fresh venv
+            "python -c 'raise SystemExit(5)' pytest -m plots",     # exit 5 of a -m selection
+            "python -c 'raise SystemExit(5)' pytest",              # exit 5 without -m: a failure
+            "echo still-runs"])
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "[1] ok" in out and "[2] no tests selected" in out and "[3] FAILED (exit 5)" in out
+    assert "still-runs" in out and "1 of README's CI commands failed" in out
+    p = ci(["pip install ./no-such-package", "echo never"])
+    assert p.returncode == 1 and "set-up command [1] failed; stopping" in p.stderr
+    assert "never" not in p.stdout
