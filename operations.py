@@ -725,13 +725,83 @@ def kept(ckpt_path, saved_step):
     return f'the last good checkpoint is {ckpt_path} (step {saved_step}); continue with --resume'
 
 
-class Logger:
-    """Records to stdout and log.jsonl on rank 0, and to TensorBoard / W&B when their flags ask."""
+def _last_line_cut(data):
+    """Where the last line of a JSON-lines log's bytes starts if it is cut (no newline at its end,
+    or not a JSON object), else None."""
+    if not data:
+        return None
+    end = len(data) - 1 if data.endswith(b'\n') else len(data)
+    start = data.rfind(b'\n', 0, end) + 1
+    if end < len(data):
+        try:
+            if isinstance(json.loads(data[start:end]), dict):
+                return None
+        except ValueError:
+            pass
+    return start
 
-    def __init__(self, out_dir, args, config_record, rank=0):
+
+def _write_atomically(path, data):
+    """Replace path's content by data (temp file, fsync, rename): never half of each."""
+    tmp = path.with_name(path.name + '.tmp')
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f'cannot rewrite {path}: {e.strerror or e}; it is left as it was') from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def repair_log(path, resumed_from=None):
+    """Before a run appends to log.jsonl: drop a cut last line (a run stopped mid-record), and on
+    --resume the records of steps after the checkpoint's step resumed_from (the run redoes them;
+    config records stay). Says what it dropped in one stderr line each; the rewrite is atomic."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f'cannot read {path}: {e.strerror or e}') from None
+    cut = _last_line_cut(data)
+    if cut is not None:
+        print(f'warning: {path}: dropped its last line, cut short ({len(data) - cut} bytes left by '
+              f'a run that stopped while writing it)', file=sys.stderr, flush=True)
+        data = data[:cut]
+    dropped = 0
+    if resumed_from is not None:
+        kept_lines = []
+        for line in data.splitlines(keepends=True):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None  # a line we cannot read is no record of a later step: kept as it is
+            later = (isinstance(rec, dict) and rec.get('kind') != 'config'
+                     and type(rec.get('step')) is int and rec['step'] > resumed_from)
+            dropped += later
+            if not later:
+                kept_lines.append(line)
+        data = b''.join(kept_lines)
+        if dropped:
+            print(f'note: {path}: dropped {dropped} record(s) of steps after {resumed_from}, the '
+                  f'checkpoint\'s step (the resumed run redoes them)', file=sys.stderr, flush=True)
+    if cut is not None or dropped:
+        _write_atomically(path, data)
+
+
+class Logger:
+    """Records to log.jsonl on rank 0, each line written whole or not at all, and to TensorBoard /
+    W&B when their flags ask (the console lines are the caller's). resumed_from: the checkpoint's
+    step on --resume, whose later records are dropped first (repair_log)."""
+
+    def __init__(self, out_dir, args, config_record, rank=0, resumed_from=None):
         self.path, self.tb, self.wandb, self.rank = out_dir / 'log.jsonl', None, None, rank
         if rank != 0:
             return
+        repair_log(self.path, resumed_from)
         if args.tensorboard:
             tensorboard = import_optional('torch.utils.tensorboard', 'tensorboard', '--tensorboard')
             self.tb = tensorboard.SummaryWriter(str(out_dir / 'tensorboard'))
@@ -745,16 +815,35 @@ class Logger:
                                 f'({why})') from None
         self.log(config_record)
 
+    def append(self, line):
+        """Append one line to log.jsonl whole or not at all: a write that fails part-way (a full
+        disk) or is interrupted is cut back off, so the file ends with the last whole record."""
+        data = line.encode('utf-8')
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f'cannot write {self.path}: {e.strerror or e}') from None
+        try:
+            size = os.fstat(fd).st_size
+            done = 0
+            while done < len(data):  # one write, unless the system takes only part of it
+                done += os.write(fd, data[done:])
+        except BaseException as e:  # OSError, or Ctrl-C between two parts
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass  # the next run's repair_log drops the cut line
+            if not isinstance(e, OSError):
+                raise
+            raise UserError(f'cannot write {self.path}: {e.strerror or e}; it keeps every whole '
+                            f'record before this one') from None
+        finally:
+            os.close(fd)
+
     def log(self, rec):
         if self.rank != 0:
             return
-        print(' | '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}'
-                         for k, v in rec.items() if v is not None), flush=True)
-        try:
-            with open(self.path, 'a') as f:
-                f.write(json.dumps(rec) + '\n')
-        except OSError as e:
-            raise UserError(f'cannot write {self.path}: {e.strerror}') from None
+        self.append(json.dumps(rec) + '\n')
         if rec['kind'] == 'config':
             return
         group = rec['kind'] if rec['kind'] == 'train' else rec['split']
