@@ -9,6 +9,10 @@ and the result is upsampled back, without leaking the future, for a few final la
     tokens ─ embed ─ pre ─┬─ source ─ pooling.down ─ shortened ─ pooling.up ─┐
                           └────────────── skip connection ─────────────────── + ─ post ─ logits
 
+The file reads top to bottom: Config (what the model is), relative attention, layers and stages,
+pooling through the boundary matrix, the boundary sources, the model and its FLOP count,
+generation, and last an optional CPU dropout.
+
 Notable features:
 - six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
   unigram, entropy, gumbel (paper §3), and a seventh, H-Net's dynamic chunking (hnet); each is one
@@ -17,19 +21,25 @@ Notable features:
   call or in query blocks that skip the masked future (`Config.attention`);
 - pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
 - upsampling that gives token t only the last segment complete at t, so nothing leaks;
-- cached, incremental generation that runs the shortened stage once per closed segment.
+- cached, incremental generation that runs the shortened stage once per closed segment;
+- no device → host read for boundaries known when the batch is cut (fixed, whitespace): the
+  caller counts the segments there (forward's n_segments), so a step needs no sync on a GPU and
+  torch.compile traces it as one graph.
 
-Conventions: tensors are batch-first (tokens x [B, L], hidden states [B, L, D]); boundaries b are
+Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries b are
 [B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1 starts the
 next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a boundary are pooled.
 
     from dynpool import Config, DynamicPoolingLM
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
+    S = int((x == 0).sum(1).max())     # complete segments of the fullest row, counted on the host
+    out = model(x, targets=y, n_segments=S)   # the same, with no device read
 """
 
-import functools
+import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,721 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper dropout mask on CPU. Every module below works with plain nn.Dropout instead
-# (replace `Dropout` by `nn.Dropout`); only the random masks, not their statistics, would change.
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU training mask comes from 16-bit slices of 64-bit random integers: one
-    draw of PyTorch's serial CPU generator then serves four elements, cheaper than bernoulli_.
-    The drop probability is rounded to a multiple of 2^-16. GPU and torch.compile: nn.Dropout."""
-
-    def forward(self, x):
-        if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
-                or torch.compiler.is_compiling()):
-            return super().forward(x)
-        bits = torch.empty(x.numel() // 4, dtype=torch.int64).random_(-2 ** 63, None)
-        keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
-        # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
-        return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
-
-
-# -----------------------------------------------------------------------------
-# Relative attention (Transformer-XL, Dai et al. 2019 §3.3)
-
-
-def sinusoids(distances, dim):
-    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
-    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
-    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
-
-def rel_shift(x):
-    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
-    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
-    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
-    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
-    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
-    m, e = x.size(-2), x.size(-1) - 1
-    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
-
-
-class RelativeAttention(nn.Module):
-    """Causal multi-head attention with learnable relative positions, post-norm residual.
-    `forward` runs a whole sequence, `step` one new position per row against a cache; both share
-    the projections (`heads`, `queries`, `positions`), `attend` and the output (`merge`)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.n_head, self.d_head = cfg.n_head, cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
-        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
-        self.drop = Dropout(cfg.dropout)
-        self.dropatt = Dropout(cfg.dropatt)
-        self.chunk = cfg.attn_chunk
-        self.attention = cfg.attention
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def fused(self, x):
-        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
-        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
-        path there (README, the model in code)."""
-        if self.attention == 'auto':
-            return x.device.type != 'cpu' or torch.compiler.is_compiling()
-        return self.attention == 'sdpa'
-
-    def heads(self, x):
-        """x [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
-        B, L, _ = x.shape
-        return self.qkv(x).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
-
-    def queries(self, q, u, v):
-        """Content and position queries (q + u)/√d and (q + v)/√d, [B, H, L, d_head], in q's dtype
-        (the float32 biases would promote a bf16 q)."""
-        scale = self.d_head ** -0.5
-        return (((q + u.to(q.dtype)[:, None]) * scale).contiguous(),
-                (q + v.to(q.dtype)[:, None]) * scale)
-
-    def positions(self, emb):
-        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
-        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
-
-    def attend(self, q, k, v, bias, fused):
-        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d], k, v [B, H, n, d],
-        bias [B, H, m, n] (-inf where masked) → [B, H, m, d]. q carries the 1/√d scale."""
-        if fused:
-            p = self.dropatt.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-        B, H, m, n = bias.shape
-        # [B*H, m, n]: the bias and the content term added by one matmul
-        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
-        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, H, m, -1)
-
-    def merge(self, x, y):
-        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(x.size(0), x.size(1), -1)            # [B, L, H*d_head]
-        return self.norm(x + self.drop(self.out(y)))
-
-    def position_bias(self, q_pos, r, a, e, fused):
-        """Position term (q_i + v)·r_{i-j} of queries a … e-1 against keys 0 … e-1, -inf on future
-        keys → [B, H, e-a, e]; r [H, L+1, d] holds distances L-1 … 0 and a zero row."""
-        L = r.size(1) - 1
-        scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
-        future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
-        # Added, not masked_fill: the backward then passes the gradient through untouched.
-        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
-        if not fused:
-            return scores + causal
-        # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
-        # take such a mask as it is instead of copying it into a padded one.
-        bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-        return bias.copy_(scores).add_(causal)
-
-    def forward(self, x, pos, u, v, kv=None):
-        """Causal attention over x [B, L, D]; pos [L, D] embeds distances L-1 … 0; kv: (k, v) cache
-        tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
-        L = x.size(1)
-        q, k, val = self.heads(x)                                          # [B, H, L, d_head]
-        if kv is not None:
-            kv[0][:, :, :L], kv[1][:, :, :L] = k, val
-        q_content, q_pos = self.queries(q, u, v)
-        k, val = k.contiguous(), val.contiguous()
-        r = F.pad(self.positions(pos), (0, 0, 0, 1))                       # [H, L+1, d_head]
-        if self.fused(x):  # one call for all L queries, no Python loop over L
-            bias = self.position_bias(q_pos, r, 0, L, True)
-            return self.merge(x, self.attend(q_content, k, val, bias, True))
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
-        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
-        ys = []
-        for a in range(0, L, self.chunk):
-            e = min(a + self.chunk, L)
-            bias = self.position_bias(q_pos, r, a, e, False)
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], val[:, :, :e], bias, False))
-        return self.merge(x, torch.cat(ys, 2))
-
-    def step(self, x, u, v, kv, r, at):
-        """One new position per row, x [B, 1, D], at per-row positions at [B]; writes its k, v
-        into the cache kv there and attends to cache positions 0 … at. r [H, capacity, d_head]:
-        position keys by distance."""
-        q, k, val = self.heads(x)                                          # [B, H, 1, d_head]
-        rows = torch.arange(x.size(0), device=x.device)
-        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], val[:, :, 0]
-        q_content, q_pos = self.queries(q, u, v)
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=x.device)  # [B, C] to each key
-        # einsum, not a broadcast @, so that r is not copied once per row
-        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
-        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
-        return self.merge(x, self.attend(q_content, kv[0], kv[1], bias, self.fused(x)))
-
-
-# -----------------------------------------------------------------------------
-# Feed-forward, layer, stage
-
-
-class FeedForward(nn.Module):
-    """Position-wise MLP with GELU, post-norm residual."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
-                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
-                                 Dropout(cfg.dropout))
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def forward(self, x):
-        return self.norm(x + self.net(x))
-
-
-class Layer(nn.Module):
-    """Relative attention then feed-forward."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.attn = RelativeAttention(cfg)
-        self.ff = FeedForward(cfg)
-
-    def forward(self, x, pos, u, v, kv=None):
-        return self.ff(self.attn(x, pos, u, v, kv))
-
-    def step(self, x, u, v, kv, r, at):
-        return self.ff(self.attn.step(x, u, v, kv, r, at))
-
-
-@dataclass
-class KVCache:
-    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
-
-    def reserve(self, n):
-        """Room for n positions; grows geometrically, so copies are amortised O(1) per token."""
-        C = self.k.size(3)
-        if n > C:
-            grow = max(n, 2 * C) - C
-            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
-            self.r = None
-
-
-class Stage(nn.Module):
-    """Layers that share one relative-position grid of their own sequence length."""
-
-    def __init__(self, cfg, n_layers):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_layers))
-        self.drop = Dropout(cfg.dropout)
-
-    def forward(self, x, u, v, cache=None, lengths=None):
-        """x [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
-        L = x.size(1)
-        pos = sinusoids(torch.arange(L - 1, -1, -1, device=x.device), self.d_model)
-        pos = self.drop(pos.to(x.dtype))                                   # [L, D]
-        if cache is not None:
-            cache.reserve(L)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, pos, u, v, None if cache is None else (cache.k[i], cache.v[i]))
-        if cache is not None:
-            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
-        return x
-
-    def step(self, x, u, v, cache, advance=None):
-        """One new position per row, x [B, 1, D]; the rows where `advance` [B] (default: all)
-        keep it, the others overwrite it next time."""
-        at = cache.length
-        cache.reserve(int(at.max()) + 1)
-        if cache.r is None:  # project position embeddings once per cache size, not once per token
-            emb = sinusoids(torch.arange(cache.k.size(3), device=x.device), self.d_model)
-            cache.r = torch.stack([l.attn.positions(emb.to(x.dtype)) for l in self.layers])
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, u, v, (cache.k[i], cache.v[i]), cache.r[i], at)
-        cache.length = at + (1 if advance is None else advance.long())
-        return x
-
-    def empty_cache(self, B, capacity, ref):
-        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
-        its dtype and on its device."""
-        n, H, d = len(self.layers), ref.size(0), ref.size(1)
-        return KVCache(k=ref.new_zeros(n, B, H, capacity, d), v=ref.new_zeros(n, B, H, capacity, d),
-                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
-
-
-# -----------------------------------------------------------------------------
-# Pooling through the boundary matrix (paper §2.2)
-
-
-def segments(b):
-    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
-    segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
-    # int64, exact in any dtype: a bf16 running sum is not exact past 256.
-    hard = (b.detach() > 0.5).long()
-    m = hard.cumsum(1)
-    return m - hard, m
-
-
-def boundary_matrix(b, bucket=1):
-    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b.
-    S is the most complete segments of a row, rounded up to a multiple of `bucket`."""
-    c, m = segments(b)
-    n_seg = m[:, -1:]                                    # [B, 1] complete segments per row
-    S = -(-int(n_seg.max()) // bucket) * bucket if b.numel() else 0
-    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < n_seg)[..., None]  # [B, L, S]
-    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
-    # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
-    c = b.float().cumsum(1) - b.float()
-    return torch.where(hit, (1 + c - c.detach())[..., None], torch.zeros((), device=b.device))
-
-
-def downsample(h, b, null, bucket=1):
-    """Mean of h [B, L, D] over each complete segment, after the null group → [B, 1+S, D]."""
-    Bm = boundary_matrix(b, bucket).to(h.dtype)          # [B, L, S]
-    counts = Bm.sum(1)                                   # [B, S] segment lengths
-    seg = torch.einsum('bls,bld->bsd', Bm, h) / counts.clamp(min=1)[..., None]
-    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), seg], 1)
-
-
-def upsample(s, b):
-    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
-    _, m = segments(b)                                                         # [B, L]
-    out = s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))                # [B, L, D]
-    if b.requires_grad:
-        # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
-        # this zero term only keeps b in the graph so autograd can be asked for it.
-        out = out + 0 * b.float().cumsum(1)[..., None].to(out.dtype)
-    return out
-
-
-@dataclass
-class PoolingState:
-    """What MeanPooling carries from one generated token to the next."""
-    seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
-    seg_len: torch.Tensor  # [B] tokens in the open segment
-    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
-
-
-class MeanPooling(nn.Module):
-    """Segments → their mean after a learnable null group (down), and back to tokens so that token
-    t sees only segments complete at t (up). `forward`'s pieces and the incremental `step` side by
-    side; every boundary source except a future H-Net one pools this way."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.null_group = nn.Parameter(torch.randn(cfg.d_model))
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.bucket = cfg.seg_bucket
-
-    def down(self, h, routing):
-        """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        return self.norm(downsample(h, routing.b, self.null_group, bucket))
-
-    def up(self, s, routing, h):
-        """Shortened-stage output s [B, 1+S, D], pre-stage output h [B, L, D] → the post stage's
-        input [B, L, D]. Skip connection: h carries each token's own identity past pooling."""
-        return upsample(s, routing.b) + h
-
-    def rows(self, routing):
-        """[B] rows of down()'s output that the shortened stage keeps for generation."""
-        return 1 + routing.hard.sum(1)
-
-    def start(self, h, s, routing):
-        """The running state after a whole prompt: h, s as in down() and up()."""
-        c, m = segments(routing.b)
-        n_seg = m[:, -1]                                                   # [B]
-        open_seg = c == n_seg[:, None]                                     # [B, L] after the last b
-        return PoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
-                            last=s[torch.arange(s.size(0), device=s.device), n_seg])
-
-    def step(self, h, routing, state, shortened):
-        """One token's pre-stage output h [B, 1, D] → its post-stage input [B, 1, D]. `shortened`
-        (x [B, 1, D], advance [B] bool) → [B, 1, D] runs the shortened stage on closed segments."""
-        b = routing.hard[:, 0]
-        state.seg_sum += h[:, 0]
-        state.seg_len += 1
-        if b.any():
-            # Run the shortened stage once for the segment just closed, kept only where one closed.
-            mean = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
-            s = shortened(self.norm(mean)[:, None], b)
-            state.last = torch.where(b[:, None], s[:, 0], state.last)
-            state.seg_sum = torch.where(b[:, None], 0.0, state.seg_sum)
-            state.seg_len = torch.where(b, 0, state.seg_len)
-        return state.last[:, None] + h
-
-
-# -----------------------------------------------------------------------------
-# Boundary sources (paper §3): each decides where segments end, trains that decision (its
-# auxiliary loss) and names the targets its decisions are measured against.
-
-
-def entropy_spikes(H, k=2):
-    """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
-    spikes = torch.ones_like(H, dtype=torch.bool)
-    for i in range(1, min(k, H.size(1) - 1) + 1):        # loop over the window, not over time
-        spikes[:, i:] &= H[:, i:] > H[:, :-i]
-    return spikes
-
-
-def gumbel_sigmoid(logits, temperature, u=None):
-    """Relaxed Bernoulli sample, hard straight-through decision (Jang et al. 2017; paper §3.3).
-    u: the uniform noise (broadcast to logits), drawn fresh when None."""
-    logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
-    u = (torch.rand_like(logits) if u is None else u.expand_as(logits)).clamp(1e-6, 1 - 1e-6)
-    soft = torch.sigmoid((logits + u.log() - (-u).log1p()) / temperature)
-    hard = (soft > 0.5).to(soft.dtype)
-    return hard + soft - soft.detach()
-
-
-def binomial_prior_loss(b, prior):
-    """-log Binomial(Σ_t b_t; L, α) / L, batch mean: keeps the boundary rate near α (§3.3)."""
-    L, n = b.size(1), b.sum(1)
-    log_p = (math.lgamma(L + 1) - torch.lgamma(n + 1) - torch.lgamma(L - n + 1)
-             + n * math.log(prior) + (L - n) * math.log(1 - prior))
-    return -(log_p / L).mean()
-
-
-class BoundaryPredictor(nn.Module):
-    """MLP d_model → d_inner → 1 on the pre stage's output: the logit of 'a segment ends here'."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
-                                 nn.Linear(cfg.d_inner, 1))
-
-    def forward(self, h):
-        return self.net(h).squeeze(-1)                   # [B, L]
-
-
-@dataclass
-class Routing:
-    """A boundary source's decisions for positions start … start+L-1."""
-    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
-    logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
-
-    @functools.cached_property
-    def hard(self):
-        """[B, L] bool; one tensor per Routing (hnet fills its last column in later, see below)."""
-        return self.b.detach() > 0.5
-
-
-class BoundarySource(nn.Module):
-    """Where segments end. A source decides in `forward`, learns through `loss`, and pools with
-    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source."""
-    Pooling = MeanPooling
-
-    def forward(self, h, x, boundaries=None, start=0):
-        """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
-        start …; boundaries [B, L]: given ones, where the source takes them."""
-        raise NotImplementedError
-
-    def step(self, h, x, state):
-        """Routing of one new token per row during generation: h [B, 1, D], x [B, 1], state the
-        GenerationState before it."""
-        return self(h, x, start=state.length)
-
-    def loss(self, routing, logits, x, boundaries):
-        """(auxiliary loss, bool targets [B, L] the decisions are measured against, or None);
-        logits [B, L, V] are the model's predictions."""
-        return torch.zeros((), device=logits.device), None
-
-    def check(self, targets, boundaries):
-        """Raise ValueError for inputs this source cannot train on."""
-
-    @staticmethod
-    def statistics(routing, targets):
-        """(shortening factor, precision, recall) of the decisions; the last two need targets."""
-        b = routing.b.detach()
-        sf = b.numel() / b.sum().clamp(min=1)
-        if targets is None:
-            return sf, None, None
-        pred = b > 0.5
-        tp = (pred & targets).sum()
-        return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
-
-
-class ExternalBoundaries(BoundarySource):
-    """Boundaries from outside the network: the ones given, else derived from the tokens."""
-
-    def forward(self, h, x, boundaries=None, start=0):
-        if boundaries is not None:
-            return Routing(boundaries.detach().float())
-        return Routing(self.derive(x, start).float())
-
-    def derive(self, x, start):
-        raise NotImplementedError
-
-
-class FixedBoundaries(ExternalBoundaries):
-    """b_t = 1 iff (t + 1) % k == 0: segments of k tokens."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.k = cfg.fixed_factor
-
-    def derive(self, x, start):
-        t = torch.arange(start, start + x.size(1), device=x.device)
-        return ((t + 1) % self.k == 0).expand_as(x)
-
-
-class WhitespaceBoundaries(ExternalBoundaries):
-    """b_t = 1 iff x_t is the space: the space closes its word."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.whitespace_id = cfg.whitespace_id
-
-    def derive(self, x, start):
-        return x == self.whitespace_id
-
-
-class PredictedBoundaries(BoundarySource):
-    """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
-    the threshold, so a decision at t depends on x_{<=t} only."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.predictor = BoundaryPredictor(cfg)
-        self.threshold = cfg.threshold
-        self.double_sigmoid = cfg.double_sigmoid
-
-    def forward(self, h, x, boundaries=None, start=0):
-        logits = self.predictor(h)                       # [B, L]
-        return Routing(self.decide(logits, start), logits)
-
-    def decide(self, logits, start):
-        return (torch.sigmoid(logits.float()) > self.threshold).float()
-
-    def bce(self, routing, targets):
-        """The predictor's cross-entropy against bool targets [B, L], and the targets."""
-        logits = routing.logits.float()
-        # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
-        # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
-        # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
-        if self.double_sigmoid:
-            logits = torch.sigmoid(logits)
-        return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
-
-
-class UnigramBoundaries(PredictedBoundaries):
-    """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
-
-    def loss(self, routing, logits, x, boundaries):
-        return self.bce(routing, boundaries.bool())
-
-    def check(self, targets, boundaries):
-        if targets is not None and boundaries is None:
-            raise ValueError("boundary 'unigram' trains its predictor towards Unigram boundaries: "
-                             "pass boundaries= with targets")
-
-
-class EntropyBoundaries(PredictedBoundaries):
-    """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.window = cfg.entropy_window
-
-    def loss(self, routing, logits, x, boundaries):
-        logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
-        return self.bce(routing, entropy_spikes(-(logp.exp() * logp).sum(-1), self.window))
-
-
-class GumbelBoundaries(PredictedBoundaries):
-    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
-    measured against the spaces when whitespace_id is set, never trained towards them."""
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.temperature, self.prior = cfg.temperature, cfg.prior
-        self.whitespace_id = cfg.whitespace_id
-        noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
-        self.register_buffer('eval_noise', noise, persistent=False)
-
-    def decide(self, logits, start):
-        if self.training:
-            return gumbel_sigmoid(logits, self.temperature)
-        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
-        # a predictor held near the prior α rarely fires), but with one fixed noise value per
-        # position: deterministic, and the decision at t still depends on x_{<=t} only.
-        pos = torch.arange(start, start + logits.size(1), device=logits.device)
-        u = self.eval_noise[pos % self.eval_noise.numel()]
-        return gumbel_sigmoid(logits, self.temperature, u=u).detach()
-
-    def loss(self, routing, logits, x, boundaries):
-        spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        return binomial_prior_loss(routing.b, self.prior), spaces
-
-
-# -----------------------------------------------------------------------------
-# H-Net's dynamic chunking (Hwang, Wang, Gu 2025), boundary='hnet': a router, selection of the
-# vectors at chunk starts, an EMA over chunks with a straight-through confidence on the way back.
-#
-# Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
-# reads the pre-stage vector at each chunk start s, which holds x_{<=s}, and token t reads the
-# chunk that started last at or before t: logits at t depend on x_{<=t} only. In DESIGN.md's
-# convention a chunk starting at t+1 is a segment ending at t, so b_t = start_{t+1}: b_t is decided
-# by x_{t+1}, one token later than the other sources decide it, and it is never read by token t
-# (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the token after it is unknown.
-
-
-def start_probability(q, k):
-    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
-    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
-    return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
-
-
-def select_starts(h, start, S):
-    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S >= the most chunks of a row."""
-    B, L, D = h.shape
-    t = torch.arange(L, device=h.device).expand(B, L)
-    pos = torch.where(start, t, L).sort(1).values[:, :S]               # [B, S] starts; L: none
-    z = h.gather(1, pos.clamp(max=L - 1)[..., None].expand(-1, -1, D))
-    return z * (pos < L)[..., None].to(h.dtype)
-
-
-def smooth_chunks(z, P):
-    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
-    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
-    # their gradient even where masked: the log reads it as 1 − 1e-6.
-    P = P.to(torch.promote_types(P.dtype, torch.float32))
-    S = z.size(1)
-    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
-    later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
-    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
-    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
-    return weight.to(z.dtype) @ z                                       # [B, S, D]
-
-
-def ratio_loss(start, p, N):
-    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
-    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
-    frac, mean_p = start.float().mean(), p.float().mean()
-    return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
-
-
-@dataclass
-class ChunkRouting(Routing):
-    """The router's output: b in DESIGN.md's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
-
-
-@dataclass
-class ChunkState:
-    """What ChunkPooling carries from one generated token to the next."""
-    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
-    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
-    undecided: torch.Tensor  # [B, 1] bool: the reported b of the last token, filled in next step
-
-
-class ChunkPooling(nn.Module):
-    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
-    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
-    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.residual = nn.Linear(cfg.d_model, cfg.d_model)
-        self.bucket = cfg.seg_bucket
-
-    def init_weights(self):
-        nn.init.zeros_(self.residual.weight)  # H-Net's: the token's own path starts closed
-
-    def down(self, h, routing):
-        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
-        zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
-        return select_starts(h, routing.start, S)
-
-    def up(self, s, routing, h):
-        """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
-        z_bar = self.smooth(s, routing)
-        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
-        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
-        c = torch.where(routing.start, routing.p, 1 - routing.p)
-        one = (c - c.detach() + 1)[..., None].to(out.dtype)            # exactly 1; gradient of c
-        return out * one + self.residual(h)
-
-    def smooth(self, s, routing):
-        """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
-        return smooth_chunks(s, P[..., 0])
-
-    def rows(self, routing):
-        """[B] rows of down()'s output that the shortened stage keeps for generation."""
-        return routing.start.sum(1)
-
-    def start(self, h, s, routing):
-        """The running state after a whole prompt: h, s as in down() and up()."""
-        last = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
-        return ChunkState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last],
-                          undecided=routing.hard[:, -1:])
-
-    def step(self, h, routing, state, shortened):
-        """One token's pre-stage output h [B, 1, D] → its post-stage input [B, 1, D]. `shortened`
-        (x [B, 1, D], advance [B] bool) → [B, 1, D] runs the shortened stage on new chunks."""
-        start, p = routing.start[:, 0], routing.p[:, :1].to(h.dtype)
-        # This token decides the previous one's b (already handed out, as 0): fill it in.
-        state.undecided.copy_(start[:, None])
-        state.undecided, state.last_h = routing.hard, h[:, 0]
-        if start.any():
-            z = shortened(h, start)[:, 0]
-            state.z_bar = torch.where(start[:, None], p * z + (1 - p) * state.z_bar, state.z_bar)
-        return (state.z_bar + self.residual(h[:, 0]))[:, None]
-
-
-class HNetBoundaries(BoundarySource):
-    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
-    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
-    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
-    Pooling = ChunkPooling
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
-        self.whitespace_id = cfg.whitespace_id
-
-    def init_weights(self):
-        """H-Net's: W_q = W_k = I, so the router starts by comparing the pre-stage outputs."""
-        nn.init.eye_(self.q.weight)
-        nn.init.eye_(self.k.weight)
-
-    def forward(self, h, x, boundaries=None, start=0):
-        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
-        return self.route(F.pad(p, (1, 0), value=1.0))
-
-    def step(self, h, x, state):
-        return self.route(start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))[:, None])
-
-    @staticmethod
-    def route(p):
-        """ChunkRouting from start probabilities p [B, L]; b_{L-1} = 0: not decided yet."""
-        start = p > 0.5
-        return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
-
-    def loss(self, routing, logits, x, boundaries):
-        spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
-        return loss, spaces
-
-
-# The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
-SOURCES = {'fixed': FixedBoundaries, 'whitespace': WhitespaceBoundaries,
-           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries,
-           'hnet': HNetBoundaries}
-BOUNDARY_MODES = ('none',) + tuple(SOURCES)
-PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
-
-# -----------------------------------------------------------------------------
-# The model
+# Configuration: what the model is
 
 
 @dataclass
@@ -814,6 +110,733 @@ class Config:
             raise ValueError("vocab_size must be positive and d_model even (sinusoidal positions)")
 
 
+# -----------------------------------------------------------------------------
+# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
+# and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
+
+
+def sinusoids(distances, dim):
+    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
+    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def rel_shift(x):
+    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
+    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
+    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
+    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
+    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
+    m, e = x.size(-2), x.size(-1) - 1
+    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
+
+
+class RelativeAttention(nn.Module):
+    """Causal multi-head attention with learnable relative positions, post-norm residual.
+    `forward` runs a whole sequence, `step` one new position per row against a cache; both share
+    the projections (`heads`, `queries`, `position_keys`), `attend` and the output (`merge`)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
+        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
+        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
+        self.drop = Dropout(cfg.dropout)
+        self.dropatt = Dropout(cfg.dropatt)
+        self.chunk = cfg.attn_chunk
+        self.attention = cfg.attention
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def fused(self, h):
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
+        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
+        path there (README, the model in code)."""
+        if self.attention == 'auto':
+            return h.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
+
+    def heads(self, h):
+        """h [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
+        B, L, _ = h.shape
+        return self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def queries(self, q, content_bias, position_bias):
+        """Content and position queries (q + u)/√d and (q + v)/√d, [B, H, L, d_head], in q's dtype
+        (the float32 biases would promote a bf16 q)."""
+        scale = self.d_head ** -0.5
+        return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
+                (q + position_bias.to(q.dtype)[:, None]) * scale)
+
+    def position_keys(self, emb):
+        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
+        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
+    def attend(self, q, k, v, bias, fused):
+        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d], k, v [B, H, n, d],
+        bias [B, H, m, n] (-inf where masked) → [B, H, m, d]. q carries the 1/√d scale."""
+        if fused:
+            dropout_p = self.dropatt.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                                  scale=1.0)
+        B, n_head, m, n = bias.shape
+        # [B*H, m, n]: the bias and the content term added by one matmul
+        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
+
+    def merge(self, h, y):
+        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
+        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
+        return self.norm(h + self.drop(self.out(y)))
+
+    def attention_bias(self, q_pos, r, a, e, fused):
+        """Position term (q_i + v)·r_{i-j} of queries a … e-1 against keys 0 … e-1, -inf on future
+        keys → [B, H, e-a, e]; r [H, L+1, d] holds distances L-1 … 0 and a zero row."""
+        L = r.size(1) - 1
+        scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
+        future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
+        # Added, not masked_fill: the backward then passes the gradient through untouched.
+        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
+        if not fused:
+            return scores + causal
+        # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
+        # take such a mask as it is instead of copying it into a padded one.
+        bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
+        return bias.copy_(scores).add_(causal)
+
+    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
+        cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
+        L = h.size(1)
+        q, k, v = self.heads(h)                                            # [B, H, L, d_head]
+        if kv is not None:
+            kv[0][:, :, :L], kv[1][:, :, :L] = k, v
+        q_content, q_pos = self.queries(q, content_bias, position_bias)
+        k, v = k.contiguous(), v.contiguous()
+        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))               # [H, L+1, d_head]
+        if self.fused(h):  # one call for all L queries, no Python loop over L
+            bias = self.attention_bias(q_pos, r, 0, L, True)
+            return self.merge(h, self.attend(q_content, k, v, bias, True))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
+        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
+        ys = []
+        for a in range(0, L, self.chunk):
+            e = min(a + self.chunk, L)
+            bias = self.attention_bias(q_pos, r, a, e, False)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, False))
+        return self.merge(h, torch.cat(ys, 2))
+
+    def step(self, h, content_bias, position_bias, kv, r, at):
+        """One new position per row, h [B, 1, D], at per-row positions at [B]; writes its k, v
+        into the cache kv there and attends to cache positions 0 … at. r [H, capacity, d_head]:
+        position keys by distance."""
+        q, k, v = self.heads(h)                                            # [B, H, 1, d_head]
+        rows = torch.arange(h.size(0), device=h.device)
+        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
+        q_content, q_pos = self.queries(q, content_bias, position_bias)
+        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
+        # einsum, not a broadcast @, so that r is not copied once per row
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
+        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
+
+
+# -----------------------------------------------------------------------------
+# Feed-forward, layer, stage
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP with GELU, post-norm residual."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
+                                 Dropout(cfg.dropout))
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, h):
+        return self.norm(h + self.net(h))
+
+
+class Layer(nn.Module):
+    """Relative attention then feed-forward."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn = RelativeAttention(cfg)
+        self.ff = FeedForward(cfg)
+
+    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+        return self.ff(self.attn(h, pos_emb, content_bias, position_bias, kv))
+
+    def step(self, h, content_bias, position_bias, kv, r, at):
+        return self.ff(self.attn.step(h, content_bias, position_bias, kv, r, at))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
+    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+
+    def reserve(self, capacity):
+        """Room for `capacity` positions; grows geometrically, so copies are amortised O(1) per
+        token."""
+        C = self.k.size(3)
+        if capacity > C:
+            grow = max(capacity, 2 * C) - C
+            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
+            self.r = None
+
+
+class Stage(nn.Module):
+    """Layers that share one relative-position grid of their own sequence length."""
+
+    def __init__(self, cfg, n_layers):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_layers))
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
+        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
+        L = h.size(1)
+        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
+        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
+        if cache is not None:
+            cache.reserve(L)
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            h = layer(h, pos_emb, content_bias, position_bias, kv)
+        if cache is not None:
+            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
+        return h
+
+    def step(self, h, content_bias, position_bias, cache, advance=None):
+        """One new position per row, h [B, 1, D]; the rows where `advance` [B] (default: all)
+        keep it, the others overwrite it next time."""
+        at = cache.length
+        cache.reserve(int(at.max()) + 1)
+        if cache.r is None:  # project position embeddings once per cache size, not once per token
+            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
+            cache.r = torch.stack([l.attn.position_keys(emb.to(h.dtype)) for l in self.layers])
+        for i, layer in enumerate(self.layers):
+            h = layer.step(h, content_bias, position_bias, (cache.k[i], cache.v[i]), cache.r[i], at)
+        cache.length = at + (1 if advance is None else advance.long())
+        return h
+
+    def empty_cache(self, B, capacity, ref):
+        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
+        its dtype and on its device."""
+        n_layers, n_head, d_head = len(self.layers), ref.size(0), ref.size(1)
+        shape = (n_layers, B, n_head, capacity, d_head)
+        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
+                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
+
+
+# -----------------------------------------------------------------------------
+# Pooling through the boundary matrix (paper §2.2)
+
+
+def segments(b):
+    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
+    segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
+    # int64, exact in any dtype: a bf16 running sum is not exact past 256.
+    hard = (b.detach() > 0.5).long()
+    m = hard.cumsum(1)
+    return m - hard, m
+
+
+def boundary_matrix(b, bucket=1, n_segments=None):
+    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b.
+    S is the most complete segments of a row (n_segments, if the caller counted them on the host,
+    else read from the device), rounded up to a multiple of `bucket`."""
+    c, m = segments(b)
+    count = m[:, -1:]                                    # [B, 1] complete segments per row
+    if n_segments is None:
+        n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
+    S = -(-n_segments // bucket) * bucket
+    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]  # [B, L, S]
+    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
+    # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
+    soft_c = b.float().cumsum(1) - b.float()
+    return torch.where(hit, (1 + soft_c - soft_c.detach())[..., None],
+                       torch.zeros((), device=b.device))
+
+
+def downsample(h, b, null, bucket=1, n_segments=None):
+    """Mean of h [B, L, D] over each complete segment, after the null group → [B, 1+S, D]."""
+    Bm = boundary_matrix(b, bucket, n_segments).to(h.dtype)  # [B, L, S]
+    lengths = Bm.sum(1)                                  # [B, S] segment lengths
+    means = torch.einsum('bls,bld->bsd', Bm, h) / lengths.clamp(min=1)[..., None]
+    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), means], 1)
+
+
+def upsample(s, b):
+    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
+    _, m = segments(b)                                                         # [B, L]
+    out = s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))                # [B, L, D]
+    if b.requires_grad:
+        # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
+        # this zero term only keeps b in the graph so autograd can be asked for it.
+        out = out + 0 * b.float().cumsum(1)[..., None].to(out.dtype)
+    return out
+
+
+@dataclass
+class MeanPoolingState:
+    """What MeanPooling carries from one generated token to the next."""
+    seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
+    seg_len: torch.Tensor  # [B] tokens in the open segment
+    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
+
+
+class MeanPooling(nn.Module):
+    """Segments → their mean after a learnable null group (down), and back to tokens so that token
+    t sees only segments complete at t (up). `down` and `up` for a whole sequence, `step_down` and
+    `step_up` for one generated token, side by side; every source but hnet pools this way."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.null_group = nn.Parameter(torch.randn(cfg.d_model))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.bucket = cfg.seg_bucket
+
+    def down(self, h, routing):
+        """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments))
+
+    def up(self, s, routing, h):
+        """Shortened-stage output s [B, 1+S, D], pre-stage output h [B, L, D] → the post stage's
+        input [B, L, D]. Skip connection: h carries each token's own identity past pooling."""
+        return upsample(s, routing.b) + h
+
+    def rows(self, routing):
+        """[B] rows of down()'s output that the shortened stage keeps for generation."""
+        return 1 + routing.hard.sum(1)
+
+    def prefill_state(self, h, s, routing):
+        """The running state after a whole prompt: h, s as in down() and up()."""
+        c, m = segments(routing.b)
+        n_closed = m[:, -1]                                                # [B]
+        open_seg = c == n_closed[:, None]                                  # [B, L] after the last b
+        return MeanPoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
+                                last=s[torch.arange(s.size(0), device=s.device), n_closed])
+
+    def step_down(self, h, routing, pooling_state):
+        """One token's pre-stage output h [B, 1, D] joins the open segment → (the shortened stage's
+        input [B, 1, D]: the mean of the segment this token closes, the rows that close one [B])."""
+        closed = routing.hard[:, 0]
+        pooling_state.seg_sum += h[:, 0]
+        pooling_state.seg_len += 1
+        mean = pooling_state.seg_sum / pooling_state.seg_len.clamp(min=1)[:, None]
+        pooling_state.seg_sum = torch.where(closed[:, None], 0.0, pooling_state.seg_sum)
+        pooling_state.seg_len = torch.where(closed, 0, pooling_state.seg_len)
+        return self.norm(mean)[:, None], closed
+
+    def step_up(self, s, routing, h, pooling_state):
+        """The shortened stage's output s [B, 1, D] (None: no row closed a segment) and the token's
+        h [B, 1, D] → its post-stage input [B, 1, D]."""
+        if s is not None:
+            pooling_state.last = torch.where(routing.hard[:, :1], s[:, 0], pooling_state.last)
+        return pooling_state.last[:, None] + h
+
+
+# -----------------------------------------------------------------------------
+# Boundary sources (paper §3): each decides where segments end, trains that decision (its
+# auxiliary loss) and names the targets its decisions are measured against.
+
+
+def entropy_spikes(H, k=2):
+    """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
+    spikes = torch.ones_like(H, dtype=torch.bool)
+    for i in range(1, min(k, H.size(1) - 1) + 1):        # loop over the window, not over time
+        spikes[:, i:] &= H[:, i:] > H[:, :-i]
+    return spikes
+
+
+def gumbel_sigmoid(logits, temperature, noise=None):
+    """Relaxed Bernoulli sample, hard straight-through decision (Jang et al. 2017; paper §3.3).
+    noise: the uniform noise (broadcast to logits), drawn fresh when None."""
+    logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
+    noise = (torch.rand_like(logits) if noise is None else noise.expand_as(logits))
+    noise = noise.clamp(1e-6, 1 - 1e-6)
+    soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
+    hard = (soft > 0.5).to(soft.dtype)
+    return hard + soft - soft.detach()
+
+
+def binomial_prior_loss(b, prior):
+    """-log Binomial(Σ_t b_t; L, α) / L, batch mean: keeps the boundary rate near α (§3.3)."""
+    L, n_boundaries = b.size(1), b.sum(1)
+    log_p = (math.lgamma(L + 1) - torch.lgamma(n_boundaries + 1)
+             - torch.lgamma(L - n_boundaries + 1)
+             + n_boundaries * math.log(prior) + (L - n_boundaries) * math.log(1 - prior))
+    return -(log_p / L).mean()
+
+
+class BoundaryPredictor(nn.Module):
+    """MLP d_model → d_inner → 1 on the pre stage's output: the logit of 'a segment ends here'."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 nn.Linear(cfg.d_inner, 1))
+
+    def forward(self, h):
+        return self.net(h).squeeze(-1)                   # [B, L]
+
+
+@dataclass
+class Routing:
+    """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
+    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
+    logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
+    n_segments: Optional[int] = None       # S counted on the host (external boundaries), if known
+
+    @property
+    def hard(self):
+        """[B, L] bool decisions."""
+        return self.b.detach() > 0.5
+
+
+class BoundarySource(nn.Module):
+    """Where segments end. A source decides in `forward`, learns through `loss`, and pools with
+    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source."""
+    Pooling = MeanPooling
+
+    def forward(self, h, x, boundaries=None, offset=0):
+        """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
+        offset …; boundaries [B, L]: given ones, where the source takes them."""
+        raise NotImplementedError
+
+    def step(self, h, x, state):
+        """Routing of one new token per row during generation: h [B, 1, D], x [B, 1], state the
+        GenerationState before it."""
+        return self(h, x, offset=state.length)
+
+    def late_boundary(self, routing):
+        """[B, 1] bool: b of the token before routing's first, decided only now (hnet); None for
+        sources that decide b_t with x_t."""
+        return None
+
+    def loss(self, routing, logits, x, boundaries):
+        """(auxiliary loss, bool targets [B, L] the decisions are measured against, or None);
+        logits [B, L, V] are the model's predictions."""
+        return torch.zeros((), device=logits.device), None
+
+    def check(self, targets, boundaries):
+        """Raise ValueError for inputs this source cannot train on."""
+
+    @staticmethod
+    def statistics(routing, targets):
+        """(shortening factor, precision, recall) of the decisions; the last two need targets."""
+        b = routing.b.detach()
+        sf = b.numel() / b.sum().clamp(min=1)
+        if targets is None:
+            return sf, None, None
+        pred = b > 0.5
+        tp = (pred & targets).sum()
+        return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
+
+
+class ExternalBoundaries(BoundarySource):
+    """Boundaries from outside the network: the ones given, else derived from the tokens. Known
+    when the batch is cut, so the caller may count the segments there (forward's n_segments)."""
+
+    def forward(self, h, x, boundaries=None, offset=0):
+        if boundaries is not None:
+            return Routing(boundaries.detach().float())
+        return Routing(self.derive(x, offset).float())
+
+    def derive(self, x, offset):
+        raise NotImplementedError
+
+
+class FixedBoundaries(ExternalBoundaries):
+    """b_t = 1 iff (t + 1) % k == 0: segments of k tokens."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.factor = cfg.fixed_factor
+
+    def derive(self, x, offset):
+        t = torch.arange(offset, offset + x.size(1), device=x.device)
+        return ((t + 1) % self.factor == 0).expand_as(x)
+
+
+class WhitespaceBoundaries(ExternalBoundaries):
+    """b_t = 1 iff x_t is the space: the space closes its word."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.whitespace_id = cfg.whitespace_id
+
+    def derive(self, x, offset):
+        return x == self.whitespace_id
+
+
+class PredictedBoundaries(BoundarySource):
+    """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
+    the threshold, so a decision at t depends on x_{<=t} only."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.predictor = BoundaryPredictor(cfg)
+        self.threshold = cfg.threshold
+        self.double_sigmoid = cfg.double_sigmoid
+
+    def forward(self, h, x, boundaries=None, offset=0):
+        logits = self.predictor(h)                       # [B, L]
+        return Routing(self.decide(logits, offset), logits)
+
+    def decide(self, logits, offset):
+        return (torch.sigmoid(logits.float()) > self.threshold).float()
+
+    def bce(self, routing, targets):
+        """The predictor's cross-entropy against bool targets [B, L], and the targets."""
+        logits = routing.logits.float()
+        # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
+        # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
+        # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
+        if self.double_sigmoid:
+            logits = torch.sigmoid(logits)
+        return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
+
+
+class UnigramBoundaries(PredictedBoundaries):
+    """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
+
+    def loss(self, routing, logits, x, boundaries):
+        return self.bce(routing, boundaries.bool())
+
+    def check(self, targets, boundaries):
+        if targets is not None and boundaries is None:
+            raise ValueError("boundary 'unigram' trains its predictor towards Unigram boundaries: "
+                             "pass boundaries= with targets")
+
+
+class EntropyBoundaries(PredictedBoundaries):
+    """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.window = cfg.entropy_window
+
+    def loss(self, routing, logits, x, boundaries):
+        logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
+        return self.bce(routing, entropy_spikes(-(logp.exp() * logp).sum(-1), self.window))
+
+
+class GumbelBoundaries(PredictedBoundaries):
+    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
+    measured against the spaces when whitespace_id is set, never trained towards them."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.temperature, self.prior = cfg.temperature, cfg.prior
+        self.whitespace_id = cfg.whitespace_id
+        noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
+        self.register_buffer('eval_noise', noise, persistent=False)
+
+    def decide(self, logits, offset):
+        if self.training:
+            return gumbel_sigmoid(logits, self.temperature)
+        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
+        # a predictor held near the prior α rarely fires), but with one fixed noise value per
+        # position: deterministic, and the decision at t still depends on x_{<=t} only.
+        positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
+        noise = self.eval_noise[positions % self.eval_noise.numel()]
+        return gumbel_sigmoid(logits, self.temperature, noise=noise).detach()
+
+    def loss(self, routing, logits, x, boundaries):
+        spaces = None if self.whitespace_id is None else x == self.whitespace_id
+        return binomial_prior_loss(routing.b, self.prior), spaces
+
+
+# -----------------------------------------------------------------------------
+# H-Net's dynamic chunking (Hwang, Wang, Gu 2025), boundary='hnet': a router, selection of the
+# vectors at chunk starts, an EMA over chunks with a straight-through confidence on the way back.
+#
+# Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
+# reads the pre-stage vector at each chunk start, which holds x_{<=start}, and token t reads the
+# chunk that started last at or before t: logits at t depend on x_{<=t} only. In this project's
+# boundary convention (docs/design.md) a chunk starting at t+1 is a segment ending at t, so
+# b_t = start_{t+1}: b_t is decided by x_{t+1}, one token later than the other sources decide it,
+# and it is never read by token t (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the
+# token after it is unknown. Generation reports b_t when token t+1 has decided it (late_boundary).
+
+
+def start_probability(q, k):
+    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
+    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
+    return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
+
+
+def select_starts(h, start, S):
+    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
+    after a row's last chunk; S >= the most chunks of a row."""
+    B, L, D = h.shape
+    t = torch.arange(L, device=h.device).expand(B, L)
+    where = torch.where(start, t, L).sort(1).values[:, :S]             # [B, S] starts; L: none
+    z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
+    return z * (where < L)[..., None].to(h.dtype)
+
+
+def smooth_chunks(z, P):
+    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
+    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
+    # their gradient even where masked: the log reads it as 1 − 1e-6.
+    P = P.to(torch.promote_types(P.dtype, torch.float32))
+    S = z.size(1)
+    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
+    later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
+    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
+    return weight.to(z.dtype) @ z                                       # [B, S, D]
+
+
+def ratio_loss(start, p, N):
+    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
+    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
+    frac, mean_p = start.float().mean(), p.float().mean()
+    return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
+
+
+@dataclass
+class ChunkRouting(Routing):
+    """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
+    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+
+
+@dataclass
+class ChunkPoolingState:
+    """What ChunkPooling carries from one generated token to the next."""
+    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
+
+
+class ChunkPooling(nn.Module):
+    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
+    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
+    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.residual = nn.Linear(cfg.d_model, cfg.d_model)
+        self.bucket = cfg.seg_bucket
+
+    def init_weights(self):
+        nn.init.zeros_(self.residual.weight)  # H-Net's: the token's own path starts closed
+
+    def down(self, h, routing):
+        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
+        zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
+        return select_starts(h, routing.start, S)
+
+    def up(self, s, routing, h):
+        """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
+        z_bar = self.smooth(s, routing)
+        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
+        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        confidence = torch.where(routing.start, routing.p, 1 - routing.p)
+        one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
+        return out * one + self.residual(h)
+
+    def smooth(self, s, routing):
+        """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
+        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
+        return smooth_chunks(s, P[..., 0])
+
+    def rows(self, routing):
+        """[B] rows of down()'s output that the shortened stage keeps for generation."""
+        return routing.start.sum(1)
+
+    def prefill_state(self, h, s, routing):
+        """The running state after a whole prompt: h, s as in down() and up()."""
+        last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
+        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
+
+    def step_down(self, h, routing, pooling_state):
+        """One token's pre-stage output h [B, 1, D] → (the shortened stage's input [B, 1, D]: the
+        token itself, the rows where it starts a chunk [B])."""
+        pooling_state.last_h = h[:, 0]       # the router compares the next token with this one
+        return h, routing.start[:, 0]
+
+    def step_up(self, s, routing, h, pooling_state):
+        """The shortened stage's output s [B, 1, D] (None: no row started a chunk) and the token's
+        h [B, 1, D] → its post-stage input [B, 1, D]."""
+        if s is not None:
+            start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
+            z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
+            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
+        return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
+
+
+class HNetBoundaries(BoundarySource):
+    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
+    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
+    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
+    Pooling = ChunkPooling
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
+        self.whitespace_id = cfg.whitespace_id
+
+    def init_weights(self):
+        """H-Net's: W_q = W_k = I, so the router starts by comparing the pre-stage outputs."""
+        nn.init.eye_(self.q.weight)
+        nn.init.eye_(self.k.weight)
+
+    def forward(self, h, x, boundaries=None, offset=0):
+        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
+        return self.route(F.pad(p, (1, 0), value=1.0))
+
+    def step(self, h, x, state):
+        last_h = state.pooling.last_h                                    # [B, D] h_{t-1}
+        return self.route(start_probability(self.q(last_h), self.k(h[:, 0]))[:, None])
+
+    def late_boundary(self, routing):
+        return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
+
+    @staticmethod
+    def route(p):
+        """ChunkRouting from start probabilities p [B, L]; b_{L-1} = 0: not decided yet."""
+        start = p > 0.5
+        return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
+
+    def loss(self, routing, logits, x, boundaries):
+        spaces = None if self.whitespace_id is None else x == self.whitespace_id
+        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
+        return loss, spaces
+
+
+# The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
+SOURCES = {'fixed': FixedBoundaries, 'whitespace': WhitespaceBoundaries,
+           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries,
+           'hnet': HNetBoundaries}
+BOUNDARY_MODES = ('none',) + tuple(SOURCES)
+PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
+EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
@@ -835,52 +858,6 @@ class Trunk:
     routing: Optional[Routing] = None  # None for vanilla
 
 
-@dataclass
-class GenerationState:
-    """Everything decoding carries from one token to the next."""
-    caches: dict                       # stage name → KVCache
-    length: int                        # tokens consumed so far
-    pooling: object = None             # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[torch.Tensor] = None  # [B, n] bool decisions of the last call's tokens
-
-
-@dataclass
-class GenerationStep:
-    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them.
-    hnet decides b_t with token t+1: the last token's b reads 0 until the next step fills it in."""
-    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
-
-
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-    """Pick the next token [B] from logits [B, V]: argmax, or a sample at temperature among the
-    top k; ids >= n_valid (padding beyond an alphabet) are never picked."""
-    if n_valid is not None and n_valid < logits.size(-1):
-        logits = logits.clone()
-        logits[:, n_valid:] = float('-inf')
-    if greedy:
-        return logits.argmax(-1)
-    logits = logits.float() / max(temperature, 1e-6)
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float('-inf'))
-    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
-
-
-def _rename_old_keys(module, state_dict, prefix, *args):
-    """Load checkpoints from before the named stages (`stacks.0.` …) under today's names."""
-    stages = ('full_stack',) if module.source is None else ('pre', 'shortened', 'post')
-    renames = {f'stacks.{i}.': f'{name}.' for i, name in enumerate(stages)}
-    renames.update({'null_group': 'pooling.null_group', 'down_norm.': 'pooling.norm.',
-                    'predictor.': 'source.predictor.'})
-    for key in [k for k in state_dict if k.startswith(prefix)]:
-        for old, new in renames.items():
-            if key[len(prefix):].startswith(old):
-                state_dict[prefix + new + key[len(prefix) + len(old):]] = state_dict.pop(key)
-                break
-
-
 class DynamicPoolingLM(nn.Module):
     """Hourglass character LM: pre stage, pooling, shortened stage, causal upsampling, post stage;
     vanilla ('none') is one full-length stage."""
@@ -893,35 +870,34 @@ class DynamicPoolingLM(nn.Module):
         # Transformer-XL's global content (u) and position (v) biases, shared by every layer.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
-        pre, short, post = cfg.layers
+        n_pre, n_short, n_post = cfg.layers
         self.source = None
         if cfg.boundary == 'none':
-            self.full_stack = Stage(cfg, pre + short + post)
+            self.full_stack = Stage(cfg, n_pre + n_short + n_post)
             self.stage_names = ('full_stack',)
         else:
-            self.pre, self.shortened = Stage(cfg, pre), Stage(cfg, short)
-            self.post = Stage(cfg, post)
+            self.pre, self.shortened = Stage(cfg, n_pre), Stage(cfg, n_short)
+            self.post = Stage(cfg, n_post)
             self.stage_names = ('pre', 'shortened', 'post')
             source = SOURCES[cfg.boundary]
             self.pooling = source.Pooling(cfg)
             self.source = source(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.apply(self._init_weights)
-        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     @staticmethod
-    def _init_weights(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
-        if hasattr(m, 'init_weights'):  # a module's own, after its children's (apply is post-order)
-            m.init_weights()
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if hasattr(module, 'init_weights'):  # its own, after its children's (apply is post-order)
+            module.init_weights()
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def check_inputs(self, x, targets, boundaries):
+    def check_inputs(self, x, targets, boundaries, n_segments=None):
         """Turn shape and dtype mistakes into one clear ValueError before any layer runs."""
         def shape(t):
             return tuple(getattr(t, 'shape', ()))
@@ -949,47 +925,70 @@ class DynamicPoolingLM(nn.Module):
                 raise ValueError(f"boundaries must be bool, integer or float 0/1, got {dt}")
             if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
                 raise ValueError("boundaries must hold only 0 and 1")
+        if n_segments is not None:
+            self.check_segment_count(x, boundaries, n_segments, values)
         if self.source is not None:
             self.source.check(targets, boundaries)
 
+    def check_segment_count(self, x, boundaries, n_segments, values):
+        """n_segments: only for external boundaries, an int, and (on CPU) no fewer than the most
+        complete segments of a row (more only pads with zero rows, as seg_bucket does)."""
+        if self.cfg.boundary not in EXTERNAL_MODES:
+            raise ValueError(f"n_segments is for boundaries known when the batch is cut "
+                             f"({', '.join(EXTERNAL_MODES)}); boundary {self.cfg.boundary!r} "
+                             f"decides its own")
+        if isinstance(n_segments, bool) or not isinstance(n_segments, numbers.Integral) \
+                or n_segments < 0:
+            raise ValueError(f"n_segments must be a non-negative integer, got {n_segments!r}")
+        if values:
+            most = int(self.source(None, x, boundaries).hard.sum(1).max())
+            if n_segments < most:
+                raise ValueError(f"n_segments={n_segments} is below the {most} complete segments "
+                                 f"of a row of this batch")
+
     # --- forward ---------------------------------------------------------------
 
-    def trunk(self, x, boundaries=None, state=None):
+    def trunk(self, x, boundaries=None, state=None, n_segments=None):
         """Embedding to the last stage → Trunk; with a GenerationState, fills its caches."""
-        cache = (lambda name: None) if state is None else state.caches.get
-        u, v = self.u, self.v
+        caches = {} if state is None else state.caches
+        biases = self.u, self.v
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
-            return Trunk(self.full_stack(h, u, v, cache('full_stack')))
-        h = self.pre(h, u, v, cache('pre'))
-        r = self.source(h, x, boundaries)
-        s = self.pooling.down(h, r)                                       # [B, 1+S, D]
-        lengths = None if state is None else self.pooling.rows(r)
-        s = self.shortened(s, u, v, cache('shortened'), lengths)
+            return Trunk(self.full_stack(h, *biases, caches.get('full_stack')))
+        h = self.pre(h, *biases, caches.get('pre'))
+        routing = self.source(h, x, boundaries)
+        if n_segments is not None:   # counted with the batch: no device read for S
+            routing = dataclasses.replace(routing, n_segments=int(n_segments))
+        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
+        lengths = None if state is None else self.pooling.rows(routing)
+        s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
         if state is not None:
-            state.pooling = self.pooling.start(h, s, r)
-        return Trunk(self.post(self.pooling.up(s, r, h), u, v, cache('post')), r)
+            state.pooling = self.pooling.prefill_state(h, s, routing)
+        h = self.post(self.pooling.up(s, routing, h), *biases, caches.get('post'))
+        return Trunk(h, routing)
 
-    def forward(self, x, targets=None, boundaries=None):
-        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones."""
-        self.check_inputs(x, targets, boundaries)
-        trunk = self.trunk(x, boundaries)
-        r, out = trunk.routing, ModelOutput(logits=self.lm_head(trunk.h))  # logits [B, L, V]
+    def forward(self, x, targets=None, boundaries=None, n_segments=None):
+        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones;
+        n_segments: fixed and whitespace only, S = the most complete segments of a row, counted
+        on the host when the batch is cut, so that pooling reads nothing back from the device."""
+        self.check_inputs(x, targets, boundaries, n_segments)
+        trunk = self.trunk(x, boundaries, n_segments=n_segments)
+        routing, out = trunk.routing, ModelOutput(logits=self.lm_head(trunk.h))  # [B, L, V]
         if targets is not None:
             out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
             out.boundary_loss = torch.zeros((), device=x.device)
-        if r is not None:
-            out.boundaries = r.b
+        if routing is not None:
+            out.boundaries = routing.b
             if targets is not None:
                 out.boundary_loss, out.boundary_targets = self.source.loss(
-                    r, out.logits, x, boundaries)
+                    routing, out.logits, x, boundaries)
             out.shortening_factor, out.precision, out.recall = self.source.statistics(
-                r, out.boundary_targets)
+                routing, out.boundary_targets)
         if targets is not None:
             out.loss = out.lm_loss + out.boundary_loss
         return out
 
-    # --- generation --------------------------------------------------------------
+    # --- generation: prefill the prompt with trunk, then decode one token at a time -------------
 
     @torch.no_grad()
     def prefill(self, x, capacity=None):
@@ -1009,30 +1008,40 @@ class DynamicPoolingLM(nn.Module):
     @torch.no_grad()
     def decode(self, token, state):
         """Consume one token [B] per row → logits [B, V] for the next; updates state in place."""
-        u, v, c = self.u, self.v, state.caches
+        biases, caches = (self.u, self.v), state.caches
         h = self.embed(token)[:, None]                                    # [B, 1, D]
         if self.source is None:
-            h = self.full_stack.step(h, u, v, c['full_stack'])
+            h = self.full_stack.step(h, *biases, caches['full_stack'])
         else:
-            h = self.pre.step(h, u, v, c['pre'])
-            r = self.source.step(h, token[:, None], state)
-            up = self.pooling.step(h, r, state.pooling,
-                                   lambda s, b: self.shortened.step(s, u, v, c['shortened'], b))
-            h = self.post.step(up, u, v, c['post'])
-            state.boundaries = r.hard
+            h = self.pre.step(h, *biases, caches['pre'])
+            routing = self.source.step(h, token[:, None], state)
+            segment, closed = self.pooling.step_down(h, routing, state.pooling)
+            # The shortened stage runs only when some row closed a segment, kept only in those rows.
+            s = (self.shortened.step(segment, *biases, caches['shortened'], closed)
+                 if closed.any() else None)
+            h = self.pooling.step_up(s, routing, h, state.pooling)
+            h = self.post.step(h, *biases, caches['post'])
+            state.boundaries = routing.hard
+            state.late_boundary = self.source.late_boundary(routing)
         state.length += 1
         return self.lm_head(h[:, 0])
 
     @torch.no_grad()
     def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
         """Prefill the prompt x [B, L], then pick and consume n tokens (see next_token), cached:
-        yields a GenerationStep for the prompt, then one per token. Needs eval mode."""
+        yields a GenerationStep for the prompt, then one per token. Needs eval mode. Each step is
+        yielded once its boundaries are final, after the next token is consumed (hnet decides b_t
+        with token t+1), so the yields run one token behind the decoding."""
         logits, state = self.prefill(x, capacity=x.size(1) + n)
-        yield GenerationStep(x, logits, state.boundaries)
+        step = GenerationStep(x, logits, state.boundaries)
         for _ in range(n):
-            token = next_token(logits[:, -1], temperature, top_k, greedy, generator, n_valid)
+            token = next_token(step.logits[:, -1], temperature, top_k, greedy, generator, n_valid)
             logits = self.decode(token, state)[:, None]
-            yield GenerationStep(token[:, None], logits, state.boundaries)
+            if state.late_boundary is not None:  # this token decided the last one's b
+                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
+            yield step
+            step = GenerationStep(token[:, None], logits, state.boundaries)
+        yield step
 
     @torch.no_grad()
     def generate(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None):
@@ -1044,3 +1053,90 @@ class DynamicPoolingLM(nn.Module):
                                                            generator)], 1)
         finally:
             self.train(was_training)
+
+
+def step_flops(cfg, batch, seq_len, n_short=None):
+    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward). The forward sums,
+    over the stages (vanilla: all layers at seq_len; else pre and post at seq_len, the shortened
+    stage at n_short = 1 + segments positions, the null group included), per layer
+        batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
+      + n*2*d*H*dh                                    position projection, once per sequence
+      + batch*H*n^2*2*dh*3                            content and position scores, weights x values
+    plus batch*seq_len*2*d*V for the logits and the boundary predictor's or router's matmuls.
+    Pooling, upsampling, norms and softmax are left out; the attention counts all n^2 terms (the
+    usual MFU convention), causal kernels run about half.
+    n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a
+    device; n_short=None counts every layer at seq_len."""
+    d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
+    n_pre, n_mid, n_post = cfg.layers
+    stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
+              else [(n_pre + n_post, seq_len), (n_mid, n_short)])
+    fwd = batch * seq_len * 2 * d * cfg.vocab_size
+    # The boundary source's own matmuls at full length: a predictor MLP d -> d_inner -> 1, or
+    # H-Net's router (W_q, W_k) and residual projection, three d x d.
+    if cfg.boundary in PREDICTOR_MODES:
+        fwd += batch * seq_len * 2 * (d * di + di)
+    elif cfg.boundary == 'hnet':
+        fwd += batch * seq_len * 2 * 3 * d * d
+    for layers, n in stages:
+        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
+                              + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
+    return 3 * fwd
+
+
+# -----------------------------------------------------------------------------
+# Generation: what decoding carries from token to token, and how a token is picked
+
+
+@dataclass
+class GenerationState:
+    """Everything decoding carries from one token to the next."""
+    caches: dict                       # stage name → KVCache
+    length: int                        # tokens consumed so far
+    pooling: object = None             # the pooling unit's running state (None for vanilla)
+    boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: hnet, b of the token before them
+
+
+@dataclass
+class GenerationStep:
+    """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
+    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
+    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
+    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+
+
+def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+    """Pick the next token [B] from logits [B, V]: argmax, or a sample at temperature among the
+    top k; ids >= n_valid (padding beyond an alphabet) are never picked."""
+    if n_valid is not None and n_valid < logits.size(-1):
+        logits = logits.clone()
+        logits[:, n_valid:] = float('-inf')
+    if greedy:
+        return logits.argmax(-1)
+    logits = logits.float() / max(temperature, 1e-6)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float('-inf'))
+    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)[:, 0]
+
+
+# -----------------------------------------------------------------------------
+# Optional: a cheaper dropout mask on CPU. Every layer above builds its dropout as `Dropout(p)`,
+# looked up when the layer is made, so this class can sit here; plain nn.Dropout works as well
+# (replace `Dropout` by `nn.Dropout`): only the random masks, not their statistics, would change.
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout whose CPU training mask comes from 16-bit slices of 64-bit random integers: one
+    draw of PyTorch's serial CPU generator then serves four elements, cheaper than bernoulli_.
+    The drop probability is rounded to a multiple of 2^-16. GPU and torch.compile: nn.Dropout."""
+
+    def forward(self, x):
+        if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
+                or torch.compiler.is_compiling()):
+            return super().forward(x)
+        bits = torch.empty(x.numel() // 4, dtype=torch.int64).random_(-2 ** 63, None)
+        keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
+        # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
+        return x * keep.to(x.dtype).mul_(1 / (1 - self.p))

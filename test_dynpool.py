@@ -1,31 +1,37 @@
-"""Tests of the model (dynpool.py): leakage-freedom, pooling invariants, gradients, boundary sources,
-losses, attention paths, errors, determinism, cached generation, torch.compile and GPU steps.
+"""Tests of the model (dynpool.py), read as the paper's claims: leakage-freedom, pooling invariants,
+gradients through the boundary matrix, boundary sources, losses, exact attention variants, learning,
+size and FLOPs, errors, determinism, cached generation, host reads and torch.compile, GPU steps, and
+H-Net's dynamic chunking.
 
 Run:   python -m pytest -q test_dynpool.py           (CI=1: hypothesis derandomized, the same examples)
 One part:  python -m pytest -q test_dynpool.py -k "leak or pooling"
 Also:  --slow adds the torch.compile tests (minutes on a CPU); `gpu` tests run where CUDA is.
 
-Every reference below (segments, B-matrix pooling, upsampling, entropy spikes, boundary patterns)
-is written here from DESIGN.md and the paper, not copied from the code under test. Shared helpers
-(tiny_model, random_tokens, full_forward, ...) live in conftest.py; tiny_model returns a fresh copy.
+Every reference below (segments, B-matrix pooling, upsampling, entropy spikes, boundary patterns,
+FLOPs) is written here from the project's conventions (docs/design.md) and the paper, not copied
+from the code under test. Shared helpers (tiny_model, random_tokens, full_forward, ...) live in
+conftest.py; tiny_model returns a fresh copy. Nothing here reads files outside the repository.
 """
 
 
 import math
+import re
+import traceback
 
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample
-from conftest import (DATA_DIR, HYPOTHESIS_FIXTURES, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
+from conftest import (HYPOTHESIS_FIXTURES, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
                       draw_hnet_weights, full_forward, predictor_linear, random_tokens, tiny_config,
                       tiny_model)
-from dynpool import (Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss, boundary_matrix,
-                     downsample, entropy_spikes, ratio_loss, sinusoids,
-                     smooth_chunks, upsample)
+from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss,
+                     boundary_matrix, downsample, entropy_spikes, ratio_loss, sinusoids,
+                     smooth_chunks, step_flops, upsample)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,11 +141,11 @@ def forward(model, x, training, seed=1234, **kw):
         return model(x, **kw)
 
 
-def loss_and_grads(model, x, y, b=None, seed=1):
+def loss_and_grads(model, x, y, b=None, seed=1, **kw):
     """Training loss and every parameter's gradient (None where it got none), RNG fixed."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    out = model(x, targets=y, boundaries=b)
+    out = model(x, targets=y, boundaries=b, **kw)
     out.loss.backward()
     return out, {n: p.grad for n, p in model.named_parameters()}
 
@@ -161,12 +167,12 @@ def leak_cases(draw, max_len=300):
 
 
 # =============================================================================================
-# 1. Leakage-freedom (paper: boundaries are predicted "in an autoregressive fashion"): an
-#    autoregressive LM may use only x_{<=t} to predict x_{t+1}. Pooling is where this breaks easily:
-#    a segment's mean includes tokens up to its end, so a token may only read segments complete at
-#    t, and boundaries must be decided causally. We change every row's suffix (rows cut at different
-#    t) and demand identical logits up to t, position by position; the batch's max segment count S
-#    changes too, which must not matter.
+# 1. Leakage-freedom: logits at t depend on x_{<=t} only (paper: boundaries are predicted "in an
+#    autoregressive fashion"): an autoregressive LM may use only x_{<=t} to predict x_{t+1}.
+#    Pooling is where this breaks easily: a segment's mean includes tokens up to its end, so a token
+#    may only read segments complete at t, and boundaries must be decided causally. We change every
+#    row's suffix (rows cut at different t) and demand identical logits up to t, position by
+#    position; the batch's max segment count S changes too, which must not matter.
 # =============================================================================================
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("mode", MODES)
@@ -234,7 +240,7 @@ def test_predictor_modes_make_mixed_boundaries(mode):
 
 @pytest.mark.parametrize("mode", PREDICTOR_MODES + ["hnet"])
 def test_predictor_modes_pool_with_their_own_decisions(mode):
-    """DESIGN: unigram / entropy / gumbel pool with the predictor's rounded decisions; boundaries
+    """docs/design.md: unigram / entropy / gumbel pool with the predictor's rounded decisions; boundaries
     passed in (Unigram gold: training targets only) depend on the future and must not reach the
     logits."""
     model = tiny_model(mode)
@@ -249,7 +255,8 @@ def test_predictor_modes_pool_with_their_own_decisions(mode):
         assert torch.equal(o1.boundaries.float(), o2.boundaries.float())
 
 # =============================================================================================
-# 2. Pooling invariants (paper: pooling by averaging, up-sampling by duplication; DESIGN
+# 2. Pooling invariants: segment means behind a null group, and upsampling from the last segment
+#    complete at t (paper: pooling by averaging, up-sampling by duplication; docs/design.md
 #    "Segments"): token t belongs to segment c_t = sum_{i<t} b_i; only complete segments are pooled;
 #    downsample is the mean over a segment behind a null group; upsample gives token t the last
 #    segment complete at t. Checked against the loop references above, on hand-picked and
@@ -339,7 +346,7 @@ def check_no_future_in_pooled_path(b):
 
 
 @pytest.mark.parametrize("pattern", HAND_PICKED)
-def test_pooling_hand_picked(pattern):
+def test_pooling_invariants_hold_on_hand_picked_boundaries(pattern):
     b = _hand(pattern)
     check_boundary_matrix(b)
     check_downsample(b)
@@ -347,7 +354,7 @@ def test_pooling_hand_picked(pattern):
     check_no_future_in_pooled_path(b)
 
 
-def test_pooling_worked_example():
+def test_pooling_worked_example_by_hand():
     """b = 0 1 0 0 1 0: segments {0,1}, {2,3,4}; tokens 5 is in no pooled segment."""
     b = _hand([[0, 1, 0, 0, 1, 0]])
     h = torch.arange(6, dtype=torch.float32).view(1, 6, 1)
@@ -378,7 +385,7 @@ def test_pooled_path_never_reads_the_future(b):
 
 
 def test_pooling_accepts_bool_boundaries():
-    """DESIGN: boundaries are bool where no gradient is needed."""
+    """docs/design.md: boundaries are bool where no gradient is needed."""
     b = _hand([[0, 1, 1, 0, 1], [1, 0, 0, 0, 0]])
     check_boundary_matrix(b)
     assert_close(boundary_matrix(b.bool()), boundary_matrix(b), atol=0)
@@ -394,7 +401,7 @@ def test_pooling_accepts_bool_boundaries():
 # accumulates the straight-through rounding error of `hard + soft - soft.detach()`.
 
 
-def test_pooling_exact_bfloat16_boundaries_many_segments():
+def test_segment_indices_stay_exact_in_bfloat16_past_256():
     """Exact 0/1 boundaries, but bfloat16 and more than 256 of them."""
     b = (torch.rand(1, 700, generator=torch.Generator().manual_seed(0)) < 0.6).float()
     assert b.sum() > 300
@@ -432,9 +439,10 @@ def test_bucketed_segments_are_zero_rows_after_the_real_ones():
 
 
 # =============================================================================================
-# 3. Gradients (paper: Gumbel-sigmoid boundaries learnt end-to-end): with Gumbel-sigmoid /
-#    straight-through boundaries the predictor learns from the LM loss only through the pooling, i.e.
-#    through the running sum c_t that assigns tokens to segments in B. dynpool's pooling must agree
+# 3. Gradients reach the boundaries through the boundary matrix (paper: Gumbel-sigmoid boundaries
+#    learnt end-to-end): with Gumbel-sigmoid / straight-through boundaries the predictor learns
+#    from the LM loss only through the pooling, i.e. through the running sum c_t that assigns
+#    tokens to segments in B. dynpool's pooling must agree
 #    with the independent B-matrix implementation above in values AND in gradients w.r.t. h, null, s
 #    and the float boundaries.
 # =============================================================================================
@@ -512,8 +520,9 @@ def test_every_parameter_gets_a_gradient(mode):
 
 
 # =============================================================================================
-# 4. Boundary sources (paper: whitespace, fixed, entropy-spike boundaries; DESIGN "Conventions"):
-#    whitespace closes its word (b_t = 1 iff x_t is a space), fixed pooling closes every k-th token
+# 4. Each boundary source decides as the paper says (whitespace, fixed, entropy-spike, Unigram,
+#    Gumbel boundaries; docs/design.md "Conventions"), and its loss is the paper's: whitespace
+#    closes its word (b_t = 1 iff x_t is a space), fixed pooling closes every k-th token
 #    ((t+1) % k == 0), and entropy spikes are strict local maxima over the previous k entropies.
 # =============================================================================================
 @settings(**HYPOTHESIS_FIXTURES)
@@ -526,7 +535,7 @@ def test_whitespace_boundaries_are_the_spaces(tiny, case):
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_fixed_boundaries_every_k_tokens(k):
+def test_fixed_boundaries_close_every_kth_token(k):
     torch.manual_seed(0)
     model = DynamicPoolingLM(tiny_config("fixed", fixed_factor=k)).eval()
     L = 13
@@ -581,7 +590,7 @@ def test_entropy_spikes_edge_cases():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_losses_targets_and_metrics(mode):
+def test_losses_targets_and_metrics_are_the_papers(mode):
     """What the model reports with targets, recomputed here: LM loss in nats/char, total = LM +
     boundary loss, the predictor's targets (gold Unigram / spikes of the model's own next-char
     entropy H_t), precision and recall of the pooled boundaries, and the shortening factor."""
@@ -680,9 +689,10 @@ def test_double_sigmoid_only_for_trained_predictors():
         tiny_config("gumbel", double_sigmoid=True)
 
 # =============================================================================================
-# 5. Exact variants (DESIGN: Config.attention): 'sdpa' (one fused call), 'blocked' (query blocks)
-#    and 'auto', with or without S rounded up to a bucket, give the same values and gradients in
-#    every mode, training and evaluation. float64, several attention blocks (attn_chunk 5).
+# 5. The attention paths and S buckets compute the same function (docs/design.md:
+#    Config.attention): 'sdpa' (one fused call), 'blocked' (query blocks) and 'auto', with or
+#    without S rounded up to a bucket, give the same values and gradients in every mode, training
+#    and evaluation. float64, several attention blocks (attn_chunk 5).
 # =============================================================================================
 VARIANTS = [dict(attention="blocked"), dict(attention="sdpa"),
             dict(attention="blocked", seg_bucket=16)]
@@ -726,21 +736,27 @@ def test_attention_queries_stay_bfloat16_under_autocast():
         q_content, q_pos = attn.queries(q, torch.randn(2, 16), torch.randn(2, 16))
     assert q_content.dtype == q_pos.dtype == torch.bfloat16
 # =============================================================================================
-# 6. Training smoke: every mode fits a 64-character real string in a few dozen Adam steps
-#    (all gradient paths are wired up: LM, predictor, pooling, upsampling).
+# 6. Every mode learns: each fits a 64-character English string in a few dozen Adam steps (all
+#    gradient paths are wired up: LM, predictor, pooling, upsampling). The text is carried here, so
+#    the test runs in a fresh clone.
 # =============================================================================================
-def text8_snippet(n=64):
-    path = DATA_DIR / "text8-head.txt"
-    if not path.exists():
-        pytest.skip(f"{path} absent (shared data lives beside the repo in this project's CI)")
-    with open(path, encoding="utf-8") as f:
-        text = f.read(4096)
+ENGLISH = """
+A river begins as rain on the hills. It runs down through small streams, gathers in the valley
+below the old mill, and turns slowly towards the sea, carrying sand, leaves and the noise of every
+town it passes on the way.
+"""
+
+
+def english_snippet(n):
+    """The first n characters of ENGLISH in text8's alphabet: lower case, spaces, nothing else."""
+    text = " ".join(re.sub(r"[^a-z]+", " ", ENGLISH.lower()).split())
+    assert len(text) >= n
     return text[:n]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_mode_overfits_a_short_string(mode):
-    text = text8_snippet(65)
+    text = english_snippet(65)
     ids = torch.tensor([[0 if c == " " else ord(c) - ord("a") + 1 for c in text]])
     assert 0 <= ids.min() and ids.max() < 27
     x, y = ids[:, :-1], ids[:, 1:]
@@ -763,7 +779,8 @@ def test_each_mode_overfits_a_short_string(mode):
 
 
 # =============================================================================================
-# 7. Size: the defaults are the paper's character-level model (12 layers, d_model 512, ~41M).
+# 7. Size and cost: the defaults are the paper's character-level model (12 layers, d_model 512,
+#    ~41M), and step_flops counts what the model computes.
 # =============================================================================================
 @pytest.mark.parametrize("mode", ["none", "gumbel"])
 def test_default_config_is_the_papers_41M_model(mode):
@@ -777,25 +794,36 @@ def test_default_config_is_the_papers_41M_model(mode):
     assert 39e6 <= n <= 43e6, f"{mode}: {n / 1e6:.2f}M parameters"
 
 
-# Checkpoints written before the stages had names (stacks.0. …) load under today's names.
-OLD_KEY_NAMES = {"full_stack.": "stacks.0.", "pre.": "stacks.0.", "shortened.": "stacks.1.",
-                 "post.": "stacks.2.", "pooling.null_group": "null_group",
-                 "pooling.norm.": "down_norm.", "source.predictor.": "predictor."}
+def independent_step_flops(model, batch, seq_len, n_short):
+    """Training FLOPs of the model's matmuls, counted from its modules: 2·rows·in·out for every
+    Linear (rows: batch × positions; r_net, the position projection, once per sequence), 3 ×
+    2·B·H·n²·d_head per attention layer (content scores, position scores, weights × values), all
+    times 3 (backward = 2 × forward)."""
+    cfg, fwd = model.cfg, 0
+    n_of = {"shortened": n_short}
+    for name, module in model.named_modules():
+        n = n_of.get(name.split(".")[0], seq_len)
+        if isinstance(module, torch.nn.Linear):
+            rows = n if name.endswith("r_net") else batch * n
+            fwd += 2 * rows * module.in_features * module.out_features
+        if isinstance(module, Layer):
+            fwd += 3 * 2 * batch * cfg.n_head * n * n * cfg.d_head
+    return 3 * fwd
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_checkpoints_with_the_old_key_names_load(mode):
-    model = tiny_model(mode)
-    old = {}
-    for key, value in model.state_dict().items():
-        prefix = next((p for p in OLD_KEY_NAMES if key.startswith(p)), "")
-        old[OLD_KEY_NAMES.get(prefix, "") + key[len(prefix):]] = value
-    assert any(k.startswith("stacks.") for k in old)
-    fresh = DynamicPoolingLM(model.cfg).eval()
-    fresh.load_state_dict(old)
-    x = random_tokens(torch.Generator().manual_seed(3), 2, 40)
-    with torch.no_grad():
-        assert torch.equal(fresh(x).logits, model(x).logits)
+def test_step_flops_counts_every_matmul_of_the_model(mode):
+    """dynpool.step_flops (train.py's FLOP budget, README's MFU) = the count over the model's own
+    modules, with d_model != n_head·d_head so that no two terms can stand in for each other."""
+    cfg = Config(vocab_size=29, d_model=24, n_head=3, d_head=10, d_inner=56, layers=(1, 3, 2),
+                 boundary=mode, whitespace_id=0)
+    model = DynamicPoolingLM(cfg)
+    batch, L, n_short = 3, 40, 1 + 40 / 3.5
+    want = independent_step_flops(model, batch, L, L if mode == "none" else n_short)
+    assert math.isclose(step_flops(cfg, batch, L, n_short), want, rel_tol=1e-12)
+    # n_short=None: every layer at full length
+    assert math.isclose(step_flops(cfg, batch, L), independent_step_flops(model, batch, L, L),
+                        rel_tol=1e-12)
 
 
 # =============================================================================================
@@ -847,10 +875,24 @@ def test_bad_attention_and_bucket_raise():
         tiny_config("fixed", seg_bucket=-1)
 
 
+def test_bad_segment_counts_raise():
+    """n_segments is for boundaries known when the batch is cut, an integer, never below a row's
+    complete segments (that would drop segments); more only pads, like the bucket."""
+    x = random_tokens(torch.Generator().manual_seed(1), 2, 30)
+    S = int((x == SPACE).sum(1).max())
+    model = tiny_model("whitespace")
+    for bad, words in ((S - 1, "below"), (-1, "non-negative"), (2.0, "integer"), (True, "integer")):
+        with pytest.raises(ValueError, match=words):
+            model(x, n_segments=bad)
+    for mode in [m for m in MODES if m not in EXTERNAL_MODES]:
+        with pytest.raises(ValueError, match="n_segments is for boundaries known"):
+            tiny_model(mode)(x, n_segments=S)
+
+
 
 # =============================================================================================
-# 9. Eval mode is deterministic (DESIGN), with dropout > 0 in the config: no dropout and no fresh
-#    Gumbel noise in evaluation, so a different global RNG state changes nothing.
+# 9. Eval mode is deterministic (docs/design.md), with dropout > 0 in the config: no dropout and
+#    no fresh Gumbel noise in evaluation, so a different global RNG state changes nothing.
 # =============================================================================================
 @pytest.mark.parametrize("mode", MODES)
 def test_eval_is_deterministic_with_dropout(mode):
@@ -867,7 +909,8 @@ def test_eval_is_deterministic_with_dropout(mode):
 
 
 # =============================================================================================
-# 10. Cached generation (DESIGN: generate is incremental) must agree with the full forward pass:
+# 10. Generation parity: cached, incremental generation (docs/design.md) agrees with the full
+#     forward pass:
 #     prefill + one decode per token gives the full forward's logits and boundaries, and greedy
 #     decoding equals taking the argmax of model(prefix) again and again. Incremental pooling (an
 #     open segment, the last closed one, rows closing segments at different times) is easy to get
@@ -886,6 +929,16 @@ def must_hold(ok):
     assert ok, "a predictor logit sits on the threshold: pick another seed"
 
 
+def settle(model, seen, state):
+    """After a decode: hnet decides the b of the token before (state.late_boundary), which decode
+    reports apart instead of rewriting the [B, 1] it handed out; put it in place in `seen`. The
+    other sources decide b_t with x_t and report no late boundary."""
+    late = state.late_boundary
+    assert (late is None) == (model.cfg.boundary != "hnet")
+    if late is not None:
+        seen[-1] = torch.cat([seen[-1][:, :-1], late], 1)
+
+
 def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
     """Prefill x[:, :L], decode the rest one token at a time; compare with the full forward of x.
     Returns the number of segments closed."""
@@ -896,6 +949,7 @@ def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
     seen = [state.boundaries]
     for t in range(L, x.size(1)):
         assert_close(model.decode(x[:, t], state), full[:, t], atol=atol, msg=f"decode at t={t}:")
+        settle(model, seen, state)
         seen.append(state.boundaries)
     assert state.length == x.size(1)
     if full_b is None:
@@ -966,6 +1020,7 @@ def test_cache_parity_cache_growth():
     seen = [state.boundaries]
     for t in range(3, 70):
         assert_close(model.decode(x[:, t], state), full[:, t], atol=1e-5, msg=f"t={t}:")
+        settle(model, seen, state)
         seen.append(state.boundaries)
     assert torch.equal(torch.cat(seen, 1), full_b.bool())
 
@@ -1003,7 +1058,7 @@ def test_greedy_generation_matches_full_forward(mode, prompt_len):
         assert out.boundaries[:, prompt_len:].sum() >= 3, f"{mode}: too few boundaries"
 
 
-@pytest.mark.parametrize("mode", ["none", "whitespace", "gumbel"])
+@pytest.mark.parametrize("mode", ["none", "whitespace", "gumbel", "hnet"])
 def test_sample_is_generate_plus_what_the_model_did(mode):
     """sample.sample (a thin wrapper of model.steps) = model.generate for the same generator seed,
     plus boundaries and entropies that match the full forward of the generated text."""
@@ -1021,6 +1076,23 @@ def test_sample_is_generate_plus_what_the_model_did(mode):
         assert torch.equal(b, full_b.bool())
 
 
+@pytest.mark.parametrize("mode", ["whitespace", "hnet"])
+def test_generation_never_rewrites_what_it_yielded(mode):
+    """Each GenerationStep's boundaries are final when yielded: nothing changes them afterwards
+    (hnet decides b_t with token t+1, so its steps come one token late), and together they are the
+    full forward's boundaries of the generated text."""
+    model = cyclic_model(mode)
+    x = random_tokens(torch.Generator().manual_seed(9), 3, 5)
+    yielded = [(step.boundaries, step.boundaries.clone())
+               for step in model.steps(x, 40, greedy=True)]
+    for i, (now, then) in enumerate(yielded):
+        assert torch.equal(now, then), f"step {i}: boundaries changed after they were yielded"
+    tokens = model.generate(x, 40, greedy=True)
+    _, full_b, _ = full_forward(model, tokens)
+    assert full_b.sum() >= 10
+    assert torch.equal(torch.cat([now for now, _ in yielded], 1), full_b.bool())
+
+
 def test_generation_never_picks_ids_beyond_n_valid():
     model = tiny_model("whitespace")
     x = torch.zeros(4, 1, dtype=torch.long)
@@ -1030,10 +1102,84 @@ def test_generation_never_picks_ids_beyond_n_valid():
 
 
 # =============================================================================================
-# 11. torch.compile (marked slow: compiling takes minutes on a shared 2-core CPU, so these run with
-#     --slow): no graph break inside a layer in training (the CPU dropout steps aside), and
-#     compiled losses and gradients equal eager ones.
+# 11. No host sync where the boundaries are known on the host, and torch.compile. A forward reads
+#     the device once, for S (the most segments of a row: the pooled length); fixed and whitespace
+#     boundaries are known when the batch is cut, so S can come with the batch (n_segments), and
+#     then nothing is read back: no sync on GPUs, no graph break under torch.compile. The compile
+#     tests proper are marked slow (minutes on a shared 2-core CPU; run them with --slow): no graph
+#     break inside a layer in training (the CPU dropout steps aside), and compiled losses and
+#     gradients equal eager ones.
 # =============================================================================================
+class HostReads(TorchDispatchMode):
+    """Every device → host read of a tensor (aten._local_scalar_dense: .item(), int(), bool()),
+    with the dynpool.py functions on the stack when it happened."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads.append([f"{f.name}:{f.lineno}" for f in traceback.extract_stack()
+                               if f.filename.endswith("dynpool.py")])
+        return func(*args, **(kwargs or {}))
+
+
+def model_host_reads(step):
+    """The host reads of step() other than input validation, which reads values on CPU only."""
+    with HostReads() as seen:
+        step()
+    return [stack for stack in seen.reads if not any(f.startswith("check_") for f in stack)]
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["derived", "given"])
+@pytest.mark.parametrize("mode", ["fixed", "whitespace"])
+def test_external_boundaries_need_no_host_read_when_the_batch_counts_segments(mode, given):
+    """A training step (forward + backward) reads the device once, for S, and not at all with
+    n_segments; the outputs and gradients are the same, and (dropout off: padding rows draw masks
+    too) close with a count above S."""
+    model = tiny_model(mode, dropout=0.1).train()
+    gen = torch.Generator().manual_seed(3)
+    x = random_tokens(gen, 3, 47, p_space=0.2)
+    b = (torch.rand(3, 47, generator=gen) < 0.3) if given else None
+    fixed = torch.tensor([[(t + 1) % 3 == 0 for t in range(47)]] * 3)      # tiny_config: k = 3
+    pattern = b if given else (x == SPACE) if mode == "whitespace" else fixed
+    S = max(len(ref_segments(row)) for row in pattern.int().tolist())
+    runs = {}
+    for n_segments in (None, S, S + 5):
+        def step():
+            runs[n_segments] = loss_and_grads(model, x, torch.roll(x, -1, 1), b,
+                                              n_segments=n_segments)
+        reads = model_host_reads(step)
+        assert len(reads) == (1 if n_segments is None else 0), f"n_segments={n_segments}: {reads}"
+    (ref, ref_grads), (out, grads) = runs[None], runs[S]
+    assert torch.equal(out.logits, ref.logits) and torch.equal(out.loss, ref.loss)
+    for name, g in grads.items():
+        assert torch.equal(g, ref_grads[name]), name
+    model.eval()
+    (ref, ref_grads), (out, grads) = (loss_and_grads(model, x, torch.roll(x, -1, 1), b,
+                                                     n_segments=n) for n in (None, S + 5))
+    assert_close(out.logits, ref.logits, atol=1e-5, msg="padded logits:")
+    for name, g in grads.items():
+        assert_close(g, ref_grads[name], atol=1e-5, msg=f"padded d/d{name}:")
+
+
+def test_whitespace_forward_is_one_graph_when_the_batch_counts_segments():
+    """torch._dynamo traces a whitespace forward and loss into one graph with no break when S
+    comes with the batch (without it, reading S breaks the graph in every frame on the stack)."""
+    model = tiny_model("whitespace", dropout=0.1).train()
+    x = random_tokens(torch.Generator().manual_seed(4), 2, 24)
+    S = int((x == SPACE).sum(1).max())
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(
+            lambda x, y: model(x, targets=y, n_segments=S).loss)(x, torch.roll(x, -1, 1))
+    finally:
+        torch._dynamo.reset()
+    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
 @pytest.mark.slow
 def test_layer_compiles_without_graph_breaks_in_training():
     layer = Layer(tiny_config("none", dropout=0.1)).train()
@@ -1115,27 +1261,33 @@ def test_gpu_cached_logits_match_full(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_training_step_reads_the_device_at_most_once(mode):
-    """One host sync at most (the segment count S) in a forward + backward; none for vanilla."""
+    """One host sync at most (the segment count S) in a forward + backward; none for vanilla, and
+    none for fixed and whitespace when S comes with the batch (n_segments)."""
     import warnings
     model = tiny_model(mode, dropout=0.1).cuda().train()
     x, y, b = cuda_batch(mode)
-    model(x, targets=y, boundaries=b).loss.backward()            # warm-up: lazy initialisation
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model(x, targets=y, boundaries=b).loss.backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) <= (0 if mode == "none" else 1), syncs
+    counts = [None]
+    if mode in EXTERNAL_MODES:
+        counts.append(int(model(x, boundaries=b).boundaries.sum(1).max()))
+    for n_segments in counts:
+        model(x, targets=y, boundaries=b, n_segments=n_segments).loss.backward()  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model(x, targets=y, boundaries=b, n_segments=n_segments).loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        most = 0 if mode == "none" or n_segments is not None else 1
+        assert len(syncs) <= most, (n_segments, syncs)
 
 
 # ==================================================================================================
-# H-Net's dynamic chunking (boundary='hnet'): routing, selection, EMA, confidence, ratio loss and
-# DESIGN.md's boundary convention (b_t = 1 iff a chunk starts at t+1), each against a loop or a hand
-# computation. Leakage, cache parity and losses: the mode lists above.
+# 13. H-Net's dynamic chunking (boundary='hnet'): routing, selection, EMA, confidence, ratio loss
+#     and the project's boundary convention (b_t = 1 iff a chunk starts at t+1), each against a loop
+#     or a hand computation. Leakage, cache parity and losses: the mode lists above.
 # ==================================================================================================
 def hnet_routing_of(model, x, **kw):
     """(model output, the ChunkRouting the forward pooled with)."""
@@ -1184,19 +1336,19 @@ def test_hnet_selection_and_upsampling_match_loop(L, seed):
     model = tiny_model("hnet")
     h = torch.randn(2, L, 32, generator=gen)
     with torch.no_grad():
-        r = model.source(h, None)
-        s = model.pooling.down(h, r)
+        routing = model.source(h, None)
+        s = model.pooling.down(h, routing)
         z = torch.randn(s.shape, generator=gen)
-        y = model.pooling.up(z, r, h)
+        y = model.pooling.up(z, routing, h)
         q, k = model.source.q(h), model.source.k(h)
         for n in range(2):
             p = [1.0] + [(1 - torch.cosine_similarity(q[n, t - 1], k[n, t], 0).item()) / 2
                          for t in range(1, L)]
-            assert_close(r.p[n], p, atol=1e-5, msg="p:")
-            starts = [t for t in range(L) if r.p[n, t] > 0.5]
-            assert r.start[n].nonzero().flatten().tolist() == starts and starts[0] == 0
+            assert_close(routing.p[n], p, atol=1e-5, msg="p:")
+            starts = [t for t in range(L) if routing.p[n, t] > 0.5]
+            assert routing.start[n].nonzero().flatten().tolist() == starts and starts[0] == 0
             assert torch.equal(s[n, :len(starts)], h[n, starts]) and (s[n, len(starts):] == 0).all()
-            z_bar = ref_ema(z[n:n + 1, :len(starts)], r.p[n:n + 1, starts])[0]
+            z_bar = ref_ema(z[n:n + 1, :len(starts)], routing.p[n:n + 1, starts])[0]
             for t in range(L):
                 j = sum(1 for st_ in starts if st_ <= t) - 1
                 expect = z_bar[j] + model.pooling.residual(h[n, t])
@@ -1209,17 +1361,17 @@ def test_hnet_confidence_is_straight_through():
     model = tiny_model("hnet")
     gen = torch.Generator().manual_seed(4)
     h = torch.randn(1, 40, 32, generator=gen)
-    r = model.source(h, None)
-    p = r.p.detach().requires_grad_(True)
-    r = type(r)(b=r.b, p=p, start=r.start)
-    assert 0 < r.start.sum() < 40
-    z = torch.randn(1, 1, 32, generator=gen).expand(1, int(r.start.sum()), 32)
-    y = model.pooling.up(z, r, h)
+    routing = model.source(h, None)
+    p = routing.p.detach().requires_grad_(True)
+    routing = type(routing)(b=routing.b, p=p, start=routing.start)
+    assert 0 < routing.start.sum() < 40
+    z = torch.randn(1, 1, 32, generator=gen).expand(1, int(routing.start.sum()), 32)
+    y = model.pooling.up(z, routing, h)
     with torch.no_grad():
         assert_close(y - model.pooling.residual(h), z[:, :1].expand(1, 40, 32), atol=1e-6)
     g = torch.randn(y.shape, generator=gen)
     (y * g).sum().backward()
-    expect = torch.where(r.start, 1.0, -1.0) * (g * z[:, :1]).sum(-1)
+    expect = torch.where(routing.start, 1.0, -1.0) * (g * z[:, :1]).sum(-1)
     # t = 0 left out: p_0 = 1 is a constant in the model (here a leaf, and z̄_0 = p_0 z_0 uses it).
     assert_close(p.grad[:, 1:], expect[:, 1:], atol=1e-5, msg="d loss / d p:")
 
@@ -1234,20 +1386,21 @@ def test_hnet_ratio_loss_by_hand():
     assert_close(ratio_loss(start[:1, :3], torch.full((1, 3), 1 / 3), 3.0), 1.0, atol=1e-6)
     model = tiny_model("hnet")
     x = random_tokens(torch.Generator().manual_seed(5), 2, 30)
-    out, r = hnet_routing_of(model, x, targets=x)
-    Fr, G, N = r.start.float().mean().item(), r.p.mean().item(), model.cfg.ratio_target
+    out, routing = hnet_routing_of(model, x, targets=x)
+    Fr, G, N = routing.start.float().mean().item(), routing.p.mean().item(), model.cfg.ratio_target
     expect = model.cfg.ratio_weight * N / (N - 1) * ((N - 1) * Fr * G + (1 - Fr) * (1 - G))
     assert_close(out.boundary_loss, expect, atol=1e-6, msg="boundary loss:")
 
 
-def test_hnet_boundaries_follow_design():
-    """out.boundaries keeps DESIGN.md's meaning: b_t = 1 iff a chunk starts at t+1, so b_{L-1} = 0;
-    b_t is decided by x_{t+1} and never read by token t: the forward of x_{<=t} has the same b_{<t}
-    and logits, with b_t = 0 for now. Generation hands b_t out as 0 and fills it in a token later."""
+def test_hnet_boundaries_follow_the_project_convention():
+    """out.boundaries keeps the project's meaning: b_t = 1 iff a chunk starts at t+1, so
+    b_{L-1} = 0; b_t is decided by x_{t+1} and never read by token t: the forward of x_{<=t} has the
+    same b_{<t} and logits, with b_t = 0 for now. Generation hands b_t out as 0 and reports it a
+    token later, apart (state.late_boundary), never by rewriting what it handed out."""
     model = tiny_model("hnet")
     x = random_tokens(torch.Generator().manual_seed(6), 2, 50)
-    out, r = hnet_routing_of(model, x)
-    assert torch.equal(out.boundaries[:, :-1].bool(), r.start[:, 1:])
+    out, routing = hnet_routing_of(model, x)
+    assert torch.equal(out.boundaries[:, :-1].bool(), routing.start[:, 1:])
     assert (out.boundaries[:, -1] == 0).all() and set(out.boundaries.unique().tolist()) == {0.0, 1.0}
     assert_close(out.shortening_factor, 100 / out.boundaries.sum(), atol=1e-5)
     with torch.no_grad():
@@ -1259,9 +1412,11 @@ def test_hnet_boundaries_follow_design():
         n = next(t for t in range(10, 50) if out.boundaries[:, t - 1].any())  # b_{n-1} = 1 somewhere
         _, state = model.prefill(x[:, :n])
         prompt_b = state.boundaries
-        assert (prompt_b[:, -1] == 0).all()
+        assert (prompt_b[:, -1] == 0).all() and state.late_boundary is None
         model.decode(x[:, n], state)
-        assert torch.equal(prompt_b, out.boundaries[:, :n].bool())
+        assert (prompt_b[:, -1] == 0).all(), "decode rewrote the boundaries prefill handed out"
+        settled = torch.cat([prompt_b[:, :-1], state.late_boundary], 1)
+        assert torch.equal(settled, out.boundaries[:, :n].bool())
         assert (state.boundaries == 0).all() and state.boundaries.shape == (2, 1)
 
 
