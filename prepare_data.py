@@ -2,14 +2,16 @@
 Download, clean, split and encode character-level LM data for dynpool.
 
     python prepare_data.py                          # text8 -> data/text8 (90M/5M/5M)
+    python prepare_data.py --input text8-head.txt   # offline: a text8 file or slice -> data/text8
     python prepare_data.py --lang he                # wiki40b Hebrew -> data/wiki40b-he
     python prepare_data.py --lang fi --unigram 0    # wiki40b Finnish, no Unigram boundaries
     python prepare_data.py --dataset cc100 --lang en --max-train-chars 100000000
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
-    python prepare_data.py --input text8.zip                            # text8 fetched by hand
+    python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
-Output (see DESIGN.md): data/<name>/{train,valid,test}.bin (uint8 token ids, memmap), meta.json,
-and with --unigram V: unigram-V.model + {split}.unigram-V.bin boundary labels.
+Output: data/<name>/{train,valid,test}.bin (uint8 token ids, memmap), meta.json, and per Unigram
+size V: unigram-V.model + {split}.unigram-V.bin boundary labels (meta.json "unigram_sets" lists
+every set present; "unigram" is the one train.py uses, the last one made).
 
 Notable features
 - Cleaning is the paper's released text8-style cleaner (its order, alphabets and digit names):
@@ -22,19 +24,29 @@ Notable features
   train/validation/test splits, train capped at --max-train-chars, the others at --max-eval-chars.
   cc-100 (one stream, never fully downloaded): first --max-eval-chars cleaned chars -> valid, next
   ones -> test, the rest -> train up to its cap. A single --input file: first 90% train, 5% valid,
-  5% test (cut on characters, like text8), read up to max-train-chars / 0.9 characters.
+  5% test (cut on characters, like text8), read up to max-train-chars / 0.9 characters. A text8
+  --input shorter than text8 is recorded (meta.json "slice") and said to be a slice.
 - Downloads: wiki40b through huggingface_hub (its cache, resume, token, offline mode); text8 and
   cc-100 over urllib with progress, retries with back-off, and resume with HTTP Range guarded by
-  If-Range, so a file changed on the server is fetched anew rather than spliced.
+  If-Range, so a file changed on the server is fetched anew rather than spliced. A host that
+  cannot be resolved or refuses the connection fails at once, with the offline command.
 - Every output is written to *.tmp and renamed when complete; meta.json is written last, so a
   directory without meta.json is never a finished one. Re-runs skip finished steps (--force); a
   re-run with other cleaning options is refused, an input edited in place (size, mtime, SHA-256)
-  is rebuilt, and a second run on the same dataset is refused by a lock.
-- Unigram boundaries (the paper's subword supervision): SentencePiece is trained on whole words (one
-  per sentence, no dummy prefix), in a child process so that Ctrl-C stops it at once, so a piece never
-  spans a space; the labels mark the end of every piece, with each space/newline attached to the word
-  before it. Words are encoded once (cached), not per use. A --unigram too large for the text stops
-  with a message giving the largest size that works.
+  is rebuilt (inputs are compared by their resolved paths), and a second run on the same dataset
+  is refused by a lock (<out>/.lock, removed by the run that holds it when it ends). Flags not
+  given on an existing dataset take its recorded values. Every fix printed is a runnable command;
+  prepare_command(meta, unigram=V) gives the one that adds Unigram-V labels to a dataset.
+- Unigram boundaries (the paper's subword supervision): SentencePiece Unigram with the paper's
+  released settings (dummy prefix, pieces up to 16 characters, digits split), fitted on the counts
+  of every distinct train word (the whole split), in a child process so that Ctrl-C stops it at
+  once. Words are encoded as SentencePiece sees them (▁word); the labels mark the last character of
+  every piece, and the space/newline after a word closes its last piece, so every whitespace
+  boundary is a Unigram boundary. Printed and recorded beside the labels' shortening factor: the
+  left-context ceiling, the shortening factor and in-word recall of the Bayes decision of a causal
+  predictor that sees the current word up to t (left_context_ceiling).
+- LANGS holds the paper's per-language settings (Unigram size, Gumbel prior alpha), written to
+  meta.json "defaults" for train.py.
 """
 
 import argparse
@@ -47,6 +59,7 @@ import io
 import json
 import os
 import re
+import socket
 import sys
 import time
 import unicodedata
@@ -57,7 +70,8 @@ from pathlib import Path
 import numpy as np
 
 # -----------------------------------------------------------------------------
-# languages: alphabet (id order after '\n' and ' '), digit names, default Unigram size
+# languages: alphabet (id order after '\n' and ' '), digit names, and the paper's per-language
+# settings: Unigram vocabulary size of the boundary labels, Gumbel prior alpha (meta.json "defaults").
 # The alphabets, digit names and pipeline order are those of the paper's released cleaner.
 
 _AZ = "abcdefghijklmnopqrstuvwxyz"
@@ -65,17 +79,17 @@ _VI_VOWELS = "aăâeêioôơuưy"
 _VI_TONES = "\u0300\u0301\u0309\u0303\u0323"  # grave, acute, hook, tilde, dot below
 
 LANGS = {
-    "en": dict(letters=_AZ, unigram=10000,
+    "en": dict(letters=_AZ, unigram=10000, prior=0.2,
                digits="zero one two three four five six seven eight nine"),
-    "fi": dict(letters=_AZ + "åäö", unigram=200,
+    "fi": dict(letters=_AZ + "åäö", unigram=200, prior=0.37,
                digits="nolla yksi kaksi kolme neljä viisi kuusi seitsemän kahdeksan yhdeksän"),
     # 27 letters (finals included), then maqaf, geresh, gershayim (as in צה״ל)
     "he": dict(letters="".join(chr(c) for c in range(0x5D0, 0x5EB)) + "\u05be\u05f3\u05f4",
-               unigram=200, digits="אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה"),
+               unigram=200, prior=0.2, digits="אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה"),
     # no f, j, w, z; the tone-marked vowels precomposed (NFC)
     "vi": dict(letters="abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + "".join(
         unicodedata.normalize("NFC", v + t) for v in _VI_VOWELS for t in _VI_TONES),
-               unigram=10000, digits="không một hai ba bốn năm sáu bảy tám chín"),
+               unigram=10000, prior=0.2, digits="không một hai ba bốn năm sáu bảy tám chín"),
 }
 TEXT8_ALPHABET = [" "] + list(_AZ)
 
@@ -296,6 +310,12 @@ class HTTPStream(io.RawIOBase):
                 if e.code < 500 and e.code not in (408, 429):
                     raise DownloadError(f"{self.url}: HTTP {e.code} {e.reason}") from None
                 err = f"HTTP {e.code} {e.reason}"
+            except urllib.error.URLError as e:
+                if isinstance(e.reason, socket.gaierror):  # no network or no such host: waiting will not help
+                    raise DownloadError(f"{self.url}: cannot resolve the host ({e.reason.strerror or e.reason})") from None
+                if isinstance(e.reason, ConnectionRefusedError):
+                    raise DownloadError(f"{self.url}: connection refused") from None
+                err = _why(e.reason) if isinstance(e.reason, BaseException) else str(e.reason)
             except (OSError, http.client.HTTPException) as e:
                 err = getattr(e, "reason", None) or _why(e)
             self.resp = None
@@ -588,43 +608,69 @@ def _decode_blocks(path, alphabet, dtype, block=1 << 21):
 # -----------------------------------------------------------------------------
 # Unigram boundaries (the paper's subword-supervised boundary predictor)
 
+# The paper's released tokenizer settings; fitted on the word counts of the whole train split.
+UNIGRAM_SETTINGS = dict(model_type="unigram", add_dummy_prefix=True, max_sentencepiece_length=16,
+                        split_digits=True, split_by_whitespace=True, split_by_unicode_script=True,
+                        remove_extra_whitespaces=True, normalization_rule_name="identity",
+                        character_coverage=1.0)
+_DUMMY = "\u2581"  # SentencePiece's word-start mark, added before every word (add_dummy_prefix)
 
-def train_unigram(out, alphabet, dtype, V, sample_chars):
+
+def split_words(path, alphabet, dtype):
+    """{word: count} of one split; words are cut at spaces and newlines."""
+    import collections
+    counts, carry = collections.Counter(), ""
+    for text in _decode_blocks(path, alphabet, dtype):
+        parts = (carry + text).replace("\n", " ").split(" ")
+        carry = parts.pop()  # maybe a word cut by the block edge
+        counts.update(parts)
+    counts.update([carry])
+    counts.pop("", None)
+    return counts
+
+
+def train_unigram(train_words, alphabet, V, max_words):
+    """SentencePiece Unigram-V model proto fitted on {word: count} (the most frequent max_words
+    words, all when 0), in a child process; stops with a runnable fix when V does not fit."""
     _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
-    data = _ids(out / "train.bin", dtype)
-    n = len(data)
-    if n == 0:
-        die("the train split is empty: nothing to fit Unigram on (pass --unigram 0)")
-    # a few evenly spaced windows so the sample is not one article; edge words may be partial
-    k = 8 if n > sample_chars else 1
-    step, win = n // k, min(n, sample_chars) // k
-    words = []
-    for j in range(k):
-        words += _text(data[j * step: j * step + win], alphabet).split()
+    if not train_words:
+        die("the train split has no words: nothing to fit Unigram on (pass --unigram 0)")
+    words = train_words.most_common(max_words or None)
     letters = "".join(c for c in alphabet if c not in " \n")
-    ok, result = _in_child(_fit_unigram, words + list(letters), letters, V)
+    # each letter once more as a word of its own, so letters the text lacks still get a piece
+    rows = [f"{w}\t{n}" for w, n in words] + [f"{c}\t1" for c in letters]
+    ok, result = _in_child(_fit_unigram, rows, letters, V)
     if ok:
         return result
     m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", result)
     if m:
-        die(f"--unigram {V} is too large for this text (SentencePiece allows at most {m[2]} here); "
-            f"pass --unigram {m[2]} or less, or --unigram 0 to skip Unigram boundaries")
+        raise UnigramSizeError(f"--unigram {V} is too large for this text (SentencePiece allows at most {m[2]} "
+                               "here)", int(m[2]))
+    m = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", result)
+    if m:
+        raise UnigramSizeError(f"--unigram {V} is too small for this alphabet (SentencePiece needs at least "
+                               f"{m[2]} pieces here)", int(m[2]))
     die(f"SentencePiece failed: {result}")
 
 
-def _fit_unigram(words, letters, V):
+class UnigramSizeError(Exception):
+    """A Unigram size the text or alphabet cannot take; .fit is one that works."""
+
+    def __init__(self, msg, fit):
+        super().__init__(msg)
+        self.fit = fit
+
+
+def _fit_unigram(rows, letters, V):
     """(True, model proto) or (False, SentencePiece's message); run in a child process."""
     import sentencepiece as spm
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            # each letter once more as a word of its own, so letters the sample lacks still get a piece
-            sentence_iterator=iter(words), model_writer=model, model_type="unigram", vocab_size=V,
-            # whole words in, identity normalisation, no dummy prefix: pieces are plain substrings
-            normalization_rule_name="identity", add_dummy_prefix=False, split_by_whitespace=True,
-            remove_extra_whitespaces=False, character_coverage=1.0, required_chars=letters,
-            bos_id=-1, eos_id=-1, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-            max_sentence_length=1 << 16, num_threads=min(4, os.cpu_count() or 1), minloglevel=2)
+            # one "word<TAB>count" row per distinct word: the whole split at the cost of its vocabulary
+            sentence_iterator=iter(rows), input_format="tsv", model_writer=model, vocab_size=V,
+            required_chars=letters, bos_id=-1, eos_id=-1, max_sentence_length=1 << 16,
+            num_threads=min(4, os.cpu_count() or 1), minloglevel=2, **UNIGRAM_SETTINGS)
     except RuntimeError as e:
         return False, (str(e).splitlines() or ["RuntimeError"])[0]
     return True, model.getvalue()
@@ -674,6 +720,27 @@ def _in_child(fn, *args):
         recv.close()
 
 
+def word_labels(sp, words):
+    """{word: in-word labels}, one byte per character: 1 at the last character of every piece
+    but the word's last one (that piece is closed by the space after the word). SentencePiece
+    sees each word as "▁word" (dummy prefix); the ▁ is dropped, and a piece that is only ▁
+    with it."""
+    words = list(words)
+    out = {}
+    for w, pieces in zip(words, sp.encode(words, out_type=str) if words else []):
+        if pieces and pieces[0].startswith(_DUMMY):
+            pieces = [pieces[0][1:]] + pieces[1:]
+        pieces = [p for p in pieces if p]
+        if "".join(pieces) != w:  # cannot happen with identity normalisation and full coverage
+            pieces = list(w)
+        lab, pos = bytearray(len(w)), -1
+        for p in pieces[:-1]:
+            pos += len(p)
+            lab[pos] = 1
+        out[w] = bytes(lab)
+    return out
+
+
 def unigram_labels(sp, split_path, out_path, alphabet, dtype):
     """b_t = 1 where a piece ends; spaces/newlines close the word before them. Returns sum(b)."""
     cache = {"": b"\x01"}
@@ -682,17 +749,8 @@ def unigram_labels(sp, split_path, out_path, alphabet, dtype):
         if len(cache) > 500_000:  # bound memory on 400M chars; hot words come straight back
             cache.clear()
             cache[""] = b"\x01"
-        words = [w for w in set(words) if w not in cache]
-        for w, pieces in zip(words, sp.encode(words, out_type=str) if words else []):
-            if "".join(pieces) != w:  # cannot happen with identity normalisation; be safe
-                pieces = list(w)
-            lab = bytearray(len(w) + 1)
-            pos = -1
-            for p in pieces[:-1]:
-                pos += len(p)
-                lab[pos] = 1
-            lab[-1] = 1
-            cache[w] = bytes(lab)
+        for w, lab in word_labels(sp, {w for w in words if w not in cache}).items():
+            cache[w] = lab + b"\x01"
 
     tmp, ones, carry = _tmp(out_path), 0, ""
     with open(tmp, "wb") as f:
@@ -710,6 +768,36 @@ def unigram_labels(sp, split_path, out_path, alphabet, dtype):
             _write(f, chunk)
     _commit(tmp, out_path)
     return ones
+
+
+def left_context_ceiling(train_words, valid_words, labels):
+    """The best a causal boundary predictor can do on these labels from the current word alone.
+    At an in-word position t it has seen the word's characters up to t (its prefix), not the
+    rest: the Bayes decision is b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words
+    ({word: count}); a prefix train never shows gets 0. Applied to valid_words, it returns
+    {"ends": in-word label ends, "predicted": in-word decisions of 1, "hits": both, "in_word_recall"}.
+    labels: {word: in-word labels (one 0/1 per character)} for every word of both."""
+    wanted = {w[:k + 1] for w in valid_words for k in range(len(w))}
+    total, ones = dict.fromkeys(wanted, 0), dict.fromkeys(wanted, 0)
+    for w, n in train_words.items():
+        lab = labels[w]
+        for k in range(len(w)):
+            p = w[:k + 1]
+            if p not in total:  # its longer prefixes are not wanted either
+                break
+            total[p] += n
+            ones[p] += n * lab[k]
+    ends = predicted = hits = 0
+    for w, n in valid_words.items():
+        lab = labels[w]
+        for k in range(len(w)):
+            p = w[:k + 1]
+            decide = 2 * ones[p] > total[p]
+            ends += n * lab[k]
+            predicted += n * decide
+            hits += n * (decide and lab[k])
+    return {"ends": ends, "predicted": predicted, "hits": hits,
+            "in_word_recall": hits / ends if ends else None}
 
 # -----------------------------------------------------------------------------
 # sources
@@ -858,6 +946,7 @@ def build_splits(args, out, alphabet, dtype, lang):
     return [url], f"first {E} chars valid, next {E} test, then train (cleaned chars)", stats
 
 # -----------------------------------------------------------------------------
+# command line: every flag checked as it is parsed (exit 2, one line naming the flag)
 
 
 def count_id(path, dtype, value):
@@ -882,38 +971,220 @@ def _url(value):
     return value.rstrip("/")
 
 
+def _int_in(lo, hi, zero=None):
+    """An argparse type: an integer in [lo, hi], or 0 where zero says what 0 means."""
+    allowed = f"an integer from {lo:,} to {hi:,}" + (f", or 0 ({zero})" if zero else "")
+
+    def parse(value):
+        try:
+            v = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer; expected {allowed}") from None
+        if not (lo <= v <= hi or (zero and v == 0)):
+            raise argparse.ArgumentTypeError(f"{v} is out of range; expected {allowed}")
+        return v
+    return parse
+
+
+def _float_in(lo, hi):
+    """An argparse type: a finite number in [lo, hi]."""
+    def parse(value):
+        try:
+            v = float(value)
+        except ValueError:
+            v = None
+        if v is None or not lo <= v <= hi:  # NaN fails both comparisons, inf the upper one
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number from {lo:g} to {hi:g}")
+        return v
+    return parse
+
+
+def _lang_flag(value):
+    if value not in LANGS:
+        raise argparse.ArgumentTypeError(
+            f"unknown language {value!r}; known: {', '.join(sorted(LANGS))} (their alphabets and digit names "
+            "are in LANGS in prepare_data.py)")
+    return value
+
+
+def _name_flag(value):
+    """An argparse type: one folder name (the dataset's, under --out-dir)."""
+    if value in ("", ".", "..") or "/" in value or "\0" in value:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a folder name (no '/', not '.' or '..')")
+    if len(os.fsencode(value)) > 255:
+        raise argparse.ArgumentTypeError(f"{value[:40]!r}... is longer than 255 bytes")
+    return value
+
+
+def _path_problem(path):
+    """Why a path cannot name a file at all (a name over 255 bytes, too long, a file used as a
+    folder, no permission to look inside a folder), or None."""
+    try:
+        name_max, path_max = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    s = os.fsencode(path)
+    long = next((c for c in s.split(b"/") if len(c) > name_max), None)
+    if long is not None:
+        return f"a name in it is longer than {name_max} bytes ({os.fsdecode(long[:40])}...)"
+    if len(s) >= path_max:
+        return f"it is longer than {path_max - 1} bytes"
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return "a part of it is a file, not a folder"
+    except OSError as e:
+        return e.strerror or _why(e)
+    return None
+
+
+def _short(path):
+    s = str(path)
+    return s if len(s) <= 200 else f"{s[:100]}...{s[-60:]}"
+
+
+def _input_file(value):
+    """An argparse type: an existing, readable regular file (a FIFO would block the read)."""
+    import stat
+    p = Path(value)
+    why = _path_problem(p)
+    if why is None:
+        try:
+            mode = p.stat().st_mode
+        except FileNotFoundError:
+            why = "no such file"
+        else:
+            if stat.S_ISDIR(mode):
+                why = "a folder, not a file"
+            elif not stat.S_ISREG(mode):
+                why = "not a regular file (a pipe or device?)"
+            elif not os.access(p, os.R_OK):
+                why = "not readable (permission denied)"
+    if why:
+        raise argparse.ArgumentTypeError(f"input file {_short(value)}: {why}")
+    return p
+
+
+def _dir_flag(value):
+    """An argparse type: a folder that exists or can be made (checked for writing later)."""
+    p = Path(value)
+    why = _path_problem(p)
+    if why is None and p.exists() and not p.is_dir():
+        why = "a file, not a folder"
+    if why:
+        raise argparse.ArgumentTypeError(f"{_short(value)}: {why}")
+    return p
+
+
+DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
+
+
 def _parser():
-    p = _Parser(description="Download, clean, split and encode data for dynpool.")
+    p = _Parser(description="Download, clean, split and encode data for dynpool. Flags shown with a default "
+                            "that says 'as recorded' take the value recorded by the dataset already in "
+                            "--out-dir/--name when not given (so adding labels needs only --name and --unigram).")
     p.add_argument("--dataset", choices=["text8", "wiki40b", "cc100", "input"], default=None,
-                   help="source; default text8 without --lang, wiki40b with it, input with --input and --lang")
-    p.add_argument("--lang", default=None, help=f"language code, one of {', '.join(sorted(LANGS))}")
-    p.add_argument("--input", nargs="+", type=Path, default=None, metavar="FILE",
+                   help="source (default: the existing dataset's, else text8 without --lang, wiki40b with it, "
+                        "input with --input and --lang)")
+    p.add_argument("--lang", type=_lang_flag, default=None,
+                   help=f"language, one of {', '.join(sorted(LANGS))} (default: as recorded, else en for text8; "
+                        "needed for the others)")
+    p.add_argument("--input", nargs="+", type=_input_file, default=None, metavar="FILE",
                    help="local .txt/.zip/.xz/.gz/.parquet file(s) instead of downloading; one file is cut "
-                        "90/5/5, several named *train*/*valid*/*test* keep their splits")
-    p.add_argument("--name", default=None, help="output dir name under --out-dir (default text8, wiki40b-<lang>, ...)")
-    p.add_argument("--out-dir", type=Path, default=Path("data"), help="parent of the output directory (default data)")
-    p.add_argument("--fold-accents", action="store_true",
+                        "90/5/5, several named *train*/*valid*/*test* keep their splits (default: as recorded, "
+                        "else download)")
+    p.add_argument("--name", type=_name_flag, default=None,
+                   help="output folder name under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, "
+                        "input-<lang>)")
+    p.add_argument("--out-dir", type=_dir_flag, default=Path("data"), help="parent of the output folder (default data)")
+    p.add_argument("--fold-accents", action="store_true", default=None,
                    help="fold letters outside the alphabet to its letters (é -> e, ß -> ss, niqqud dropped) "
-                        "instead of the paper's space")
-    p.add_argument("--max-train-chars", type=int, default=400_000_000, help="cap on cleaned train characters (default 400M)")
-    p.add_argument("--max-eval-chars", type=int, default=2_000_000, help="cap on cleaned valid and test characters each (default 2M)")
-    p.add_argument("--unigram", type=int, default=None,
-                   help="SentencePiece Unigram vocab size for boundary labels (default 10000 en/vi/text8, 200 fi/he; 0 = off)")
-    p.add_argument("--unigram-sample-chars", type=int, default=4_000_000,
-                   help="train characters sampled to fit the Unigram model (default 4M)")
-    p.add_argument("--force", action="store_true", help="redo finished steps (completed downloads are kept)")
+                        "instead of the paper's space (default: as recorded, else off)")
+    p.add_argument("--max-train-chars", type=_int_in(1, 10 ** 12), default=None,
+                   help="cap on cleaned train characters (default: as recorded, else 400M)")
+    p.add_argument("--max-eval-chars", type=_int_in(1, 10 ** 12), default=None,
+                   help="cap on cleaned valid and test characters each (default: as recorded, else 2M)")
+    p.add_argument("--unigram", type=_int_in(2, 1_000_000, zero="make no Unigram labels"), default=None,
+                   help="SentencePiece Unigram vocabulary size of the boundary labels (default per language: "
+                        + ", ".join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items())) + ", text8 10000). "
+                        "Labels of other sizes already in the dataset are kept (meta.json lists them all); "
+                        "the same size made with other settings is replaced. 0 makes none and keeps those "
+                        "present; --force rebuilds the dataset without them")
+    p.add_argument("--unigram-max-words", type=_int_in(1, 10 ** 9, zero="every distinct word"), default=0,
+                   help="fit Unigram on the counts of this many most frequent distinct train words "
+                        "(default 0: every distinct word of the train split, i.e. the whole split)")
+    p.add_argument("--force", action="store_true", help="redo finished steps (completed downloads are kept; default off)")
     p.add_argument("--hf-base", type=_url, default=None,
                    help="Hugging Face hub endpoint (default: huggingface_hub's, i.e. HF_ENDPOINT or huggingface.co)")
-    p.add_argument("--hf-cache", type=Path, default=None,
+    p.add_argument("--hf-cache", type=_dir_flag, default=None,
                    help="huggingface_hub cache dir for the wiki40b shards (default: HF_HUB_CACHE or ~/.cache/huggingface/hub)")
     p.add_argument("--text8-url", type=_url,
                    default=os.environ.get("DYNPOOL_TEXT8_URL", "http://mattmahoney.net/dc/text8.zip"),
-                   help="text8.zip URL (env DYNPOOL_TEXT8_URL; default mattmahoney.net)")
+                   help="text8.zip URL (default: env DYNPOOL_TEXT8_URL, else http://mattmahoney.net/dc/text8.zip)")
     p.add_argument("--cc100-base", type=_url, default=os.environ.get("DYNPOOL_CC100_BASE", "https://data.statmt.org/cc-100"),
-                   help="cc-100 base URL holding <lang>.txt.xz (env DYNPOOL_CC100_BASE; default data.statmt.org)")
-    p.add_argument("--retries", type=int, default=5, help="download retries per request (default 5)")
-    p.add_argument("--backoff", type=float, default=2.0, help="first retry delay in seconds, doubled each retry (default 2)")
+                   help="cc-100 base URL holding <lang>.txt.xz (default: env DYNPOOL_CC100_BASE, else "
+                        "https://data.statmt.org/cc-100)")
+    p.add_argument("--retries", type=_int_in(0, 100), default=5,
+                   help="download retries per request, 0 to 100 (default 5; a host that cannot be resolved "
+                        "or refuses the connection fails at once)")
+    p.add_argument("--backoff", type=_float_in(0, 3600), default=2.0,
+                   help="first retry delay in seconds, doubled each retry, 0 to 3600 (default 2)")
     return p
+
+
+def command(dataset=None, lang=None, inputs=None, name=None, out_dir=None, unigram=None, fold_accents=False,
+            max_train_chars=None, max_eval_chars=None, unigram_max_words=0, force=False):
+    """The prepare_data.py command line with these options, quoted for a POSIX shell; options at
+    their defaults are left out."""
+    import shlex
+    argv = ["python", "prepare_data.py"]
+    if dataset:
+        argv += ["--dataset", dataset]
+    if lang and dataset != "text8":
+        argv += ["--lang", lang]
+    if inputs:
+        argv += ["--input", *map(str, inputs)]
+    if name:
+        argv += ["--name", str(name)]
+    if out_dir is not None and Path(out_dir) != Path("data"):
+        argv += ["--out-dir", str(out_dir)]
+    if fold_accents:
+        argv.append("--fold-accents")
+    for flag, v in (("--max-train-chars", max_train_chars), ("--max-eval-chars", max_eval_chars)):
+        if v is not None and v != DEFAULTS[flag[2:].replace("-", "_")]:
+            argv += [flag, str(v)]
+    if unigram is not None:
+        argv += ["--unigram", str(unigram)]
+    if unigram_max_words:
+        argv += ["--unigram-max-words", str(unigram_max_words)]
+    if force:
+        argv.append("--force")
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def prepare_command(meta, unigram=None, data_dir=None):
+    """The exact command that (re)makes the dataset `meta` describes (a meta.json dict), with
+    Unigram-`unigram` labels when given; data_dir: where the dataset lies (default data/<name>).
+    Run on an existing dataset, it keeps the splits and adds the labels. Without meta, the
+    command for a dataset of that name, with FILE/LANG for what only the user knows."""
+    d = Path(data_dir) if data_dir is not None else Path("data") / str((meta or {}).get("name", "text8"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("cleaning"), dict):
+        kind, _, lang = d.name.partition("-")
+        if d.name == "text8":
+            return command(out_dir=d.parent, unigram=unigram)
+        if kind in ("wiki40b", "cc100") and lang in LANGS:
+            return command(kind, lang, out_dir=d.parent, unigram=unigram)
+        return command("input", "LANG", ["FILE"], d.name, d.parent, unigram)
+    c = meta["cleaning"]
+    default_name = _default_name(meta.get("dataset"), meta.get("lang"))
+    return command(meta.get("dataset"), meta.get("lang"), c.get("input"), None if d.name == default_name else d.name,
+                   d.parent, unigram, c.get("fold_accents"), c.get("max_train_chars"), c.get("max_eval_chars"))
+
+
+def _default_name(dataset, lang):
+    return {"text8": "text8", "input": f"input-{lang}"}.get(dataset, f"{dataset}-{lang}")
 
 
 def main(argv=None):
@@ -924,12 +1195,7 @@ def main(argv=None):
         die("interrupted; finished steps and completed downloads kept (a re-run continues), "
             "temp files removed", 130)
     except DownloadError as e:
-        hint = {"wiki40b": f"the {args.lang}/*.parquet shards of {WIKI40B} (dataset on the Hugging Face hub) by "
-                           f"hand and pass --dataset wiki40b --lang {args.lang} --input <train-*, validation-*, "
-                           "test-* files>, or set HF_HUB_OFFLINE=1 to use the shards already cached",
-                "cc100": f"{args.cc100_base}/{args.lang}.txt.xz (or its head) by hand and pass --input FILE "
-                         f"--lang {args.lang}"}.get(args.dataset, "the file by hand and pass --input FILE")
-        die(f"download failed: {e}. Without network, fetch {hint}")
+        die(f"download failed: {e}. {_offline_howto(args)}")
     except OSError as e:
         if e.errno == errno.ENOSPC:
             die(f"disk full while writing {getattr(e, 'filename', None) or args.out_dir}; free space or use --out-dir")
@@ -938,52 +1204,100 @@ def main(argv=None):
         _remove_temps()
 
 
+def _offline_howto(args):
+    """What to do without network, as a command that runs once the file is fetched by hand."""
+    same = dict(name=args.name, out_dir=args.out_dir, unigram=args.unigram, fold_accents=args.fold_accents,
+                max_train_chars=args.max_train_chars, max_eval_chars=args.max_eval_chars,
+                unigram_max_words=args.unigram_max_words)
+    if args.dataset == "wiki40b":
+        shards = ["train-*.parquet", "validation-*.parquet", "test-*.parquet"]
+        cmd = command("wiki40b", args.lang, shards, **same).replace(" ".join(f"'{g}'" for g in shards), " ".join(shards))
+        what = f"the {args.lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)"
+        alt = "set HF_HUB_OFFLINE=1 to use the shards already cached, or "
+    elif args.dataset == "cc100":
+        what, alt = f"{args.cc100_base}/{args.lang}.txt.xz (or its head)", ""
+        cmd = command("cc100", args.lang, [f"{args.lang}.txt.xz"], **same)
+    else:
+        what, alt = args.text8_url, ""
+        cmd = command("text8", None, [Path(args.text8_url).name or "text8.zip"], **same)
+    return f"Without network, {alt}fetch {what} by hand into the current folder and run: {cmd}"
+
+
+def _existing(out):
+    """The options recorded by the dataset already in `out` ({} if none or unreadable)."""
+    try:
+        stamp = json.loads((out / ".splits.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    key = stamp.get("key") if isinstance(stamp, dict) else None
+    return key if isinstance(key, dict) and key.get("dataset") in ("text8", "wiki40b", "cc100", "input") else {}
+
+
 def _resolve(args):
-    """Fills in --dataset and --lang, checks the flags; returns the Unigram size."""
-    if args.dataset is None:
-        args.dataset = ("input" if args.lang else "text8") if args.input else ("wiki40b" if args.lang else "text8")
-    if args.dataset == "text8":
+    """Fills in --dataset, --lang, --input and the cleaning flags (from the dataset already there
+    when not given), checks them together; returns (out, name, Unigram size or None for default)."""
+    dataset = args.dataset or (("input" if args.lang else "text8") if args.input else ("wiki40b" if args.lang else "text8"))
+    name = args.name or _default_name(dataset, args.lang or "en")
+    out = args.out_dir / name
+    old = _existing(out)
+    old_lang = old.get("lang") or ("en" if old.get("dataset") == "text8" else None)
+    if old and args.dataset in (None, old["dataset"]) and args.lang in (None, old_lang):
+        if args.dataset is None and dataset != old["dataset"]:
+            print(f"{out} holds a {old['dataset']} dataset: preparing it as --dataset {old['dataset']} "
+                  "(pass --dataset to choose another, with --force or another --name)", file=sys.stderr)
+        dataset, args.lang = old["dataset"], old_lang
+        if args.input is None and args.dataset is None and old.get("input"):  # --dataset alone: its download
+            args.input = [Path(p) for p in old["input"]]
+            gone = [p for p in args.input if not p.is_file()]
+            if gone:
+                die(f"input file {_short(gone[0])} recorded by {out} is gone; pass --input FILE")
+        for k in DEFAULTS:
+            if getattr(args, k) is None and k in old:
+                setattr(args, k, old[k])
+    for k, v in DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.dataset = dataset
+    if dataset == "text8":
         if args.lang not in (None, "en"):
-            die(f"text8 is English; got --lang {args.lang}")
+            die(f"text8 is English; got --lang {args.lang}", 2)
         args.lang = "en"
     elif args.lang is None:
-        die(f"--dataset {args.dataset} needs --lang ({', '.join(sorted(LANGS))})")
-    try:
-        _lang(args.lang)
-    except ValueError as e:
-        die(str(e))
-    if args.dataset == "input" and not args.input:
-        die("--dataset input needs --input FILE...")
-    for f in args.input or []:
-        if not f.is_file():
-            die(f"input file not found (or not a file): {f}")
-    V = args.unigram if args.unigram is not None else LANGS[args.lang]["unigram"]
-    if min(V, args.max_eval_chars, args.retries) < 0 or min(args.max_train_chars, args.unigram_sample_chars) < 1:
-        die("--unigram, --max-eval-chars and --retries must not be negative, "
-            "--max-train-chars and --unigram-sample-chars must be positive")
-    return V
+        die(f"--dataset {dataset} needs --lang ({', '.join(sorted(LANGS))})", 2)
+    if dataset == "input" and not args.input:
+        die("--dataset input needs --input FILE...", 2)
+    return out, name
 
 
 @contextlib.contextmanager
 def _lock(out):
-    """An advisory lock on <out>/.lock for the whole run; the OS drops it when the process dies."""
+    """An advisory lock on <out>/.lock for the whole run; the OS drops it when the process dies,
+    and the run that holds it removes the file when it ends, however it ends."""
     import fcntl
-    f = open(out / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        die(f"{out} is being prepared by another run (pid {pid}); wait for it to finish or pass another --name")
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
+    path = out / ".lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            die(f"{out} is being prepared by another run (pid {pid}); wait for it to finish or pass another --name")
+        # a run that ended between our open and flock removed the file we locked: lock the new one
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
     try:
         yield
     finally:
-        f.close()
+        path.unlink(missing_ok=True)  # still locked: no other run can hold this file now
+        os.close(fd)
 
 
 def fingerprint(path):
@@ -1016,54 +1330,78 @@ def _differs(old, new):
 
 
 def _main(args):
-    V = _resolve(args)
+    out, name = _resolve(args)
     lang = None if args.dataset == "text8" else args.lang  # text8 is already clean: kept as is
-    name = args.name or {"text8": "text8", "input": f"input-{args.lang}"}.get(args.dataset, f"{args.dataset}-{args.lang}")
-    out = args.out_dir / name
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        die(f"cannot write to output dir {out}: {e.strerror or e}")
-    with _lock(out):
-        return _prepare(args, out, name, lang, V)
+        die(f"cannot write to output dir {_short(out)}: {e.strerror or e}")
+    try:
+        with _lock(out):
+            return _prepare(args, out, name, lang)
+    finally:
+        if made:  # a run that failed before writing anything leaves no empty folders
+            for d in (out / "download", out):
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
 
 
-def _prepare(args, out, name, lang, V):
+TEXT8_CHARS = 100_000_000
+SPLITS = ("train", "valid", "test")
+
+
+def _prepare(args, out, name, lang):
     alphabet = TEXT8_ALPHABET if lang is None else ["\n", " "] + list(LANGS[lang]["letters"])
     dtype = "uint8" if len(alphabet) <= 256 else "uint16"
     cleaning = cleaning_options(args, lang)
+    resolved = [p.resolve() for p in args.input] if args.input else None  # one file, however it is named
     key = {"dataset": args.dataset, **cleaning, "max_train_chars": args.max_train_chars,
-           "max_eval_chars": args.max_eval_chars, "input": [str(f) for f in args.input] if args.input else None}
-    inputs = [fingerprint(f) for f in args.input] if args.input else None
+           "max_eval_chars": args.max_eval_chars, "input": [str(p) for p in resolved] if resolved else None}
+    inputs = [fingerprint(p) for p in resolved] if resolved else None
     sizes, sources, rule, rate = _splits(args, out, alphabet, dtype, lang, key, inputs)
     space_id = alphabet.index(" ")
     n_space = count_id(out / "train.bin", dtype, space_id)
     mwl = sizes["train"] / n_space if n_space else None
-    uni = _unigram(args, out, alphabet, dtype, V, sizes) if V else None
+    n = sum(sizes.values())
+    part = {"of": "text8", "chars": n, "full_chars": TEXT8_CHARS} if args.dataset == "text8" and n < TEXT8_CHARS else None
     meta = {"name": name, "dataset": args.dataset, "lang": args.lang, "alphabet": alphabet,
             "vocab_size": len(alphabet), "space_id": space_id,
             "newline_id": alphabet.index("\n") if "\n" in alphabet else None, "dtype": dtype,
-            "sizes": sizes, "source": sources, "cleaning": {**key, "split": rule}, "inputs": inputs,
-            "mean_word_length": round(mwl, 4) if mwl else None, "unigram": uni}
-    tmp = _tmp(out / "meta.json")
-    tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
-    _commit(tmp, out / "meta.json")
+            "sizes": sizes, "source": sources, "slice": part, "cleaning": {**key, "split": rule}, "inputs": inputs,
+            "mean_word_length": round(mwl, 4) if mwl else None,
+            "defaults": {"unigram": LANGS[args.lang]["unigram"], "prior": LANGS[args.lang]["prior"]}}
+    meta.update(_unigram(args, out, alphabet, dtype, sizes, meta))
+    _write_meta(out, meta)
 
     print(f"\n== {out} ==")
     print(f"dataset {args.dataset}, lang {args.lang}, vocab {len(alphabet)} ({dtype}), split: {rule}")
+    if part:
+        print(f"note: a {n:,}-character slice of text8 ({', '.join(sources)}), not the full {TEXT8_CHARS:,}")
     print("chars: " + ", ".join(f"{s} {sizes[s]:,}" for s in SPLITS))
     print(f"mean word length (whitespace shortening factor, train): {mwl:.3f}" if mwl else "no spaces in train")
-    if uni:
-        print(f"unigram-{V} shortening factor: " + ", ".join(f"{s} {v}" for s, v in uni["shortening_factor"].items()))
+    for V, u in sorted(meta["unigram_sets"].items(), key=lambda kv: int(kv[0])):
+        print(_unigram_line(u) + (" [default for train.py]" if meta["unigram"] is u else ""))
     if rate:
         print(f"cleaning rate: {rate / 1e6:.2f} M chars/s")
     return meta
 
 
-SPLITS = ("train", "valid", "test")
+def _unigram_line(u):
+    sf = ", ".join(f"{s} {v}" for s, v in u["shortening_factor"].items())
+    c = u.get("left_context_ceiling") or {}
+    ceil = (f"; left-context ceiling on valid: SF {c['shortening_factor']}, in-word recall "
+            f"{100 * c['in_word_recall']:.1f}%") if c.get("in_word_recall") is not None else ""
+    return f"unigram-{u['vocab_size']} shortening factor: {sf}{ceil}"
+
+
+def _write_meta(out, meta):
+    tmp = _tmp(out / "meta.json")
+    tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    _commit(tmp, out / "meta.json")
 
 
 def _splits(args, out, alphabet, dtype, lang, key, inputs):
@@ -1074,16 +1412,23 @@ def _splits(args, out, alphabet, dtype, lang, key, inputs):
         stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else None
     except ValueError:
         stamp = None
+    if not (isinstance(stamp, dict) and isinstance(stamp.get("key"), dict) and isinstance(stamp.get("sizes"), dict)):
+        stamp = None
     if stamp and not args.force:
-        if stamp.get("key") != key:
-            die(f"{out} holds data prepared with other options ({_differs(stamp.get('key') or {}, key)}); "
-                "pass --force to rebuild it, or --name NEW for a separate dataset")
-        if stamp.get("inputs") != inputs:
+        old = dict(stamp["key"])
+        if isinstance(old.get("input"), list):  # one file, however an older run named it
+            old["input"] = [str(Path(p).resolve()) for p in old["input"]]
+        if old != key:
+            die(f"{out} holds data prepared with other options ({_differs(old, key)}); "
+                f"to rebuild it run: {_rerun(args, force=True)}; or pass --name NEW for a separate dataset")
+        old_inputs = [{**f, "path": str(Path(f["path"]).resolve())} for f in stamp.get("inputs") or []
+                      if isinstance(f, dict) and "path" in f] or None
+        if old_inputs != inputs:
             print(f"input changed since {out} was prepared (size, mtime or SHA-256): rebuilding", file=sys.stderr)
-        elif all((out / f"{s}.bin").exists() and os.path.getsize(out / f"{s}.bin") == stamp["sizes"][s] * itemsize
+        elif all((out / f"{s}.bin").exists() and os.path.getsize(out / f"{s}.bin") == stamp["sizes"].get(s, -1) * itemsize
                  for s in SPLITS):
             print(f"splits done in {out}, skipping (--force redoes)")
-            return stamp["sizes"], stamp["source"], stamp["rule"], stamp["rate"]
+            return stamp["sizes"], stamp.get("source"), stamp.get("rule"), stamp.get("rate")
     for f in [out / "meta.json", stamp_path, *out.glob("unigram-*.model"), *out.glob("*.unigram-*.bin")]:
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     sources, rule, stats = build_splits(args, out, alphabet, dtype, lang)
@@ -1111,34 +1456,149 @@ def _splits(args, out, alphabet, dtype, lang, key, inputs):
     return sizes, sources, rule, rate
 
 
-def _unigram(args, out, alphabet, dtype, V, sizes):
-    """Fits SentencePiece Unigram-V on train and labels every split, unless done already."""
-    meta_path, model_path = out / "meta.json", out / f"unigram-{V}.model"
-    label_paths = {s: out / f"{s}.unigram-{V}.bin" for s in SPLITS}
+def _rerun(args, **change):
+    """This run's command line, as resolved, with some options changed."""
+    opts = dict(dataset=args.dataset, lang=args.lang, inputs=[p.resolve() for p in args.input] if args.input else None,
+                name=args.name, out_dir=args.out_dir, unigram=args.unigram, fold_accents=args.fold_accents,
+                max_train_chars=args.max_train_chars, max_eval_chars=args.max_eval_chars,
+                unigram_max_words=args.unigram_max_words, force=args.force)
+    return command(**{**opts, **change})
+
+
+def _bad_meta(path, args, what):
+    die(f"{path}: {what}; fix it, or remove it and run again (splits kept, labels remade): {_rerun(args)}")
+
+
+def _read_label_sets(out, args):
+    """({V: entry}, default V) from the meta.json already in out, checked field by field;
+    ({}, None) without one. An older meta.json's single "unigram" entry is read as one set."""
+    path = out / "meta.json"
+    if not path.exists():
+        return {}, None
     try:
-        old = json.loads(meta_path.read_text()).get("unigram") if meta_path.exists() and not args.force else None
-    except ValueError:
-        old = None
-    if old and old.get("vocab_size") == V and model_path.exists() and all(
-            label_paths[s].exists() and os.path.getsize(label_paths[s]) == sizes[s] for s in SPLITS):
-        print(f"unigram-{V} done, skipping (--force redoes)")
-        return old
-    meta_path.unlink(missing_ok=True)
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        _bad_meta(path, args, f"unreadable ({_why(e)})")
+    if not isinstance(meta, dict):
+        _bad_meta(path, args, f"holds a {type(meta).__name__}, expected an object")
+    default, sets = meta.get("unigram"), meta.get("unigram_sets")
+    if default is not None and not (isinstance(default, dict) and _is_size(default.get("vocab_size"))):
+        _bad_meta(path, args, f"'unigram' is {_clip(default)}, expected null or an object with an integer vocab_size")
+    if sets is None:
+        sets = {str(default["vocab_size"]): {**default, "settings": default.get("settings")}} if default else {}
+    if not isinstance(sets, dict):
+        _bad_meta(path, args, f"'unigram_sets' is {_clip(sets)}, expected an object {{\"<V>\": {{...}}}}")
+    out_sets = {}
+    for k, u in sets.items():
+        where = f"'unigram_sets'[{k!r}]"
+        if not (isinstance(u, dict) and _is_size(u.get("vocab_size")) and str(u["vocab_size"]) == k):
+            _bad_meta(path, args, f"{where} is {_clip(u)}, expected an object whose vocab_size is {k}")
+        V = u["vocab_size"]
+        if u.get("model") != f"unigram-{V}.model":
+            _bad_meta(path, args, f"{where}['model'] is {_clip(u.get('model'))}, expected 'unigram-{V}.model'")
+        if not isinstance(u.get("shortening_factor"), dict):
+            _bad_meta(path, args, f"{where}['shortening_factor'] is {_clip(u.get('shortening_factor'))}, expected an object")
+        if not isinstance(u.get("settings"), (dict, type(None))):
+            _bad_meta(path, args, f"{where}['settings'] is {_clip(u.get('settings'))}, expected an object or null")
+        out_sets[V] = u
+    if default and default["vocab_size"] not in out_sets:
+        _bad_meta(path, args, f"'unigram' names vocab_size {default['vocab_size']}, which 'unigram_sets' lacks")
+    return out_sets, default["vocab_size"] if default else None
+
+
+def _is_size(v):
+    return type(v) is int and v > 0
+
+
+def _clip(v):
+    s = json.dumps(v, ensure_ascii=False)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _label_files(out, V):
+    return [out / f"unigram-{V}.model"] + [out / f"{s}.unigram-{V}.bin" for s in SPLITS]
+
+
+def _reconcile(out, sets, sizes):
+    """Keeps the label sets whose files are all there at full length; removes label files no set
+    describes, saying so: afterwards meta.json's sets and the files agree."""
+    for V in sorted(sets):
+        files = _label_files(out, V)
+        if not all(f.exists() for f in files) or any(os.path.getsize(out / f"{s}.unigram-{V}.bin") != sizes[s]
+                                                     for s in SPLITS):
+            print(f"unigram-{V}: label files missing or cut short; dropped (re-run with --unigram {V} to remake)",
+                  file=sys.stderr)
+            del sets[V]
+    for f in sorted([*out.glob("unigram-*.model"), *out.glob("*.unigram-*.bin")]):
+        m = re.search(r"unigram-(\d+)\.(?:model|bin)$", f.name)
+        if not (m and int(m[1]) in sets and f in _label_files(out, int(m[1]))):
+            print(f"removed {f.name}: no label set in meta.json describes it", file=sys.stderr)
+            f.unlink()
+
+
+def _unigram(args, out, alphabet, dtype, sizes, meta):
+    """Makes Unigram-V labels unless a set with the same settings is there; keeps the other sets.
+    Returns meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}."""
+    sets, default = _read_label_sets(out, args)
+    _reconcile(out, sets, sizes)
+    V = args.unigram if args.unigram is not None else LANGS[args.lang]["unigram"]
+    settings = {**UNIGRAM_SETTINGS, "fit_on": "train word counts",
+                "max_words": args.unigram_max_words or None, "label_rule": "piece ends; the space closes its word"}
+    if V and V in sets and sets[V].get("settings") == settings:
+        print(f"unigram-{V} done, skipping (--force redoes the whole dataset)")
+    elif V:
+        if V in sets:
+            print(f"unigram-{V}: made with other settings; replacing it", file=sys.stderr)
+
+        def drop_old():  # once the new model is fitted, the old set leaves meta.json before its files change
+            if sets.pop(V, None) and (out / "meta.json").exists():
+                _write_meta(out, {**meta, **_label_meta(sets, default)})
+        sets[V] = _make_unigram(args, out, alphabet, dtype, sizes, V, settings, drop_old)
+    elif sets:
+        print(f"--unigram 0: keeping the labels already in {out} (unigram-{', unigram-'.join(map(str, sorted(sets)))}); "
+              "--force rebuilds the dataset without them")
+    return _label_meta(sets, V if V in sets else default)
+
+
+def _label_meta(sets, default):
+    if default not in sets:
+        default = max(sets) if sets else None
+    return {"unigram": sets[default] if default else None,
+            "unigram_sets": {str(V): sets[V] for V in sorted(sets)}}
+
+
+def _make_unigram(args, out, alphabet, dtype, sizes, V, settings, drop_old):
+    """Fits Unigram-V on the train split's word counts, writes its labels; returns its set entry
+    with the labels' shortening factors and their left-context ceiling."""
     spm = _need("sentencepiece", "Unigram boundaries; --unigram 0 skips them")
     t0 = time.time()
-    print(f"unigram-{V}: training SentencePiece on up to {args.unigram_sample_chars:,} train characters",
+    train_words = split_words(out / "train.bin", alphabet, dtype)
+    used = min(len(train_words), args.unigram_max_words or len(train_words))
+    print(f"unigram-{V}: training SentencePiece on the counts of {used:,} distinct train words",
           file=sys.stderr, flush=True)
-    proto = train_unigram(out, alphabet, dtype, V, args.unigram_sample_chars)
+    try:
+        proto = train_unigram(train_words, alphabet, V, args.unigram_max_words)
+    except UnigramSizeError as e:
+        die(f"{e}; run: {_rerun(args, unigram=e.fit)}; or --unigram 0 to skip Unigram boundaries")
     sp = spm.SentencePieceProcessor(model_proto=proto)
-    sf = {}
-    for s in SPLITS:
-        ones = unigram_labels(sp, out / f"{s}.bin", label_paths[s], alphabet, dtype)
-        sf[s] = round(sizes[s] / ones, 4) if ones else None
-    tmp = _tmp(model_path)
+    drop_old()
+    ones = {s: unigram_labels(sp, out / f"{s}.bin", out / f"{s}.unigram-{V}.bin", alphabet, dtype) for s in SPLITS}
+    valid_words = split_words(out / "valid.bin", alphabet, dtype)
+    c = left_context_ceiling(train_words, valid_words, word_labels(sp, set(train_words) | set(valid_words)))
+    ceiling_ones = ones["valid"] - c["ends"] + c["predicted"]
+    tmp = _tmp(out / f"unigram-{V}.model")  # the model last: labels without it are removed on re-run
     tmp.write_bytes(proto)
-    _commit(tmp, model_path)
+    _commit(tmp, out / f"unigram-{V}.model")
     print(f"unigram-{V}: trained and labelled in {time.time() - t0:.1f}s")
-    return {"vocab_size": V, "model": model_path.name, "shortening_factor": sf}
+    return {"vocab_size": V, "model": f"unigram-{V}.model",
+            "labels": {s: f"{s}.unigram-{V}.bin" for s in SPLITS}, "settings": settings,
+            "fit_words": {"distinct_used": used, "distinct_in_train": len(train_words)},
+            "shortening_factor": {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS},
+            "left_context_ceiling": {
+                "split": "valid", "estimated_on": "train", "rule": "b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5",
+                "shortening_factor": round(sizes["valid"] / ceiling_ones, 4) if ceiling_ones else None,
+                "in_word_recall": round(c["in_word_recall"], 4) if c["in_word_recall"] is not None else None,
+                "in_word_ends": c["ends"], "in_word_predicted": c["predicted"], "in_word_hits": c["hits"]}}
 
 
 if __name__ == "__main__":

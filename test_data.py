@@ -216,14 +216,14 @@ def test_data_homoglyph_map_covers_lookalikes():
 def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(prepare_data, "CHUNK", 300)  # many pieces, long lines cut at a space
     src = _data_slice(_DATA_SHARED / "raw" / f"{lang}.txt", tmp_path / f"{lang}.txt")
-    argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300",
-            "--unigram-sample-chars", "100000"]
+    argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300"]
     meta = prepare_data.main([str(a) for a in argv])
     d = tmp_path / "out" / f"input-{lang}"
     assert json.loads((d / "meta.json").read_text()) == meta
     for key, typ in [("name", str), ("dataset", str), ("lang", str), ("alphabet", list), ("vocab_size", int),
                      ("space_id", int), ("newline_id", int), ("dtype", str), ("sizes", dict), ("source", list),
-                     ("cleaning", dict), ("mean_word_length", float), ("unigram", dict)]:
+                     ("cleaning", dict), ("mean_word_length", float), ("unigram", dict), ("unigram_sets", dict),
+                     ("defaults", dict)]:
         assert isinstance(meta[key], typ), key
     assert meta["alphabet"][:2] == ["\n", " "] and meta["vocab_size"] == len(meta["alphabet"]) and meta["dtype"] == "uint8"
     text = {s: _data_decode(d, s, meta) for s in ("train", "valid", "test")}
@@ -233,8 +233,13 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
     assert len(text["valid"]) == len(text["test"]) == n // 20
     assert meta["mean_word_length"] == pytest.approx(len(text["train"]) / text["train"].count(" "), abs=1e-3)
 
+    assert meta["defaults"] == {"unigram": LANGS[lang]["unigram"], "prior": 0.37 if lang == "fi" else 0.2}
     uni = meta["unigram"]
+    assert meta["unigram_sets"] == {"300": uni} and uni["vocab_size"] == 300
+    assert {k: uni["settings"][k] for k in ("add_dummy_prefix", "max_sentencepiece_length", "split_digits")} \
+        == {"add_dummy_prefix": True, "max_sentencepiece_length": 16, "split_digits": True}
     sp = spm.SentencePieceProcessor(model_file=str(d / uni["model"]))
+    dummy = "\u2581"
     for split, t in text.items():
         labels = np.fromfile(d / f"{split}.unigram-300.bin", dtype=np.uint8)
         assert len(labels) == len(t) and set(np.unique(labels)) <= {0, 1} and labels[-1] == 1
@@ -242,10 +247,13 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
         assert "".join(segs) == t and rest == ""
         codes = np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)
         assert labels[(codes == ord(" ")) | (codes == ord("\n"))].all()  # whitespace => Unigram boundary
+        first = True  # SentencePiece saw each word as ▁word: its first piece carries the ▁
         for seg in segs:
             word = seg[:-1] if seg[-1] in " \n" else seg
             assert " " not in word and "\n" not in word
-            assert word == "" or sp.piece_to_id(word) != sp.unk_id(), seg
+            assert word == "" or (first and dummy + word in sp.id_to_piece(list(range(len(sp))))) \
+                or sp.piece_to_id(word) != sp.unk_id(), seg
+            first = seg[-1] in " \n"
         assert uni["shortening_factor"][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
     assert 1 < uni["shortening_factor"]["train"] < meta["mean_word_length"]
 
@@ -273,8 +281,11 @@ def test_data_text8_input_kept_as_is(tmp_path, capsys):
     # a Unigram vocabulary the text cannot fill: clear advice, the finished splits stay usable
     msg = _data_fail(["--dataset", "text8", "--input", tmp_path / "t8.txt", "--out-dir", tmp_path,
                       "--unigram", "100000", "--force"], capsys)
-    assert "--unigram" in msg and "or less" in msg
+    assert "too large" in msg and "--unigram" in msg
     assert not (d / "meta.json").exists() and not list(d.glob("*unigram-100000*"))
+    fixed = _data_run_printed(msg, tmp_path)  # the command it gives runs as printed
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads((d / "meta.json").read_text())["unigram"]["vocab_size"] < 100000
 
 
 # --- downloads against a local server ------------------------------------------------------------
@@ -504,8 +515,8 @@ def test_data_bad_input(case, tmp_path, capsys):
         out = f / "sub"
     msg = _data_fail(["--input", f, "--lang", lang, "--out-dir", out, "--unigram", "0"], capsys, out)
     expect = {"empty": "no text", "binary": "binary", "not-utf8": "not UTF-8", "wrong-alphabet": "wrong --lang",
-              "digits-only": "wrong --lang", "bad-zip": "corrupt", "missing": "not found",
-              "unknown-lang": "supported: en, fi, he, vi", "out-dir-is-file": "cannot write"}[case]
+              "digits-only": "wrong --lang", "bad-zip": "corrupt", "missing": "no such file",
+              "unknown-lang": "known: en, fi, he, vi", "out-dir-is-file": "a file, not a folder"}[case]
     assert expect in msg
 
 
@@ -539,7 +550,8 @@ def test_data_cli_exit_code_and_one_line(tmp_path):
     f.write_text("hello\n")
     r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "xx",
                         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: unsupported language 'xx'")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: argument --lang: unknown language 'xx'; known: en, fi, he, vi")
 
 
 # --- faults through the real CLI (issue 10): exit code, one error line, what is left on disk -----
@@ -573,7 +585,7 @@ def _data_main(argv, capsys):
     (["--text8-url", "notaurl"], ["--text8-url", "not an http(s) URL"]),
     (["--hf-base", "notaurl", "--lang", "en"], ["--hf-base", "not an http(s) URL"]),
     (["--cc100-base", "ftp://x", "--dataset", "cc100", "--lang", "en"], ["--cc100-base"]),
-    (["--unigram", "many"], ["--unigram", "invalid int"]),
+    (["--unigram", "many"], ["--unigram", "not an integer"]),
     (["--bogus"], ["unrecognized arguments: --bogus"]),
 ])
 def test_data_cli_bad_flags_one_line_exit_2(tmp_path, capsys, argv, words):
@@ -586,8 +598,7 @@ def test_data_cli_tiny_input_is_an_error(tmp_path, capsys):
     r = _data_main(["--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0"],
                    capsys)
     _data_one_line(r, 1, "too small", "empty split")
-    left = sorted(p.name for p in (tmp_path / "out" / "input-en").iterdir())
-    assert left == [".lock"], left  # no splits, no stamp, no meta.json that looks finished
+    assert not (tmp_path / "out" / "input-en").exists()  # no splits, no stamp, no lock, no empty folder
 
 
 def test_data_cli_input_edited_in_place_is_noticed(tmp_path, capsys):
@@ -649,7 +660,7 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     src = _data_slice(_DATA_SHARED / "raw" / "vi.txt", tmp_path / "vi.txt", 8_000_000)
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, str(Path(prepare_data.__file__)), "--input", str(src), "--lang", "vi",
-                          "--out-dir", str(out), "--unigram", "8000", "--unigram-sample-chars", "6000000"],
+                          "--out-dir", str(out), "--unigram", "8000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = ""
     for line in p.stderr:  # wait until the training has begun
@@ -675,3 +686,350 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     d = out / "input-vi"
     assert (d / "train.bin").exists() and (d / ".splits.json").exists()
     assert not (d / "meta.json").exists() and not list(d.glob("*unigram*")) and not list(d.glob("*.tmp"))
+    assert not (d / ".lock").exists()
+
+
+# --- the printed fixes, the offline quick start, locks (issues 18 and 19) -------------------------
+
+def _data_run_printed(msg, cwd, before=None):
+    """Runs the command after 'run: ' in msg exactly as printed, in a POSIX shell in cwd, where
+    `python prepare_data.py` names this interpreter and this script (as in the repository root)."""
+    m = re.search(r"run: (python prepare_data\.py[^;]*?)(?:; |\.?$)", msg)
+    assert m, msg
+    cwd, bindir = Path(cwd), Path(cwd) / ".bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's python
+    (bindir / "python").chmod(0o755)
+    if not (cwd / "prepare_data.py").exists():
+        (cwd / "prepare_data.py").symlink_to(prepare_data.__file__)
+    if before:
+        before()
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(m[1], shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _data_words(n, seed=0):
+    words = np.random.default_rng(seed).choice(["the", "cat", "sat", "on", "a", "mat", "dog", "ran"], n)
+    return " " + " ".join(words)
+
+
+def test_data_text8_slice_is_the_default_dataset(tmp_path, capsys):
+    """--dataset text8 --input FILE without --name writes <out>/text8, the folder train.py reads
+    by default; meta.json and one printed line say it is a slice, from which file."""
+    text = _data_words(3000)
+    (tmp_path / "head.txt").write_text(text)
+    meta = prepare_data.main(["--dataset", "text8", "--input", str(tmp_path / "head.txt"), "--out-dir",
+                              str(tmp_path / "data"), "--unigram", "0"])
+    d = tmp_path / "data" / "text8"
+    assert meta["name"] == "text8" and (d / "meta.json").exists()
+    assert meta["slice"] == {"of": "text8", "chars": len(text), "full_chars": 100_000_000}
+    assert meta["source"] == [str((tmp_path / "head.txt").resolve())]
+    out = capsys.readouterr().out
+    assert sum("slice of text8" in line for line in out.splitlines()) == 1 and "head.txt" in out
+
+
+def test_data_same_input_by_another_path_is_the_same(tmp_path, capsys, monkeypatch):
+    """Relative, absolute or through a symlink: the same file is the same input (splits kept)."""
+    (tmp_path / "in.txt").write_text("the cat sat on the mat\n" * 60)
+    (tmp_path / "link.txt").symlink_to(tmp_path / "in.txt")
+    monkeypatch.chdir(tmp_path)
+    base = ["--lang", "en", "--out-dir", "out", "--unigram", "0"]
+    assert _data_main(["--input", "in.txt", *base], capsys).returncode == 0
+    for path in (tmp_path / "in.txt", "./link.txt"):
+        r = _data_main(["--input", path, *base], capsys)
+        assert r.returncode == 0 and "splits done" in r.stdout and "input changed" not in r.stderr, r.stderr
+
+
+def _data_zip_file(path, text):
+    path.write_bytes(_data_zip(text))
+
+
+def test_data_unresolvable_host_fails_at_once_with_a_runnable_howto(tmp_path):
+    """No retries for a host that cannot be resolved (or refuses): the one error line gives the
+    offline command, which runs as printed once the file is where it says."""
+    out = tmp_path / "data"
+    r = _data_cli("--text8-url", "http://nonexistent.invalid/text8.zip", "--out-dir", out, "--unigram", "0",
+                  "--retries", "5", "--backoff", "30", timeout=60)
+    msg = _data_one_line(r, 1, "nonexistent.invalid", "cannot resolve", "--input text8.zip")
+    assert "retry" not in r.stderr and not (out / "text8").exists()
+    with socket.socket() as s:  # a port with nothing listening: refused, not retried either
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _data_cli("--text8-url", f"http://127.0.0.1:{port}/text8.zip", "--out-dir", out, "--retries", "5",
+                  "--backoff", "30", timeout=60)
+    _data_one_line(r, 1, "connection refused", "--input text8.zip")
+    text = _data_words(2000)
+    done = _data_run_printed(msg, tmp_path, before=lambda: _data_zip_file(tmp_path / "text8.zip", text))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "text8" / "meta.json").read_text())
+    assert "".join(_data_decode(out / "text8", s, meta) for s in ("train", "valid", "test")) == text
+
+
+def test_data_no_lock_left_behind(tmp_path, capsys, monkeypatch):
+    """The run that holds <out>/.lock removes it however it ends: success, error, Ctrl-C."""
+    f, out = tmp_path / "in.txt", tmp_path / "out"
+    f.write_text("the cat sat on the mat\n" * 60)
+    argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
+    assert _data_main(argv, capsys).returncode == 0
+    assert not (out / "input-en" / ".lock").exists()
+    f.write_text("the dog sat on the log\n" * 60)  # changed: rebuilt, and this time Ctrl-C strikes
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prepare_data, "build_splits", interrupted)
+    assert _data_main(argv, capsys).returncode == 130
+    assert (out / "input-en").exists() and not (out / "input-en" / ".lock").exists()
+    monkeypatch.setattr(prepare_data, "build_splits", lambda *a: prepare_data.die("a fault"))
+    assert _data_main(argv, capsys).returncode == 1
+    assert not (out / "input-en" / ".lock").exists()
+
+
+def test_data_refused_run_keeps_the_holders_lock(tmp_path, capsys):
+    import fcntl
+    d = tmp_path / "out" / "input-en"
+    (tmp_path / "in.txt").write_text("hello world\n" * 100)
+    d.mkdir(parents=True)
+    with open(d / ".lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = _data_main(["--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out"], capsys)
+        assert r.returncode == 1 and "another run" in r.stderr
+        assert (d / ".lock").exists() and os.stat(d / ".lock").st_ino == os.fstat(held.fileno()).st_ino
+
+
+def test_data_other_options_fix_runs_as_printed(tmp_path, capsys):
+    f, out = tmp_path / "in.txt", tmp_path / "out"
+    f.write_text("Café Müller opened in 1990.\n" * 40)
+    assert _data_main(["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"], capsys).returncode == 0
+    r = _data_main(["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0", "--fold-accents"], capsys)
+    msg = _data_one_line(r, 1, "other options", "--force")
+    done = _data_run_printed(msg, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "input-en" / "meta.json").read_text())["cleaning"]["fold_accents"] is True
+
+
+# --- flags and paths: checked as they are parsed ---------------------------------------------------
+
+@pytest.mark.parametrize("argv,words", [
+    (["--max-train-chars", "0"], ["--max-train-chars", "from 1 to"]),
+    (["--max-train-chars", "-5"], ["--max-train-chars", "-5", "from 1 to"]),
+    (["--max-eval-chars", "1.5"], ["--max-eval-chars", "not an integer"]),
+    (["--unigram", "-3"], ["--unigram", "from 2 to", "or 0"]),
+    (["--unigram", "1"], ["--unigram", "from 2 to"]),
+    (["--unigram-max-words", "-1"], ["--unigram-max-words", "or 0"]),
+    (["--retries", "-1"], ["--retries", "from 0 to 100"]),
+    (["--backoff", "nan"], ["--backoff", "from 0 to 3600"]),
+    (["--backoff", "inf"], ["--backoff", "from 0 to 3600"]),
+    (["--backoff", "-1"], ["--backoff"]),
+    (["--lang", "xx"], ["--lang", "'xx'", "en, fi, he, vi"]),
+    (["--lang", "de"], ["--lang", "'de'", "en, fi, he, vi"]),
+    (["--name", "a/b"], ["--name", "folder name"]),
+    (["--name", ".."], ["--name", "folder name"]),
+    (["--dataset", "text8", "--lang", "fi"], ["text8 is English"]),
+    (["--dataset", "cc100"], ["needs --lang"]),
+])
+def test_data_flags_checked_at_parse_time(tmp_path, capsys, argv, words):
+    _data_one_line(_data_main(argv + ["--out-dir", tmp_path / "o"], capsys), 2, *words)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["long-name", "too-deep-through-a-file", "deep-missing", "too-long", "folder",
+                                  "fifo", "unreadable"])
+def test_data_bad_paths_one_line(case, tmp_path, capsys):
+    f = tmp_path / "in.txt"
+    f.write_text("hello world\n" * 50)
+    deep = Path(*["d"] * 25)
+    flag, path = "--input", {
+        "long-name": tmp_path / ("x" * 300), "too-deep-through-a-file": f / deep / "in.txt",
+        "deep-missing": tmp_path / deep / "in.txt", "too-long": tmp_path / Path(*["y" * 200] * 25),
+        "folder": tmp_path, "fifo": tmp_path / "fifo", "unreadable": tmp_path / "secret.txt"}[case]
+    if case == "fifo":
+        os.mkfifo(path)
+    if case == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads files whatever their mode")
+        path.write_text("hello\n")
+        path.chmod(0)
+    r = _data_main([flag, path, "--lang", "en", "--out-dir", tmp_path / "o"], capsys)
+    line = _data_one_line(r, 2, "--input")
+    assert str(path)[:60] in line
+    # the same path under --out-dir: a folder 25 levels deep is made; the others end in one line
+    r = _data_main(["--input", f, "--lang", "en", "--out-dir", f if case == "folder" else path / "o", "--unigram", "0"],
+                   capsys)
+    if case == "deep-missing":
+        assert r.returncode == 0 and (path / "o" / "input-en" / "meta.json").exists()
+    else:
+        assert r.returncode in (1, 2) and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("error: ") and str(f if case == "folder" else path)[:60] in r.stderr
+
+
+def test_data_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        prepare_data.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for action in prepare_data._parser()._actions:
+        if action.dest != "help":
+            assert "default" in action.help and " ".join(action.help.split()) in shown, action.option_strings
+
+
+# --- Unigram label sets: added, kept, replaced, and always what meta.json says -------------------
+
+def _data_varied_words(n, seed=0):
+    """Text8-style text over a few hundred made-up words with Zipf-like frequencies."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(400)]
+    p = 1 / np.arange(1, 401)
+    return " " + " ".join(rng.choice(vocab, n, p=p / p.sum()))
+
+
+def _data_label_files(d):
+    return sorted(p.name for p in d.iterdir() if "unigram-" in p.name)
+
+
+def _data_described(meta):
+    """The label files meta.json says are there."""
+    return sorted(n for u in meta["unigram_sets"].values() for n in [u["model"], *u["labels"].values()])
+
+
+def test_data_unigram_sets_added_kept_replaced(tmp_path, capsys):
+    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f.write_text(_data_varied_words(6000))
+    base = ["--dataset", "text8", "--input", f, "--out-dir", out, "--name", "head"]
+    d = out / "head"
+
+    def run(*extra):
+        r = _data_main(base + list(extra), capsys)
+        assert r.returncode == 0, r.stderr
+        meta = json.loads((d / "meta.json").read_text())
+        assert _data_label_files(d) == _data_described(meta)  # meta.json describes exactly what is there
+        return r, meta
+    _, meta = run("--unigram", "60")
+    _, meta = run("--unigram", "80")
+    assert sorted(meta["unigram_sets"]) == ["60", "80"] and meta["unigram"]["vocab_size"] == 80
+    r, meta = run("--unigram", "0")
+    assert "keeping" in r.stdout and sorted(meta["unigram_sets"]) == ["60", "80"] and meta["unigram"]["vocab_size"] == 80
+    r, meta = run("--unigram", "80", "--unigram-max-words", "300")  # other settings: replaced, not mixed
+    assert "replacing" in r.stderr and meta["unigram"]["settings"]["max_words"] == 300
+    assert meta["unigram_sets"]["60"]["settings"]["max_words"] is None
+    (d / "valid.unigram-60.bin").unlink()  # a label set damaged by hand, and a stray file
+    (d / "x.unigram-99.bin").write_bytes(b"\x01")
+    r, meta = run("--unigram", "0")
+    assert "unigram-60: label files missing" in r.stderr and "removed x.unigram-99.bin" in r.stderr
+    assert sorted(meta["unigram_sets"]) == ["80"]
+
+
+def test_data_labels_added_by_the_printed_and_the_natural_commands(tmp_path, capsys):
+    """prepare_command(meta, unigram=V) runs as printed and adds labels to the existing splits;
+    so do the commands a user would write: --input FILE --lang en --name N --unigram V on a text8
+    dataset, and just --name N --unigram V."""
+    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f.write_text(_data_varied_words(6000))
+    meta = prepare_data.main(["--dataset", "text8", "--input", str(f), "--out-dir", str(out), "--name", "head",
+                              "--unigram", "0"])
+    d = out / "head"
+    cmd = prepare_data.prepare_command(meta, unigram=60, data_dir=d)
+    r = _data_run_printed(f"run: {cmd}", tmp_path)
+    assert r.returncode == 0 and "splits done" in r.stdout, r.stderr
+    for argv, V in ((["--input", f, "--lang", "en", "--name", "head", "--unigram", "70"], "70"),
+                    (["--name", "head", "--unigram", "50"], "50")):
+        r = _data_main(argv + ["--out-dir", out], capsys)
+        assert r.returncode == 0 and "splits done" in r.stdout, r.stderr
+        assert V in json.loads((d / "meta.json").read_text())["unigram_sets"]
+    assert sorted(json.loads((d / "meta.json").read_text())["unigram_sets"]) == ["50", "60", "70"]
+    # without meta.json: the command for the dataset's name (with FILE and LANG to fill in)
+    assert prepare_data.prepare_command(None, 10000, Path("data/text8")) == "python prepare_data.py --unigram 10000"
+    assert "--input FILE" in prepare_data.prepare_command(None, 300, Path("data/mine"))
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda m: {**m, "unigram": 300}, ["'unigram' is 300"]),
+    (lambda m: {**m, "unigram_sets": {"60": {**m["unigram_sets"]["60"], "vocab_size": "60"}}}, ["'unigram_sets'['60']"]),
+    (lambda m: {**m, "unigram_sets": [60]}, ["'unigram_sets' is [60]"]),
+    (lambda m: {**m, "unigram_sets": {"60": {**m["unigram_sets"]["60"], "model": 7}}}, ["['model'] is 7"]),
+    (lambda m: [m], ["holds a list"]),
+])
+def test_data_hand_edited_meta_is_one_line(tmp_path, capsys, edit, words):
+    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f.write_text(_data_varied_words(4000))
+    argv = ["--dataset", "text8", "--input", f, "--out-dir", out, "--unigram", "60"]
+    assert _data_main(argv, capsys).returncode == 0
+    path = out / "text8" / "meta.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    _data_one_line(_data_main(argv[:-1] + ["0"], capsys), 1, str(path), *words)
+
+
+def test_data_older_meta_single_unigram_entry_is_kept(tmp_path, capsys):
+    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f.write_text(_data_varied_words(4000))
+    argv = ["--dataset", "text8", "--input", f, "--out-dir", out]
+    assert _data_main(argv + ["--unigram", "60"], capsys).returncode == 0
+    path = out / "text8" / "meta.json"
+    old = json.loads(path.read_text())
+    old["unigram"] = {k: old["unigram"][k] for k in ("vocab_size", "model", "shortening_factor")}
+    del old["unigram_sets"]
+    path.write_text(json.dumps(old))
+    assert _data_main(argv + ["--unigram", "0"], capsys).returncode == 0
+    meta = json.loads(path.read_text())
+    assert list(meta["unigram_sets"]) == ["60"] and meta["unigram"]["settings"] is None
+
+
+# --- the labels from SentencePiece's pieces, and their left-context ceiling ----------------------
+
+class _FakeSP:
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def encode(self, words, out_type=str):
+        return [self.pieces[w] for w in words]
+
+
+def test_data_word_labels_from_dummy_prefix_pieces():
+    sp = _FakeSP({"abc": ["\u2581", "ab", "c"], "abcd": ["\u2581ab", "cd"], "x": ["\u2581x"],
+                  "xyz": ["\u2581", "x", "y", "z"], "old": ["o", "ld"]})
+    got = prepare_data.word_labels(sp, ["abc", "abcd", "x", "xyz", "old"])
+    assert got == {"abc": b"\x00\x01\x00", "abcd": b"\x00\x01\x00\x00", "x": b"\x00", "xyz": b"\x01\x01\x00",
+                   "old": b"\x01\x00\x00"}
+
+
+def test_data_left_context_ceiling_by_hand():
+    # train: prefix "a" is followed by a piece end 3 times in 4 (ab|...), "ab" never
+    labels = {"abx": b"\x01\x00\x00", "acx": b"\x00\x00\x00", "ab": b"\x01\x00", "ad": b"\x00\x00", "q": b"\x00"}
+    c = prepare_data.left_context_ceiling({"abx": 3, "acx": 1}, {"ab": 2, "ad": 1, "q": 5}, labels)
+    # valid: "a" -> 1 for all 3 words (2 right); "ab", "ad", "q" -> 0 (unseen or P = 0)
+    assert c == {"ends": 2, "predicted": 3, "hits": 2, "in_word_recall": 1.0}
+    c = prepare_data.left_context_ceiling({"abx": 1, "acx": 1}, {"ab": 2}, labels)  # P = 0.5: not > 0.5
+    assert c["predicted"] == 0 and c["in_word_recall"] == 0.0
+
+
+@_DATA_SETTINGS
+@given(st.lists(st.tuples(st.text("ab", min_size=1, max_size=4), st.integers(1, 3)), min_size=1, max_size=12),
+       st.lists(st.text("ab", min_size=1, max_size=4), min_size=1, max_size=8), st.randoms())
+def test_data_left_context_ceiling_is_the_bayes_decision(train, valid, rnd):
+    """Against a direct count over every train position with the same prefix."""
+    words = {w for w, _ in train} | set(valid)
+    labels = {w: bytes(rnd.randint(0, 1) for _ in w) for w in sorted(words)}
+    train_counts = {}
+    for w, n in train:
+        train_counts[w] = train_counts.get(w, 0) + n
+    valid_counts = {w: valid.count(w) for w in set(valid)}
+    positions = [(w[:k + 1], labels[w][k]) for w, n in train_counts.items() for _ in range(n) for k in range(len(w))]
+    want = dict(ends=0, predicted=0, hits=0)
+    for w, n in valid_counts.items():
+        for k in range(len(w)):
+            seen = [b for p, b in positions if p == w[:k + 1]]
+            decide = bool(seen) and sum(seen) / len(seen) > 0.5
+            want["ends"] += n * labels[w][k]
+            want["predicted"] += n * decide
+            want["hits"] += n * (decide and labels[w][k])
+    got = prepare_data.left_context_ceiling(train_counts, valid_counts, labels)
+    assert {k: got[k] for k in want} == want
+
+
+def test_data_unigram_too_small_fix_runs_as_printed(tmp_path, capsys):
+    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f.write_text(_data_varied_words(3000))
+    msg = _data_fail(["--dataset", "text8", "--input", f, "--out-dir", out, "--unigram", "5"], capsys)
+    assert "--unigram 5 is too small" in msg
+    done = _data_run_printed(msg, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "text8" / "meta.json").read_text())["unigram"]["vocab_size"] > 5
