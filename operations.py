@@ -569,32 +569,102 @@ def prepare_command(d):
     return f'python prepare_data.py --input FILE --lang LANG --name {d.name}{out_dir}'
 
 
+def _clip(v, n=60):
+    """A JSON value in a message, cut to n characters."""
+    text = json.dumps(v, ensure_ascii=False) if not isinstance(v, float) or math.isfinite(v) else str(v)
+    return text if len(text) <= n else text[:n - 3] + '...'
+
+
+def _is_file_name(v):
+    """A plain file name inside the dataset directory (no folder, no way out of it)."""
+    return isinstance(v, str) and v not in ('', '.', '..') and '/' not in v and '\\' not in v \
+        and '\0' not in v
+
+
+def label_set_problem(u, where):
+    """What is wrong with one Unigram label set of meta.json (vocab_size, label file names, model,
+    shortening factors, settings), in words; None if nothing."""
+    if not isinstance(u, dict) or type(u.get('vocab_size')) is not int or u['vocab_size'] < 1:
+        return f'{where} is {_clip(u)}, expected a label set: an object with an integer vocab_size'
+    labels, sf = u.get('labels', {}), u.get('shortening_factor', {})
+    if not isinstance(labels, dict) or not all(isinstance(s, str) and _is_file_name(f)
+                                               for s, f in labels.items()):
+        return f'{where}["labels"] is {_clip(labels)}, expected {{split: file name in the dataset}}'
+    if u.get('model') is not None and not _is_file_name(u['model']):
+        return f'{where}["model"] is {_clip(u["model"])}, expected a file name or null'
+    if not isinstance(sf, dict) or not all(v is None or _is_number(v) for v in sf.values()):
+        return f'{where}["shortening_factor"] is {_clip(sf)}, expected {{split: number or null}}'
+    if not isinstance(u.get('settings', {}), (dict, type(None))):
+        return f'{where}["settings"] is {_clip(u["settings"])}, expected an object or null'
+    return None
+
+
+def unigram_problem(meta):
+    """What is wrong with meta.json's Unigram label sets: "unigram" (the default set, or null) and
+    "unigram_sets" ({"<V>": set}, absent in datasets with one set); None if nothing."""
+    default, sets = meta.get('unigram'), meta.get('unigram_sets')
+    if default is not None:
+        why = label_set_problem(default, '"unigram"')
+        if why:
+            return why
+    if sets is None:
+        return None
+    if not isinstance(sets, dict):
+        return f'"unigram_sets" is {_clip(sets)}, expected {{"<V>": label set}}'
+    for k, u in sets.items():
+        why = label_set_problem(u, f'"unigram_sets"[{json.dumps(k)}]')
+        if why or str(u['vocab_size']) != k:
+            return why or f'"unigram_sets"[{json.dumps(k)}] has vocab_size {u["vocab_size"]}, not {k}'
+    if default is not None and str(default['vocab_size']) not in sets:
+        return f'"unigram" names vocab_size {default["vocab_size"]}, which "unigram_sets" lacks'
+    return None
+
+
+def meta_problem(meta):
+    """What is wrong with a meta.json dict, field by field, in words; None if nothing."""
+    if not isinstance(meta, dict):
+        return f'holds {_clip(meta)}, not an object'
+    missing = [k for k in ('alphabet', 'vocab_size', 'dtype') if k not in meta]
+    if missing:
+        return f'lacks {", ".join(missing)}'
+    dtype, V = meta['dtype'], meta['vocab_size']
+    if not isinstance(dtype, str) or dtype not in ('uint8', 'uint16'):
+        return f'gives dtype {_clip(dtype)}; token ids are uint8 or uint16'
+    if type(V) is not int or not 1 <= V <= np.iinfo(dtype).max + 1:
+        return f'gives vocab_size {_clip(V)}, not a count of characters that fits {dtype}'
+    why = alphabet_problem(meta['alphabet'], meta.get('space_id'), V)
+    if why:
+        return why
+    nl = meta.get('newline_id')
+    if nl is not None and (type(nl) is not int or not 0 <= nl < V or meta['alphabet'][nl] != '\n'):
+        return f'newline_id {_clip(nl)} is not the id of the newline character in the alphabet'
+    sizes = meta.get('sizes', {})
+    if not isinstance(sizes, dict) or not all(type(n) is int and n >= 0 for n in sizes.values()):
+        return f'sizes is {_clip(sizes)}, expected {{split: number of characters}}'
+    mwl = meta.get('mean_word_length')
+    if mwl is not None and not (_is_number(mwl) and mwl > 0):
+        return f'mean_word_length is {_clip(mwl)}, expected a positive number or null'
+    defaults = meta.get('defaults', {})
+    if not isinstance(defaults, dict) or not all(_is_number(v) for v in defaults.values()) or \
+            not 0 < defaults.get('prior', 0.5) < 1 or type(defaults.get('unigram', 0)) is not int:
+        return (f'defaults is {_clip(defaults)}, expected numbers per flag (an integer "unigram", '
+                f'a "prior" in (0, 1))')
+    return unigram_problem(meta)
+
+
 def read_meta(d):
-    """meta.json of dataset directory d, checked: alphabet, vocab_size, dtype, space_id, sizes."""
+    """meta.json of dataset directory d, every field checked (meta_problem): one line otherwise."""
     path, remake = d / 'meta.json', f'remake it with: {prepare_command(d)}'
     if not path.is_file():
         raise UserError(f'no dataset at {d} (make it with: {prepare_command(d)})')
     try:
         meta = json.loads(path.read_text(encoding='utf-8'))
-    except (ValueError, OSError) as e:
-        raise UserError(f'{path} is unreadable ({e}); {remake}') from None
-    if not isinstance(meta, dict) or {'alphabet', 'vocab_size', 'dtype'} - meta.keys():
-        raise UserError(f'{path} lacks alphabet, vocab_size or dtype; {remake}')
-    V, alphabet, space = meta['vocab_size'], meta['alphabet'], meta.get('space_id')
-    if meta['dtype'] not in ('uint8', 'uint16'):
-        raise UserError(f'{path} gives dtype {meta["dtype"]!r}; token ids are uint8 or uint16; '
-                        f'{remake}')
-    if type(V) is not int or not 1 <= V <= np.iinfo(meta['dtype']).max + 1:
-        raise UserError(f'{path} gives vocab_size {V!r}, not a count of characters that fits '
-                        f'{meta["dtype"]}; {remake}')
-    if (not isinstance(alphabet, list) or len(alphabet) != V
-            or not all(isinstance(c, str) for c in alphabet)):
-        raise UserError(f'{path}: the alphabet must be a list of {V} characters (vocab_size); '
-                        f'{remake}')
-    if space is not None and (type(space) is not int or not 0 <= space < V):
-        raise UserError(f'{path} gives space_id {space!r}, not a token id below {V}; {remake}')
-    if not isinstance(meta.get('sizes', {}), dict):
-        raise UserError(f'{path}: sizes must map split names to lengths; {remake}')
+    except (ValueError, OSError, RecursionError) as e:
+        why = getattr(e, 'strerror', None) or str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f'{path} is unreadable ({why}); {remake}') from None
+    why = meta_problem(meta)
+    if why:
+        raise UserError(f'{path}: {why}; {remake}')
     return meta
 
 
@@ -618,8 +688,23 @@ def open_ids(path, dtype, n_expected, limit, what, remake):
     return ids
 
 
-def load_data(data_dir, boundary):
-    """(meta, {split: token ids}, {split: Unigram labels} or None), all checked once at load."""
+def label_files(d, meta, splits, vocab_size=None):
+    """{split: path} of the Unigram label set of vocab_size (None: meta.json's default "unigram"),
+    named as the set's "labels" gives them; None if the dataset has no such set."""
+    sets = meta.get('unigram_sets') or {}
+    u = meta.get('unigram') if vocab_size is None else sets.get(str(vocab_size))
+    if u is None and vocab_size is not None and (meta.get('unigram') or {}).get('vocab_size') == \
+            vocab_size:
+        u = meta['unigram']  # a dataset from before "unigram_sets": its one set
+    if u is None:
+        return None
+    names = u.get('labels') or {}
+    return {s: d / names.get(s, f'{s}.unigram-{u["vocab_size"]}.bin') for s in splits}
+
+
+def load_data(data_dir, boundary, unigram=None):
+    """(meta, {split: token ids}, {split: Unigram labels} or None), all checked once at load;
+    unigram: the vocab_size of the label set to train on (None: meta.json's default set)."""
     d = Path(data_dir)
     meta = read_meta(d)
     remake, sizes = f'remake the dataset with: {prepare_command(d)}', meta.get('sizes', {})
@@ -634,11 +719,13 @@ def load_data(data_dir, boundary):
     labels = None
     if boundary == 'unigram':
         # Labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's characters.
-        v = (meta.get('unigram') or {}).get('vocab_size')
-        files = {s: d / f'{s}.unigram-{v}.bin' for s in splits}
-        if v is None or not all(f.is_file() for f in files.values()):
-            raise UserError(f'--boundary unigram needs Unigram labels in {d} '
-                            f'(make them with: {prepare_command(d)} --unigram 10000)')
+        files = label_files(d, meta, splits, unigram)
+        if files is None:
+            have = sorted(int(v) for v in meta.get('unigram_sets') or {})
+            size = unigram or (have[-1] if have else 10000)
+            has = f'; it has unigram-{", unigram-".join(map(str, have))}' if have else ''
+            raise UserError(f'--boundary unigram needs Unigram labels in {d}{has} (make them '
+                            f'with: {prepare_command(d)} --unigram {size})')
         labels = {s: open_ids(f, 'uint8', len(splits[s]), 2, 'Unigram labels', remake)
                   for s, f in files.items()}
     return meta, splits, labels
