@@ -170,17 +170,6 @@ def full_forward(model, x):
 
 
 # ---------------------------------------------------------------------------------------------
-# Old names, still imported by test_sample.py (to be removed once it uses the names above)
-# ---------------------------------------------------------------------------------------------
-_SAMPLE_ROOT = ROOT
-_SAMPLE_MODES = MODES
-_SAMPLE_ALPHABET = ALPHABET
-_SAMPLE_SETTINGS = HYPOTHESIS_FIXTURES
-_sample_tiny_model = tiny_model
-_sample_full_forward = full_forward
-
-
-# ---------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
 def checkpoint_state(mode="fixed", vocab=27, step=3):
