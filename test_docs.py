@@ -211,7 +211,11 @@ class Sandboxes:
             self.state[block.path] = (*make_sandbox(base), {})
         repo, env, outcome = self.state[block.path]
         blocks = [b for b in parse(block.path)[0] if b.runnable]
-        for b in blocks[:[x.line for x in blocks].index(block.line) + 1]:
+        lines = [b.line for b in blocks]
+        if block.line not in lines or blocks[lines.index(block.line)].code != block.code:
+            pytest.fail(f"{block.name} changed since the tests were collected: run them again",
+                        pytrace=False)
+        for b in blocks[:lines.index(block.line) + 1]:
             if b.line not in outcome:
                 why = skip_reason(b, self.slow, self.cuda, self.shared, self.plots)
                 if why is not None:
