@@ -1,21 +1,31 @@
-"""Tests of bench.py: its flags and errors, the predictor configurations, the FLOP formula, the
-child process's measurement, the profile, and (with CUDA) the GPU timing path.
+"""Tests of bench.py: its flags, paths and errors, the predictor configurations, the FLOP formula,
+the child process's measurement (peak memory after the warm-up, TF32 on a GPU), the profile and its
+trace, a fuzz test of the command line's contract, and (with CUDA) the GPU timing path.
 
 Run:   python -m pytest -q test_bench.py
 """
 
+import contextlib
+import errno
+import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 import bench
-from conftest import ROOT
+from conftest import HYPOTHESIS_FIXTURES, ROOT
 
 TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
@@ -37,6 +47,11 @@ def _cli(args, cwd):
     (['--dropatt', '-0.1'], '--dropatt'), (['--peak-n', '0'], '--peak-n'), (['--threads', '0'], '--threads'),
     (['--attn-chunk', '0'], '--attn-chunk'), (['--n-head', '0'], '--n-head'), (['--steps', '0'], '--steps'),
     (['--warmup', '-1'], '--warmup'), (['--threads', '100000'], '--threads'), (['--seed', '-1'], '--seed'), (['--new', '0'], '--new'), (['--configs', 'ws0.5'], 'ws0.5'),
+    (['--dropout', 'nan'], '--dropout'), (['--dropatt', 'inf'], '--dropatt'), (['--timeout', 'nan'], '--timeout'),
+    (['--timeout', 'inf'], '--timeout'), (['--timeout', '0'], '--timeout'), (['--timeout', '-3'], '--timeout'),
+    (['--configs', 'wsnan'], 'wsnan'), (['--configs', 'wsinf'], 'wsinf'), (['--layers', '1,-1,1'], 'layers'),
+    (['--layers', 'a,b,c'], '--layers'), (['--peak-n', 'nan'], '--peak-n'), (['--gen-batch', '-1'], '--gen-batch'),
+    (['--context', '1e3'], '--context'), (['--device', 'meta'], '--device'),
     (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'fixed65'], '--seq-len 64'), (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
     (['--layers', '2,8'], 'layers'), (['--device', 'nonsense'], '--device'), (['--trace', 't.json'], '--profile'),
     (['--plot', '/no/such/folder/p.png'], '/no/such/folder')])
@@ -74,9 +89,17 @@ def test_attention_suffix_sets_the_attention_path():
 # ---------------------------------------------------------------------------------------------
 # Faults at run time: one line, exit 1 or 130, nothing written
 # ---------------------------------------------------------------------------------------------
+def _no_plotting(monkeypatch):
+    """--plot without matplotlib (the optional extra): its import stood in for, and drawing it a
+    file, so that a test sees whether a plot would have been written."""
+    monkeypatch.setattr(bench, 'import_pyplot', lambda: object())
+    monkeypatch.setattr(bench, 'plot', lambda args, *rest: Path(args.plot).write_text('a plot'))
+
+
 def test_failing_configuration_is_one_line(tmp_path, capsys, monkeypatch):
     """A real child that cannot allocate its batch: the parent names the configuration, in one line,
     exit 1, and writes no plot."""
+    _no_plotting(monkeypatch)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         bench.main(TINY + ['--batch', str(10 ** 10), '--configs', 'vanilla', '--rounds', '1', '--steps', '1',
@@ -84,7 +107,7 @@ def test_failing_configuration_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert e.value.code == 1
     assert err.count('\n') == 1 and err.startswith('error: configuration vanilla failed: '), err
-    assert 'memory' in err and 'Traceback' not in err
+    assert 'memory' in err and 'Traceback' not in err and '--batch' in err
     assert os.listdir(tmp_path) == []
 
 
@@ -109,19 +132,91 @@ def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
 
 
 def test_ctrl_c_exits_130_with_nothing_written(tmp_path, capsys, monkeypatch):
-    """bench.py's command line (cli) on Ctrl-C while a configuration runs: one line, exit 130, no plot."""
+    """bench.py's command line on Ctrl-C while a configuration runs: one line, exit 130, no plot."""
     def ctrl_c(*args):
         raise KeyboardInterrupt
+    _no_plotting(monkeypatch)
     monkeypatch.setattr(bench, 'spawn', ctrl_c)
-    monkeypatch.setattr(sys, 'argv', ['bench.py'] + TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'])
     monkeypatch.chdir(tmp_path)
     try:
         with pytest.raises(SystemExit) as e:
-            bench.cli()
+            bench.main(TINY + ['--configs', 'vanilla', '--peak-n', '64', '--plot', 'p.png'])
     except KeyboardInterrupt:
-        pytest.fail('Ctrl-C escaped bench.cli')
+        pytest.fail('Ctrl-C escaped bench.main')
     err = capsys.readouterr().err
     assert e.value.code == 130 and err == 'error: interrupted (Ctrl-C); no file written\n'
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_of_memory_names_the_flags_of_what_ran(capsys):
+    """Generation that cannot allocate its sequences names --gen-batch (not the training step's
+    --batch); the training table names --batch, --seq-len and --peak-n."""
+    for extra, flags in ((['--generate', '--gen-batch', str(10 ** 8)], '--gen-batch, --context or --new'),
+                         (['--configs', 'vanilla', '--peak-n', str(10 ** 7)], '--batch, --seq-len or --peak-n')):
+        with pytest.raises(SystemExit) as e:
+            bench.main(TINY + extra)
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.count('\n') == 1 and err.startswith('error: out of memory: '), err
+        assert err.rstrip('\n').endswith(f'try a smaller {flags}'), err
+
+
+@contextlib.contextmanager
+def _no_hang(seconds=60):
+    """Fail instead of hanging (a FIFO opened for writing waits for a reader forever)."""
+    def hung(*_):
+        raise TimeoutError(f'hung for {seconds} s')
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _odd_paths(root):
+    """{name: path} of output paths a user can get wrong."""
+    (root / 'a-file').write_text('x')
+    (root / 'a-dir').mkdir()
+    os.mkfifo(root / 'a-fifo')
+    return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / 'p.png',
+            'through-a-file': root / 'a-file' / 'p.png', 'fifo': root / 'a-fifo', 'dir': root / 'a-dir'}
+
+
+@pytest.mark.parametrize('flag', ['--plot', '--trace'])
+@pytest.mark.parametrize('case, words', [('too-long', '300 bytes'), ('too-deep', 'does not exist'),
+                                         ('through-a-file', 'not a directory'), ('fifo', 'FIFO'),
+                                         ('dir', 'a directory')])
+def test_odd_output_paths_are_refused_at_parse_time(tmp_path, capsys, flag, case, words):
+    path = _odd_paths(tmp_path)[case]
+    before = sorted(os.listdir(tmp_path))
+    with _no_hang(), pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--profile', 'vanilla', flag, str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1 and err.startswith(f'error: argument {flag}: ') and words in err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize('how', ['raises', 'silent', 'runtime'])
+def test_trace_on_a_full_disk_names_the_reason_and_leaves_nothing(tmp_path, capsys, monkeypatch, how):
+    """The disk fills while the trace is written: the write fails with ENOSPC (raises), or, as the
+    profiler's own writer does, stops without a word (silent), or the writer fails in C++ (runtime):
+    one line naming the reason, exit 1, no trace and no temporary file."""
+    def full_disk(self, path, *args, **kwargs):
+        with open(path, 'w') as f:
+            f.write('{"traceEvents": [{"name": "aten::mm", ')
+        if how == 'raises':
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if how == 'runtime':
+            raise RuntimeError('Trace is already saved.')
+    monkeypatch.setattr(torch.profiler.profile, 'export_chrome_trace', full_disk)
+    real_statvfs = os.statvfs
+    monkeypatch.setattr(os, 'statvfs', lambda p: SimpleNamespace(f_bavail=0, f_frsize=real_statvfs(p).f_frsize))
+    with pytest.raises(SystemExit) as e:
+        bench.main(TINY + ['--profile', 'vanilla', '--warmup', '1', '--trace', str(tmp_path / 't.json')])
+    err = capsys.readouterr().err
+    reason = 'Trace is already saved.' if how == 'runtime' else 'No space left on device'
+    assert e.value.code == 1 and err == f'error: cannot write --trace {tmp_path / "t.json"}: {reason}\n', err
     assert os.listdir(tmp_path) == []
 
 
@@ -181,6 +276,60 @@ def test_child_measures_steps_memory_and_sf(capsys):
     assert rec['peak'] > 0 and rec['sf'] == pytest.approx(64 / 16)
 
 
+@pytest.mark.parametrize('device', ['cuda', 'cpu'])
+def test_peak_memory_counts_from_after_the_warm_up(monkeypatch, capsys, device):
+    """The peak is reset after the warm-up steps (compilation and autotuning stay out of the rows),
+    and step mem counts from before them (the gradients and Adam moments they make stay in). On CUDA
+    with torch.cuda's memory functions stood in for, on CPU with the resident-set reset."""
+    calls = []
+    args = bench.parse_args(TINY + ['--one', 'vanilla', '--steps', '2', '--warmup', '2'])
+    args.device = device   # after parsing: no GPU is needed, every CUDA call below is stood in for
+    out = SimpleNamespace(shortening_factor=None)
+    monkeypatch.setattr(bench, 'prepared', lambda a, n: (torch.nn.Linear(2, 2), lambda: calls.append('step'), [out]))
+    monkeypatch.setattr(bench, 'time_calls', lambda fn, n, dev: [fn() or 0.1 for _ in range(n)])
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda *a: None)
+    monkeypatch.setattr(torch.cuda, 'memory_allocated', lambda *a: calls.append('base') or 100)
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda *a: calls.append('reset'))
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda *a: calls.append('peak') or 300)
+    monkeypatch.setattr(bench, 'rss_now', lambda: calls.append('base') or 100)
+    monkeypatch.setattr(bench, 'reset_peak_rss', lambda: calls.append('reset') or True)
+    monkeypatch.setattr(bench, 'peak_rss', lambda since_reset=False: calls.append(f'peak {since_reset}') or 300)
+    bench.run_one(args, 'vanilla')
+    peak = 'peak' if device == 'cuda' else 'peak True'
+    assert calls == ['base', 'step', 'step', 'reset', 'step', 'step', peak]
+    rec = json.loads(capsys.readouterr().out)
+    assert rec['peak'] == 300 and rec['step_mem'] == 200
+
+
+def test_peak_resident_set_resets_on_linux():
+    """The CPU reset itself: after it, the peak is the resident set of now, below an earlier peak."""
+    if not bench.reset_peak_rss():
+        pytest.skip('this system cannot reset the peak resident set')
+    block = torch.ones(64 * 2 ** 20 // 4)          # 64 MiB resident, then freed
+    high = bench.peak_rss(since_reset=True)
+    del block
+    assert bench.reset_peak_rss()
+    assert bench.peak_rss(since_reset=True) < high - 32 * 2 ** 20
+
+
+def test_cuda_runs_with_tf32_matmuls_as_train_py(monkeypatch):
+    """On a GPU every process of bench.py (the children too) sets TF32 matmuls before it measures,
+    as train.py trains; torch.cuda stood in for, so that no GPU is needed."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    seen = {}
+    monkeypatch.setattr(bench, 'run_one', lambda args, name: seen.update(
+        device=args.device, matmul=torch.backends.cuda.matmul.allow_tf32, cudnn=torch.backends.cudnn.allow_tf32))
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:   # (monkeypatch cannot restore these: torch's flag objects have no such attributes of their own)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        bench.main(TINY + ['--device', 'cuda', '--one', 'vanilla'])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+    assert seen == dict(device='cuda', matmul=True, cudnn=True)
+    assert 'fp32 (TF32 matmuls)' == bench.precision(bench.parse_args(TINY + ['--device', 'cuda', '--amp', 'off']))
+
+
 def test_profile_prints_ops_and_writes_the_trace(tmp_path, capsys):
     trace = tmp_path / 't.json'
     args = bench.parse_args(TINY + ['--profile', 'gumbel4', '--trace', str(trace), '--warmup', '1'])
@@ -191,6 +340,7 @@ def test_profile_prints_ops_and_writes_the_trace(tmp_path, capsys):
     assert json.loads(trace.read_text()) and os.listdir(tmp_path) == ['t.json']
 
 
+@pytest.mark.plots
 def test_table_reads_the_runs(capsys, tmp_path):
     """From children's records to the printed table: speed-up and memory ratio against vanilla,
     chars/s from the median step, the plot written whole."""
@@ -258,3 +408,90 @@ def test_generation_bench_runs_cached_and_full(capsys):
         rates = re.findall(rf'{re.escape(name)} +(?:cached decode|model.generate|full recomputation)\D+([\d.]+) ', out)
         assert len(rates) == 3 and all(float(r) > 0 for r in rates), out
     assert 'all layers' in out and 'pre stack' in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzz: random flags keep the command line's contract
+# ---------------------------------------------------------------------------------------------
+# flag: (values that run, values that must be refused); an example takes a refused one in six times.
+# Sizes are tiny or far beyond any memory (refused by the allocator at once): never in between, where
+# an allocation could succeed and then take the machine's memory. No +compile: minutes per example.
+_FLAG_VALUES = {
+    '--configs': (['vanilla', 'ws2', 'fixed2', 'gumbel2', 'hnet2', 'unigram2', 'entropy2', 'vanilla,ws2'],
+                  ['', ',', 'ws0.5', 'wsnan', 'wsinf', 'ws1e400', 'fixed2.5', 'vanila', 'ws2+fast', 'ws2,ws2']),
+    '--d-model': (['16'], ['0', '-4', '15', 'nan', str(10 ** 12)]),
+    '--n-head': (['2'], ['0', 'x']),
+    '--seq-len': (['16', '24'], ['0', '-5', str(10 ** 12)]),
+    '--batch': (['1', '2'], ['0', str(10 ** 12)]),
+    '--layers': (['1,1,1', '1,2,1'], ['2,8', '1,-1,1', 'a,b,c', '0,0,0', '1,1,1,1', '']),
+    '--dropout': (['0', '0.1'], ['1', '-0.1', 'nan', 'inf']),
+    '--attn-chunk': (['8'], ['0', '-1']),
+    '--attention': (['sdpa', 'blocked', 'auto'], ['fast']),
+    '--warmup': (['0', '1'], ['-1', 'x']),
+    '--device': (['cpu'], ['cuda:7', 'nonsense', 'meta']),
+    '--amp': (['auto', 'off'], ['fp8']),
+    '--clock': (['wall', 'cpu'], ['gpu']),
+    '--adam': (['fused', 'foreach', 'loop'], ['sgd']),
+    '--peak-n': (['8', '16'], ['0', str(10 ** 7)]),
+    '--timeout': (['30', '1e9'], ['nan', 'inf', '-1', '0']),
+    '--seed': (['0', '1'], ['-1', 'nan']),
+    '--context': (['8'], ['0', str(10 ** 12)]),
+    '--gen-batch': (['1', '2'], ['0', str(10 ** 12)]),
+}
+_MODES = {'table': [], 'no pieces': ['--no-pieces'], 'profile': ['--profile'], 'generate': ['--generate']}
+
+
+def _in_process_spawn(args, name):
+    """bench.spawn without a process: the child's own command line, parsed and run here."""
+    child = bench.parse_args(bench.child_cmd(args, name)[2:])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench.run_one(child, name)
+    return json.loads(out.getvalue().splitlines()[-1]), None
+
+
+@settings(max_examples=15, **HYPOTHESIS_FIXTURES)
+@given(data=st.data())
+def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
+    """Random flags and values (non-finite, huge, negative, odd strings and paths) in every mode: the
+    table, --profile (with --trace), --generate. bench.main ends with exit 0, 1, 2 or 130, never an
+    uncaught exception; a failure is one `error:` line; no temporary file is left, and a trace or plot
+    that exists is whole. The children run in this process (bench.spawn stood in for: a process each
+    would take seconds) and the plot is stood in for (matplotlib is optional)."""
+    with tempfile.TemporaryDirectory() as tmp, _no_hang(120), monkeypatch.context() as m:
+        root = Path(tmp)
+        odd = _odd_paths(root)
+        m.setattr(bench, 'spawn', _in_process_spawn)
+        m.setattr(bench, 'clock', bench.clock)          # --clock cpu changes it for the process
+        _no_plotting(m)
+        mode = data.draw(st.sampled_from(sorted(_MODES)), label='mode')
+        argv = TINY + ['--configs', 'vanilla', '--peak-n', '8', '--rounds', '1', '--steps', '1', '--warmup', '0',
+                       '--context', '8', '--new', '2', '--recompute-steps', '1'] + _MODES[mode]
+        if mode == 'profile':
+            argv.append(data.draw(st.sampled_from(['vanilla', 'ws2', 'gumbel2', 'nope', 'ws0.5']), label='config'))
+        for flag in data.draw(st.lists(st.sampled_from(sorted(_FLAG_VALUES)), unique=True, max_size=3)):
+            good, bad = _FLAG_VALUES[flag]
+            refused = data.draw(st.integers(0, 5), label=f'{flag} refused') == 0
+            argv += [flag, data.draw(st.sampled_from(bad if refused else good), label=flag)]
+        for flag, name, fits in (('--trace', 't.json', mode == 'profile'), ('--plot', 'p.png', 'table' in mode
+                                                                                  or mode == 'no pieces')):
+            if data.draw(st.integers(0, 3), label=f'use {flag}') < (2 if fits else 1):
+                refused = data.draw(st.integers(0, 3), label=f'{flag} refused') == 0
+                pick = data.draw(st.sampled_from(sorted(odd) if refused else [name]), label=flag)
+                argv += [flag, str(odd.get(pick, root / pick))]
+        try:
+            bench.main(argv)
+            rc = 0
+        except SystemExit as e:
+            rc = e.code
+        out, err = capsys.readouterr()
+        event(f'{mode}: exit {rc}')   # --hypothesis-show-statistics: how many examples got how far
+        assert rc in (0, 1, 2, 130), (argv, rc, err)
+        lines = err.splitlines()
+        assert 'Traceback' not in err and (rc == 0) == (not any(ln.startswith('error') for ln in lines)), (argv, err)
+        if rc:
+            assert lines[-1].startswith('error: ') and sum(ln.startswith('error') for ln in lines) == 1, (argv, err)
+        left = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if '.tmp' in f]
+        assert not left, (argv, left)
+        if os.path.isfile(root / 't.json'):
+            assert rc == 0 and json.loads((root / 't.json').read_text()), argv
