@@ -21,11 +21,20 @@ split (train.py's --eval-subset-chars), the final full-split validation is left 
 
 Reads the log schema of conventions (records with "kind") and the older one (no "kind": records
 with "split" are evaluations, others with "loss" training steps; no FLOPs or time: shown as '-').
+A log's last line cut short (a run killed while writing it, or writing it now) is left out with a
+note on stderr; any other line that is not a JSON object, or a field report.py reads that holds what
+train.py never writes (a step that is no count, a BPC that is no number), is refused, naming the log,
+the line and the field. A NaN or inf (a diverged run) is shown as '-'.
+
+Errors: one line `error: ...` on stderr; exit 2 for a bad flag (the --plot path and the budgets are
+checked before any log is read), 1 for a run that cannot be read (a path too long, a log.jsonl that
+is a directory or a FIFO, a damaged log) or a plot that cannot be drawn, 130 on Ctrl-C.
 """
 import argparse
 import json
 import math
 import os
+import stat
 import statistics
 import sys
 from pathlib import Path
@@ -61,21 +70,87 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f'error: {message} (see python report.py --help)\n')
 
 
+# ----------------------------------------------------------------------------- paths
+def shown(path):
+    """A path as an error line shows it: one readable line, however long."""
+    text = str(path)
+    text = text if len(text) <= 100 else f'{text[:40]}...{text[-40:]}'
+    return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def stat_of(path):
+    """os.stat(path), None where nothing is there; ReportError naming the path where it cannot be
+    looked at (a name too long, a file on the way, no permission)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise ReportError(f'{shown(path)}: a part of the path on the way is a file, not a '
+                          f'directory') from None
+    except (OSError, ValueError) as e:   # ValueError: a NUL character in the path
+        raise ReportError(f'{shown(path)}: {getattr(e, "strerror", None) or e}') from None
+
+
+def kind_of_file(st):
+    """What a stat result describes, in words."""
+    for test, what in ((stat.S_ISDIR, 'a directory'), (stat.S_ISREG, 'a file'),
+                       (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
+                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device')):
+        if test(st.st_mode):
+            return what
+    return 'not a regular file'
+
+
+def plot_path(s):
+    """Argument type of --plot: a file that can be written (a new one in an existing folder, or a
+    regular file), checked before any log is read."""
+    try:
+        p = Path(s)
+        if not s:
+            raise ReportError('an empty name is no file')
+        st = stat_of(p)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise ReportError(f'{shown(p)} is {kind_of_file(st)}, not a file to write')
+        parent = stat_of(p.parent)
+        if parent is None or not stat.S_ISDIR(parent.st_mode):
+            raise ReportError(f'{shown(p)}: folder {shown(p.parent)} does not exist')
+        if len(os.fsencode(p.name)) > 200:   # its temporary name (a prefix, a suffix) must fit too
+            raise ReportError(f'{shown(p)}: the file name is longer than 200 bytes')
+    except ReportError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return p
+
+
 # ----------------------------------------------------------------------------- reading runs
+def log_of(run):
+    """run/log.jsonl where it is a regular file, None where there is none; ReportError where it is
+    something else (a directory, a FIFO that would block the read)."""
+    st = stat_of(run / 'log.jsonl')
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ReportError(f'{shown(run / "log.jsonl")} is {kind_of_file(st)}, not a log file')
+    return None if st is None else run / 'log.jsonl'
+
+
 def find_runs(paths):
     """Run directories: each path that holds log.jsonl, else every folder below it that does."""
     runs = []
     for p in map(Path, paths):
-        if p.is_file() and p.name == 'log.jsonl':
-            p = p.parent
-        if not p.exists():
-            raise ReportError(f'{p} does not exist; pass run directories written by train.py --out')
-        if (p / 'log.jsonl').is_file():
-            found = [p]
-        else:
-            found = sorted(f.parent for f in p.rglob('log.jsonl'))
+        st = stat_of(p)
+        if st is None:
+            raise ReportError(f'{shown(p)} does not exist; pass run directories written by train.py '
+                              f'--out')
+        if p.name == 'log.jsonl' and not stat.S_ISDIR(st.st_mode):
+            p, st = p.parent, stat_of(p.parent)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ReportError(f'{shown(p)} is {kind_of_file(st)}, not a run directory or its log.jsonl')
+        try:
+            found = [p] if log_of(p) else sorted(f.parent for f in p.rglob('log.jsonl'))
+        except OSError as e:
+            raise ReportError(f'cannot search {shown(p)}: {e.strerror or e}') from None
+        found = [r for r in found if log_of(r)]   # one that is not a file: one line naming it
         if not found:
-            raise ReportError(f'{p} is not a run: no log.jsonl in it or below it '
+            raise ReportError(f'{shown(p)} is not a run: no log.jsonl in it or below it '
                               f'(pass a directory written by train.py --out, or a folder of them)')
         runs += [r for r in found if r not in runs]
     return runs
@@ -93,8 +168,15 @@ def kind_of(rec):
 
 
 def read_records(log):
-    """The JSON records of a log; a torn last line (a run writing right now) is left out."""
-    lines = log.read_text(encoding='utf-8', errors='replace').splitlines()
+    """[(line number, JSON record)] of a log. A last line cut short (no line end: a run killed
+    mid-write, or writing right now) is left out with a note on stderr; any other line that is not
+    a JSON object is refused, naming it."""
+    try:
+        with open(log, 'rb') as f:
+            data = f.read()
+    except OSError as e:
+        raise ReportError(f'cannot read {shown(log)}: {e.strerror or e}') from None
+    lines = data.decode('utf-8', errors='replace').split('\n')
     recs = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -102,21 +184,72 @@ def read_records(log):
         try:
             rec = json.loads(line)
         except ValueError:
-            if i == len(lines) - 1:
+            if i == len(lines) - 1:   # after the last line end: cut short
+                print(f'note: {shown(log)}: skipped its last line {i + 1}, cut short (a run killed '
+                      f'while writing it, or writing it now)', file=sys.stderr)
                 break
-            raise ReportError(f'{log} line {i + 1} is not JSON; is this a log written by train.py?')
+            raise ReportError(f'{shown(log)} line {i + 1} is not JSON; is this a log written by '
+                              f'train.py?') from None
+        except RecursionError:
+            raise ReportError(f'{shown(log)} line {i + 1} nests too deep; not a train.py '
+                              f'log') from None
         if not isinstance(rec, dict):
-            raise ReportError(f'{log} line {i + 1} is not a JSON object; not a train.py log')
-        recs.append(rec)
+            raise ReportError(f'{shown(log)} line {i + 1} is not a JSON object; not a train.py log')
+        recs.append((i + 1, rec))
     return recs
+
+
+def is_count(v):
+    return type(v) is int and v >= 0
+
+
+def is_number(v):
+    """An int or float (not a bool) that a float holds: NaN and inf are numbers (a diverged run's)."""
+    if type(v) not in (int, float):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
+
+
+# The fields report.py reads, and what each must be where a record has it.
+FIELDS = {
+    'step': ('a count >= 0', is_count),
+    'resumed_from': ('a count >= 0 or null', lambda v: v is None or is_count(v)),
+    'batch_size': ('a count or null', lambda v: v is None or is_count(v)),
+    'seq_len': ('a count or null', lambda v: v is None or is_count(v)),
+    **{k: ('a number or null', lambda v: v is None or is_number(v))
+       for k in ('bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'chars_per_s',
+                 'eval_chars', 'chars')},
+}
+NEEDED = {'train': ('step',), 'eval': ('step', 'bpc')}
+
+
+def check_record(rec, kind, log, line):
+    """ReportError naming the line and the field where a record's field is not what train.py
+    writes (or a train/eval record lacks one report.py needs)."""
+    for k in NEEDED.get(kind, ()):
+        if k not in rec:
+            raise ReportError(f'{shown(log)} line {line}: a {kind} record without {k}; not a '
+                              f'train.py log')
+    for k, (rule, ok) in FIELDS.items():
+        if k in rec and not ok(rec[k]):
+            value = json.dumps(rec[k])
+            raise ReportError(f'{shown(log)} line {line}: {k} must be {rule}, not '
+                              f'{value if len(value) <= 40 else value[:37] + "..."}')
 
 
 def read_run(run):
     """config, train and eval records of one run, in the new schema's field names."""
     config, train, evals = None, [], []
-    records = read_records(run / 'log.jsonl')
-    for rec in records:
+    log = run / 'log.jsonl'
+    records = read_records(log)
+    for line, rec in records:
         kind = kind_of(rec)
+        if kind in ('config', 'train', 'eval'):
+            check_record(rec, kind, log, line)
         if kind == 'config':
             # A restart: --resume continues from resumed_from (records logged after that checkpoint
             # are redone); without it the run started over.
@@ -124,13 +257,12 @@ def read_run(run):
             train = [r for r in train if r['step'] <= start]
             evals = [r for r in evals if r['step'] <= start and rec.get('resumed_from') is not None]
             config = {**ADDED_LATER, **rec}
-        elif kind in ('train', 'eval') and isinstance(rec.get('step'), int):
+        elif kind in ('train', 'eval'):
             (train if kind == 'train' else evals).append(normalise(rec, kind, config))
     if config is None and not records:  # just started: nothing (complete) logged yet
         config = {}
     if config is None:
-        raise ReportError(f'{run / "log.jsonl"} has no config record; '
-                          f'not a log written by train.py')
+        raise ReportError(f'{shown(log)} has no config record; not a log written by train.py')
     return config, train, evals
 
 
@@ -240,7 +372,11 @@ def mean_std(values):
     """(mean, sample std or None) of the values that exist; None if any is missing."""
     if not values or any(v is None for v in values):
         return None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+    if len(values) == 1:
+        return statistics.fmean(values), None
+    # statistics.stdev cannot take NaN or inf (a diverged seed): its spread is then unknown
+    finite = all(math.isfinite(v) for v in values)
+    return statistics.fmean(values), statistics.stdev(values) if finite else math.nan
 
 
 def group_rows(rows, budgets):
@@ -357,14 +493,18 @@ def import_pyplot():
     return plt
 
 
-def check_plot_path(plt, path):
-    """A folder that exists and a format matplotlib writes, before any output."""
+def plot_formats(plt):
+    """The file formats matplotlib writes."""
     kinds = plt.gcf().canvas.get_supported_filetypes()
     plt.close('all')
+    return kinds
+
+
+def check_plot_path(plt, path):
+    """A format matplotlib writes, before any output (the path itself is checked at parse time)."""
+    kinds = plot_formats(plt)
     if path.suffix.lstrip('.').lower() not in kinds:
-        raise ReportError(f'--plot {path}: name it .png (or one of {", ".join(sorted(kinds))})')
-    if not path.parent.is_dir():
-        raise ReportError(f'--plot {path}: folder {path.parent} does not exist')
+        raise ReportError(f'--plot {shown(path)}: name it .png (or one of {", ".join(sorted(kinds))})')
 
 
 def plot(plt, rows, groups, path):
@@ -375,7 +515,8 @@ def plot(plt, rows, groups, path):
     for ax, (name, key, unit) in zip(axes.flat, BUDGETS):
         shown = set()
         for r in rows:
-            pts = sorted((e[key], e['bpc']) for e in r['curve'] if e[key] is not None)
+            pts = sorted((e[key], e['bpc']) for e in r['curve']
+                         if e[key] is not None and e['bpc'] is not None)
             if len(pts) < 1:
                 continue
             label = r['boundary'] if r['boundary'] not in shown else None
@@ -398,8 +539,9 @@ def plot(plt, rows, groups, path):
     try:  # written aside and renamed: never a half-written figure
         fig.savefig(tmp, format=fmt_, dpi=120)
         os.replace(tmp, path)
-    except OSError as e:
-        raise ReportError(f'cannot write --plot {path}: {e.strerror or e}') from None
+    except (OSError, ValueError, RuntimeError) as e:
+        why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ReportError(f'cannot write --plot {shown(path)}: {why}') from None
     finally:
         tmp.unlink(missing_ok=True)
         plt.close(fig)
@@ -464,7 +606,7 @@ def parse_args(argv):
     p.add_argument('runs', nargs='+',
                    help='run directories (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
-    p.add_argument('--plot', type=Path, metavar='OUT.png',
+    p.add_argument('--plot', type=plot_path, metavar='OUT.png',
                    help='also draw BPC against characters, FLOPs, seconds and SF '
                         '(needs matplotlib)')
     for name, _, unit in BUDGETS:
@@ -495,7 +637,8 @@ def resolve_budgets(args, rows):
     return budgets
 
 
-def main(argv=None):
+def run(argv=None):
+    """Read the runs, print the tables, draw the plot; ReportError for what cannot be done."""
     args = parse_args(argv)
     if hasattr(sys.stdout, 'reconfigure'):
         sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
@@ -520,12 +663,19 @@ def main(argv=None):
             print(f'\nplot: {args.plot}')
 
 
-if __name__ == '__main__':
+def main(argv=None):
+    """The command line → its exit code: 0; 1 with one `error:` line for a run that cannot be read
+    or a plot that cannot be drawn; 130 on Ctrl-C (a bad flag: exit 2 from argparse)."""
     try:
-        main()
+        run(argv)
     except ReportError as e:
         print(f'error: {e}', file=sys.stderr)
-        sys.exit(1)
+        return 1
     except KeyboardInterrupt:
         print('error: interrupted; nothing was written', file=sys.stderr)
-        sys.exit(130)
+        return 130
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,14 +1,26 @@
-"""report.py on synthetic run directories: numbers, seeds, budgets, old logs, errors, plots."""
+"""report.py on synthetic run directories: numbers, seeds, budgets, old logs, errors, paths and
+flags, damaged logs, plots, and a fuzz test of the command line's contract.
+
+Run:   python -m pytest -q test_report.py
+"""
+import contextlib
 import fcntl
 import json
+import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 import report
+from conftest import HYPOTHESIS_FIXTURES
 
 HERE = Path(__file__).resolve().parent
 CHARS_PER_STEP = 4 * 512
@@ -274,25 +286,164 @@ def test_cli_errors_are_one_line(tmp_path):
         assert says in r.stderr
 
 
+@pytest.mark.plots
 def test_plot_writes_a_png(study, tmp_path, capsys):
     pytest.importorskip('matplotlib')
     png = tmp_path / 'study.png'
-    report.main([str(study), '--plot', str(png)])
+    assert report.main([str(study), '--plot', str(png)]) == 0
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp' or 'tmp' in p.name] == []
     assert f'plot: {png}' in capsys.readouterr().out
 
 
-def test_plot_without_matplotlib_or_with_a_bad_name(study, tmp_path, monkeypatch, capsys):
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
-        with pytest.raises(report.ReportError, match='pip install matplotlib'):
-            report.main([str(study), '--plot', str(tmp_path / 'study.png')])
+def test_plot_without_matplotlib_is_one_line(study, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
+    assert report.main([str(study), '--plot', str(tmp_path / 'study.png')]) == 1
+    out, err = capsys.readouterr()
+    assert out == '' and err == 'error: --plot needs matplotlib: pip install matplotlib\n'
+    assert not list(tmp_path.glob('study*'))
+
+
+@pytest.mark.plots
+def test_plot_in_an_unknown_format_is_one_line(study, tmp_path, capsys):
     pytest.importorskip('matplotlib')
-    for name, says in (('study.xyz', 'name it .png'), ('nowhere/study.png', 'does not exist')):
-        with pytest.raises(report.ReportError, match=says):
-            report.main([str(study), '--plot', str(tmp_path / name)])
-    assert capsys.readouterr().out == '' and not list(tmp_path.glob('study*'))
+    assert report.main([str(study), '--plot', str(tmp_path / 'study.xyz')]) == 1
+    out, err = capsys.readouterr()
+    assert out == '' and err.count('\n') == 1 and 'name it .png' in err and not list(tmp_path.glob('study*'))
+
+
+@contextlib.contextmanager
+def no_hang(seconds=30):
+    """Fail instead of hanging (a FIFO opened for reading waits for a writer forever)."""
+    def hung(*_):
+        raise TimeoutError(f'hung for {seconds} s')
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def odd_paths(root):
+    """{name: path} of the paths a user can get wrong: too long, too deep, through a file, a FIFO,
+    a run whose log.jsonl is a directory or a FIFO."""
+    (root / 'a-file').write_text('x')
+    (root / 'a-dir').mkdir()
+    os.mkfifo(root / 'a-fifo')
+    (root / 'run-log-dir' / 'log.jsonl').mkdir(parents=True)
+    (root / 'run-log-fifo').mkdir()
+    os.mkfifo(root / 'run-log-fifo' / 'log.jsonl')
+    return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / 'x',
+            'through-a-file': root / 'a-file' / 'x', 'fifo': root / 'a-fifo', 'dir': root / 'a-dir',
+            'log-is-a-dir': root / 'run-log-dir', 'log-is-a-fifo': root / 'run-log-fifo',
+            'log-fifo-itself': root / 'run-log-fifo' / 'log.jsonl'}
+
+
+@pytest.mark.parametrize('case, words', [
+    ('too-long', 'File name too long'), ('too-deep', 'does not exist'), ('through-a-file', 'is a file'),
+    ('fifo', 'is a FIFO'), ('dir', 'is not a run'), ('log-is-a-dir', 'log.jsonl is a directory, not a log'),
+    ('log-is-a-fifo', 'log.jsonl is a FIFO'), ('log-fifo-itself', 'log.jsonl is a FIFO')])
+def test_odd_run_paths_are_one_line(tmp_path, capsys, case, words):
+    """A run path that cannot be read: one line naming it, exit 1; never a traceback, never a hang
+    on a FIFO. The same for a log.jsonl found below a folder."""
+    path = odd_paths(tmp_path)[case]
+    with no_hang():
+        rc = report.main([str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: ') and words in err, err
+    if case == 'log-is-a-dir':
+        with no_hang():
+            assert report.main([str(tmp_path)]) == 1      # found by the search below a folder
+        assert 'log.jsonl is a ' in capsys.readouterr().err
+
+
+def test_unreadable_log_is_one_line(study, capsys, monkeypatch):
+    """A log this user may not read (simulated: tests may run as root, who reads everything)."""
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, 'Permission denied', str(path))
+    monkeypatch.setattr(report, 'open', denied, raising=False)
+    assert report.main([str(study / 'ws-s1')]) == 1
+    out, err = capsys.readouterr()
+    assert out == '' and err == f'error: cannot read {study / "ws-s1" / "log.jsonl"}: Permission denied\n'
+
+
+@pytest.mark.parametrize('case, words', [('too-long', 'File name too long'), ('too-deep', 'does not exist'),
+                                         ('through-a-file', 'is a file'), ('fifo', 'FIFO'), ('dir', 'a directory')])
+def test_odd_plot_paths_are_refused_at_parse_time(study, tmp_path, capsys, case, words):
+    path = odd_paths(tmp_path)[case]
+    with no_hang(), pytest.raises(SystemExit) as e:
+        report.main([str(study), '--plot', str(path)])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == '' and err.count('\n') == 1 and err.startswith('error: argument --plot: ')
+    assert words in err, err
+
+
+@pytest.mark.parametrize('flags', [['--at-chars', 'nan'], ['--at-flops', 'inf'], ['--at-time', '-1'],
+                                   ['--at-chars', ''], ['--at-chars', '1e400'], ['--at-chars', 'nanM'],
+                                   ['--at-flops', 'infk'], ['--at-time', 'lots'], ['--plot', '']])
+def test_bad_flags_are_one_line_exit_2(study, capsys, flags):
+    with pytest.raises(SystemExit) as e:
+        report.main([str(study)] + flags)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == '' and err.count('\n') == 1 and flags[0] in err, err
+
+
+def test_a_cut_last_line_is_skipped_saying_so(study, capsys):
+    """A run killed while writing a record: the whole lines are read, the cut one is left out with
+    a note; a line that is not JSON anywhere else (the last one too, when it is whole) is refused."""
+    log = study / 'ws-s1' / 'log.jsonl'
+    whole = log.read_text()
+    log.write_text(whole + '{"kind": "train", "step": 350, "tra')
+    assert report.main([str(study / 'ws-s1')]) == 0
+    out, err = capsys.readouterr()
+    assert err == f'note: {log}: skipped its last line {whole.count(chr(10)) + 1}, cut short (a run killed ' \
+                  f'while writing it, or writing it now)\n'
+    assert ' 2.1000 ' in out.splitlines()[-1]          # the whole lines: test BPC and all
+    lines = whole.splitlines()
+    for damaged, bad in ((lines[:3] + ['{"kind": "tr'] + lines[3:], 4), (lines + ['{"kind": "tr'], len(lines) + 1)):
+        log.write_text('\n'.join(damaged) + '\n')
+        assert report.main([str(study / 'ws-s1')]) == 1
+        out, err = capsys.readouterr()
+        assert out == '' and err == f'error: {log} line {bad} is not JSON; is this a log written by train.py?\n'
+
+
+@pytest.mark.parametrize('field, value, words', [
+    ('bpc', 'abc', 'bpc must be a number or null, not "abc"'), ('step', '100', 'step must be a count >= 0'),
+    ('step', True, 'step must be a count'), ('step', -1, 'step must be a count'),
+    ('train_flops', 10 ** 400, 'train_flops must be a number'), ('sf', [5], 'sf must be a number'),
+    ('resumed_from', 'x', 'resumed_from must be a count >= 0 or null'), ('step', None, 'step must be a count'),
+    ('bpc', None, None)])
+def test_wrong_field_types_are_one_line_naming_line_and_field(tmp_path, capsys, field, value, words):
+    """A record whose field report.py reads holds what train.py never writes: one line naming the
+    log, the line and the field, exit 1. (A null BPC is a record without a number: shown as '-'.)"""
+    recs = [config()] + evals_and_steps([4.0, 3.0, 2.5], 2.4)
+    line = 1 if field == 'resumed_from' else len(recs)   # the config, or the test evaluation
+    recs[line - 1] = dict(recs[line - 1], **{field: value})
+    lines = [json.dumps(r) for r in recs]
+    d = tmp_path / 'run'
+    d.mkdir()
+    (d / 'log.jsonl').write_text('\n'.join(lines) + '\n')
+    rc = report.main([str(d)])
+    out, err = capsys.readouterr()
+    if words is None:
+        assert rc == 0 and err == '' and out.splitlines()[-1].split()[-3] == '-', out
+        return
+    assert rc == 1 and out == '' and err.startswith(f'error: {d / "log.jsonl"} line {line}: ') and words in err, err
+    assert err.count('\n') == 1
+
+
+def test_non_finite_bpc_of_seeds_is_shown_as_missing(tmp_path, capsys):
+    """Two seeds, one diverged (NaN BPC): their mean and spread are '-', not a crash
+    (statistics.stdev cannot take NaN)."""
+    write_run(tmp_path, 's1', [config(seed=1)] + evals_and_steps([4.0, 3.0], float('nan')))
+    write_run(tmp_path, 's2', [config(seed=2)] + evals_and_steps([4.0, float('inf')], 2.0))
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    seeds = out.split('Mean ± std over seeds')[1].splitlines()[-1]
+    assert seeds.split()[-3:-1] == ['-', '5.00'] and ' - ' in seeds
+    assert report.mean_std([2.0, math.nan])[1] != report.mean_std([2.0, math.nan])[1]   # NaN: spread unknown
 
 
 def test_modes_are_dynpool_s():
@@ -300,3 +451,75 @@ def test_modes_are_dynpool_s():
     every mode gets its colour and its point in the Pareto panel."""
     from dynpool import BOUNDARY_MODES
     assert report.MODES == BOUNDARY_MODES
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzz: random damage to the logs and random flags keep the command line's contract
+# ---------------------------------------------------------------------------------------------
+_ODD_VALUES = ['abc', [], {}, None, True, 10 ** 400, -1, float('nan'), 1e308, '', {'a': [1]}]
+_BUDGETS = (['2M', '100k', 'min', '0', '1e12'], ['nan', 'inf', '-1', 'lots', '', '1e400', 'nanM'])
+
+
+def _damage(data, log):
+    """Cut the log at a random byte, put a non-JSON line somewhere, or give a field a wrong value."""
+    raw = log.read_bytes()
+    how = data.draw(st.sampled_from(['none', 'cut', 'junk line', 'field', 'field']), label='damage')
+    if how == 'cut':
+        log.write_bytes(raw[:data.draw(st.integers(0, len(raw)), label='cut at')])
+    elif how == 'junk line':
+        lines = raw.split(b'\n')
+        at = data.draw(st.integers(0, len(lines)), label='junk at')
+        junk = data.draw(st.sampled_from([b'{"kind": "tr', b'hello', b'[1, 2]', b'\x00\xff\xfe', b'"x"', b'{}',
+                                          b'[' * 5000]), label='junk')
+        log.write_bytes(b'\n'.join(lines[:at] + [junk] + lines[at:]))
+    elif how == 'field':
+        recs = [json.loads(ln) for ln in raw.decode().splitlines()]
+        i = data.draw(st.integers(0, len(recs) - 1), label='record')
+        key = data.draw(st.sampled_from(sorted(recs[i]) + ['step', 'bpc', 'kind', 'split', 'resumed_from']), label='key')
+        recs[i][key] = data.draw(st.sampled_from(_ODD_VALUES), label='value')
+        log.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+
+
+@settings(max_examples=40, **HYPOTHESIS_FIXTURES)
+@given(data=st.data())
+def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
+    """Random damage to the logs (cut at any byte, non-JSON lines, wrong field types) and random
+    flags (budgets non-finite, negative or odd; odd run and plot paths): report.main ends with exit
+    0, 1, 2 or 130, never an uncaught exception; a failure is one `error:` line, and no temporary
+    file is left. (The plot is stood in for: matplotlib is optional.)"""
+    with tempfile.TemporaryDirectory() as tmp, no_hang(60), monkeypatch.context() as m:
+        root = Path(tmp)
+        odd = odd_paths(root)
+        m.setattr(report, 'import_pyplot', lambda: object())
+        m.setattr(report, 'plot_formats', lambda plt: {'png': 'Portable Network Graphics'})
+        m.setattr(report, 'plot', lambda plt, rows, groups, path: path.write_bytes(b'\x89PNG whole'))
+        study = root / 'study'
+        write_run(study, 'ws-s1', [config(seed=1)] + evals_and_steps([4.0, 3.0, 2.5], 2.1))
+        write_run(study, 'ws-s2', [config(seed=2)] + evals_and_steps([4.0, 3.2], 2.4))
+        write_run(study, 'old', old_log())
+        for run in data.draw(st.lists(st.sampled_from(['ws-s1', 'ws-s2', 'old']), unique=True, max_size=2)):
+            _damage(data, study / run / 'log.jsonl')
+        target = data.draw(st.sampled_from(['study', 'study', 'run', 'log'] + sorted(odd)), label='runs')
+        argv = [str(odd.get(target) or {'study': study, 'run': study / 'ws-s1',
+                                        'log': study / 'old' / 'log.jsonl'}[target])]
+        for name in data.draw(st.lists(st.sampled_from(['chars', 'flops', 'time']), unique=True, max_size=2)):
+            refused = data.draw(st.integers(0, 3), label=f'--at-{name} refused') == 0
+            argv += [f'--at-{name}', data.draw(st.sampled_from(_BUDGETS[refused]), label=f'--at-{name}')]
+        argv += data.draw(st.lists(st.sampled_from(['--markdown', '--no-interp']), unique=True))
+        if data.draw(st.booleans(), label='--plot'):
+            pick = data.draw(st.sampled_from(['p.png', 'p.png', 'p.xyz'] + sorted(odd)), label='plot path')
+            argv += ['--plot', str(odd.get(pick, root / pick))]
+        try:
+            rc = report.main(argv)
+        except SystemExit as e:
+            rc = e.code
+        out, err = capsys.readouterr()
+        event(f'exit {rc}')   # --hypothesis-show-statistics: how many examples got how far
+        assert rc in (0, 1, 2, 130), (argv, rc, err)
+        lines = err.splitlines()
+        assert 'Traceback' not in err and (rc == 0) == (not any(ln.startswith('error') for ln in lines)), (argv, err)
+        if rc:
+            assert lines[-1].startswith('error: ') and sum(ln.startswith('error') for ln in lines) == 1, (argv, err)
+        assert not [f for d, _, fs in os.walk(root) for f in fs if 'tmp' in f], argv
+        if (root / 'p.png').exists():
+            assert rc == 0 and (root / 'p.png').read_bytes() == b'\x89PNG whole'
