@@ -24,6 +24,7 @@ import platform
 import random
 import re
 import resource
+import shlex
 import signal
 import stat
 import sys
@@ -74,7 +75,7 @@ def pick_device(name=None, local_rank=None):
     except (RuntimeError, ValueError):
         dev = None
     if dev is None or dev.type not in ('cpu', 'cuda', 'mps') or dev.type == 'cpu' and dev.index:
-        raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps')
+        raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps', code=2)
     if dev.type == 'cuda' and local_rank is not None and torch.cuda.is_available():
         count = torch.cuda.device_count()
         # every GPU of the node visible: the LOCAL_RANK-th; a scheduler that shows each process
@@ -1016,24 +1017,20 @@ def wrap_model(model, args, world=1):
 
 class StepStats:
     """Training statistics summed on the device step after step and read once per log record, the
-    loop's only wait for the device. Per micro-step: loss, LM loss, SF, precision, recall, FLOPs;
-    per step: the gradient norm (where finite) and how many, steps skipped as non-finite, and a
+    loop's only wait for the device. Per micro-step: loss, LM loss, SF, precision, recall; per
+    step: FLOPs, the gradient norm (where finite) and how many, steps skipped as non-finite, and a
     time-is-up flag."""
     NAMES = ('loss', 'lm_loss', 'sf', 'precision', 'recall', 'flops', 'grad_norm', 'norms', 'bad',
              'late')
 
     def __init__(self, cfg, args, world=1):
-        self.cfg, self.seq_len, self.world = cfg, args.seq_len, world
+        self.cfg, self.seq_len, self.world, self.accum = cfg, args.seq_len, world, args.grad_accum
         self.micro = args.batch_size // (world * args.grad_accum)
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
         self.index = {}  # names → their positions in sums, as a device tensor
-        self.present, self.micro_steps = set(), 0
-        self.own_flops = 0.0   # this process's FLOPs known on the host, since the last read
-        self.all_flops = 0.0   # all processes' FLOPs the caller counted on the host (add_step)
-        # --flop-budget: the schedule needs each step's FLOPs on the host: this process's (a float
-        # or a device tensor), or all processes' where the host knows them
-        self.track = getattr(args, 'flop_budget', None) is not None
-        self.step_own, self.step_all = 0.0, None
+        self.present, self.micro_steps, self.step_sf = set(), 0, []
+        self.host_flops = 0.0  # all processes' FLOPs since the last read, where the host knew them
+        self.last_flops = None  # the last step's: all processes' (a float) or this one's (a tensor)
 
     def add(self, **vals):
         names = tuple(vals)
@@ -1043,45 +1040,39 @@ class StepStats:
         values = torch.stack([v.to(self.sums.dtype) for v in vals.values()])
         self.sums.index_add_(0, self.index[names], values)
 
-    def add_micro(self, out, device_flops=True):
-        """One micro-step's output. device_flops False: the caller knows the step's FLOPs on the
-        host (fixed, whitespace, vanilla) and gives them to add_step."""
+    def add_micro(self, out):
         vals = dict(loss=out.loss, lm_loss=out.lm_loss, sf=out.shortening_factor,
                     precision=out.precision, recall=out.recall)
         vals = {k: v.detach().to(self.sums.dtype) for k, v in vals.items() if v is not None}
-        if device_flops:
-            # the shortened stack runs on 1 + L/SF positions, the null group included
-            n_short = 1 + self.seq_len / vals['sf'] if 'sf' in vals else None
-            f = step_flops(self.cfg, self.micro, self.seq_len, n_short)
-            if torch.is_tensor(f):
-                vals['flops'] = f
-            else:
-                self.own_flops += f
-            if self.track:
-                self.step_own = self.step_own + f
         self.add(**vals)
         self.present |= vals.keys()
         self.micro_steps += 1
+        if 'sf' in vals:
+            self.step_sf.append(vals['sf'])
 
-    def add_step(self, norm, bad, flops=None):
-        """The step's gradient norm and non-finite flag; flops: all processes' FLOPs of the step
-        where the host knows them (None: add_micro counted them)."""
+    def add_step(self, norm, bad, segments=None):
+        """The step's gradient norm, non-finite flag and FLOPs. segments: the complete segments of
+        each row of the step's global batch, a numpy array [accum, world, micro], where the host
+        knows them (fixed, whitespace)."""
         finite = torch.isfinite(norm)
         self.add(grad_norm=torch.where(finite, norm, 0.0), norms=finite, bad=bad)
-        if flops is not None:
-            self.all_flops += flops
-            self.step_all = flops
+        L, B = self.seq_len, self.micro
+        # the shortened stack runs on 1 + segments positions (the null group), on average per row
+        if self.cfg.boundary == 'none' or segments is not None:  # known here: no device read
+            n_short = ([None] * self.accum * self.world if segments is None else
+                       (1 + np.asarray(segments).sum(-1) / B).ravel().tolist())
+            self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
+            self.host_flops += self.last_flops
+        else:  # decided on the device: from each micro-step's measured SF = L / segments per row
+            self.last_flops = sum(step_flops(self.cfg, B, L, 1 + L / sf) for sf in self.step_sf)
+            self.add(flops=self.last_flops)
+        self.step_sf = []
 
     def take_step_flops(self):
-        """The last step's FLOPs over all processes (--flop-budget). Known on the host for fixed,
-        whitespace and vanilla; the predicted sources' SF is read from the device: a wait each
-        step, which only they and only --flop-budget pay."""
-        f, known = self.step_own, self.step_all
-        self.step_own, self.step_all = 0.0, None
-        if known is not None:
-            return known
-        if torch.is_tensor(f) or self.world > 1:
-            f = torch.as_tensor(f, dtype=torch.float64, device=self.sums.device)
+        """The last step's FLOPs over all processes (--flop-budget's bookkeeping). The predicted
+        sources' are read from the device: a wait each step, which only they pay."""
+        f, self.last_flops = self.last_flops, None
+        if torch.is_tensor(f):
             if self.world > 1:
                 torch.distributed.all_reduce(f)
             f = f.item()
@@ -1090,7 +1081,6 @@ class StepStats:
     def read(self, late=False):
         """Sum over processes, read and reset → means since the last read, FLOPs, skipped steps,
         and whether any process is out of time."""
-        self.sums[self.NAMES.index('flops')] += self.own_flops
         self.sums[self.NAMES.index('late')] += float(late)
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
@@ -1098,10 +1088,10 @@ class StepStats:
         n = max(1, self.micro_steps * self.world)
         r = {k: v[k] / n if k in self.present else None
              for k in ('loss', 'lm_loss', 'sf', 'precision', 'recall')}
-        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.all_flops, bad=int(v['bad']),
+        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.host_flops, bad=int(v['bad']),
                  late=v['late'] > 0, grad_norm=v['grad_norm'] / v['norms'] if v['norms'] else None)
         self.sums.zero_()
-        self.micro_steps, self.own_flops, self.all_flops = 0, 0.0, 0.0
+        self.micro_steps, self.host_flops = 0, 0.0
         return r
 
 
@@ -1297,11 +1287,11 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def flag_parser(flags, description, default_of):
+def flag_parser(flags, description, default_of, prog=None):
     """A OneLineParser from a table of (flag, type, help): type None makes a switch (None, not
     False, when not given: a resumed run can tell), a tuple the choices; default_of(name) → the
     default in words, added to the help where it does not say its own."""
-    p = OneLineParser(description=description)
+    p = OneLineParser(prog=prog, description=description)
     for flag, kind, words in flags:
         shown = default_of(flag[2:].replace('-', '_'))
         words += f' ({shown})' if shown and 'default' not in words else ''
@@ -1374,3 +1364,169 @@ def run_summary(args, params, amp, world, resumed_at=None):
             f'{args.device}, amp {amp}, {world} process(es)\n'
             f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
             f'{args.warmup} warm-up steps, then a cosine {end}')
+
+
+def check_loggers(args, rank):
+    """Import the optional logging packages their flags ask for, before anything is written."""
+    for flag, module, package in (('tensorboard', 'torch.utils.tensorboard', 'tensorboard'),
+                                  ('wandb', 'wandb', 'wandb')):
+        if getattr(args, flag) and rank == 0:
+            import_optional(module, package, f'--{flag}')
+
+
+def progress_line(where, r, dt, steps, chars_per_s, eta):
+    """The terminal's line for a train record: where the run is, loss, speed and ETA."""
+    return (f'{where} | loss {r["loss"]:.3f} | bpc {r["lm_loss"] / math.log(2):.3f} | sf '
+            f'{r["sf"]:.2f} | {1000 * dt / max(1, steps):.0f} ms/step | '
+            f'{short_count(chars_per_s)} chars/s | eta {duration(eta)}')
+
+
+def sample_command(out, alphabet, tokens):
+    """The sample.py command for run folder `out`, prompted with the first words of `tokens`."""
+    text = ''.join(alphabet[i] for i in tokens[:40]).split('\n')[0]
+    prompt = text.rsplit(' ', 1)[0] if ' ' in text.strip() else text  # whole words
+    return f'python sample.py --ckpt {shlex.quote(str(out))} --prompt {shlex.quote(prompt)}'
+
+
+def check_amp(amp, device):
+    """--amp against the device: fp16 needs CUDA (loss scaling), bf16 runs on CUDA and CPU."""
+    on = torch.device(device).type
+    if amp in ('fp16', 'bf16') and on not in ('cuda', 'cpu') or amp == 'fp16' and on != 'cuda':
+        raise UserError(f'--amp {amp} needs a CUDA GPU{"" if amp == "fp16" else " or the CPU"} '
+                        f'(not {device}); use {"bf16 or " if on == "cpu" else ""}off', code=2)
+
+
+def recipe_warnings(args, world):
+    """Settings that run but are probably not what was meant: one line each."""
+    warn = []
+    if args.warmup >= args.max_steps:
+        warn.append(f'--warmup {args.warmup} is not shorter than --max-steps {args.max_steps}: the '
+                    f'learning rate never reaches its peak --lr {args.lr:g}')
+    if args.batch_size == world * args.grad_accum and torch.device(args.device).type == 'cuda':
+        warn.append(f'one sequence per process and micro-step ({world} process(es), --batch-size '
+                    f'{args.batch_size}, --grad-accum {args.grad_accum}) keeps a GPU waiting on '
+                    f'kernel launches; raise --batch-size, and --lr with it')
+    return warn
+
+
+def eval_progress(name, done, windows, seconds):
+    """A slow evaluation's progress line: share done, time spent, ETA."""
+    return (f'  {name}: {done:4.0%} of {windows} windows, {duration(seconds)}, eta '
+            f'{duration(seconds * (1 - done) / done)}')
+
+
+def resolve_flags(args, procs, defaults, common, kept, not_resumed):
+    """Fill in train.py's flags not given, in place and once: the device (this process's GPU under
+    torchrun), --out (default out/<dataset>-<boundary>, checked), on --resume the checkpoint's
+    flags, then defaults(args) → (args, checkpoint or None)."""
+    given = {k for k, v in vars(args).items() if v is not None}
+    device = pick_device(args.device, procs.local_rank if procs.world > 1 else None)
+    if args.out is None and args.resume:
+        raise UserError('--resume needs --out, the run directory to continue', code=2)
+    out = check_path(args.out or f'out/{Path(args.data or common["data"]).name}-'
+                     f'{args.boundary or common["boundary"]}', 'new-dir', '--out', code=2)
+    ckpt, taken = None, {}
+    if args.resume:
+        ckpt, taken = resume_flags(out / 'ckpt.pt', args, given, kept, not_resumed)
+    elif (out / 'ckpt.pt').exists():
+        raise UserError(f'{out / "ckpt.pt"} already exists; pass --resume to continue it or '
+                        f'choose another --out')
+    vars(args).update({**taken, 'out': str(out), 'device': device})
+    vars(args).update({k: v for k, v in defaults(args).items() if getattr(args, k, None) is None})
+    return args, ckpt
+
+
+def report_train(t, args, state, r, lr, dt, steps, clock, stop):
+    """A train record of the statistics r read since the last one (`steps` steps in `dt` seconds
+    of training): to log.jsonl (the Logger), and its line to the terminal (rank 0) with the ETA of
+    step `stop`, or of the --flop-budget."""
+    chars_per_s = steps * args.batch_size * args.seq_len / dt
+    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                      loss=r['loss'], bpc=r['lm_loss'] / math.log(2), sf=r['sf'],
+                      precision=r['precision'], recall=r['recall'], chars_per_s=round(chars_per_s),
+                      lr=lr, grad_norm=r['grad_norm'], mem_mb=round(peak_mem_mb(args.device)),
+                      epoch=state.epoch))
+    if args.flop_budget is not None:
+        where = f'step {state.step} | {state.budget_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+        eta = clock.eta(state.budget_flops, args.flop_budget)
+    else:
+        where, eta = f'step {state.step}/{stop}', clock.eta(state.step, stop)
+    if t.procs.rank == 0:
+        print(progress_line(where, r, dt, steps, chars_per_s, eta), flush=True)
+
+
+def report_eval(t, args, state, split, r, subset, seconds):
+    """An eval record (r: evaluate's result) to log.jsonl and its line to the terminal → the
+    record."""
+    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
+               train_flops=state.train_flops, train_time=round(state.train_time, 3),
+               mem_mb=round(peak_mem_mb(args.device)))
+    t.logger.log(rec)
+    if t.procs.rank == 0:
+        print(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+              f'{short_count(r["chars"])} chars{" (a subset)" if subset else ""} | '
+              f'{duration(seconds)}', flush=True)
+    return rec
+
+
+def run_logger(args, procs, amp, params, resumed_from):
+    """The Logger of a training run, its config record first (every flag and the set-up), and the
+    run's summary on the terminal (rank 0)."""
+    if procs.rank == 0:
+        print(run_summary(args, params, amp, procs.world, resumed_from), flush=True)
+    return Logger(Path(args.out), args, rank=procs.rank, config_record=dict(
+        kind='config', **{**vars(args), 'amp': amp}, params=params,
+        device_name=device_name(args.device), world=procs.world, torch=torch.__version__,
+        resumed_from=resumed_from), resumed_from=resumed_from)
+
+
+class Training(NamedTuple):
+    """A training run's machinery: what its steps, evaluations and records need besides the data."""
+    model: torch.nn.Module          # compiled and/or DDP-wrapped, for training
+    raw_model: DynamicPoolingLM     # the bare model, for evaluation and checkpoints
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler    # fp16's loss scaling (disabled otherwise)
+    autocast: object
+    amp: str                        # the precision in use: bf16, fp16 or off
+    stats: StepStats
+    logger: Logger
+    procs: Processes
+
+
+def check_flags(args, world):
+    """train.py's rules between flags (each flag's own range is its type's)."""
+    if args.eval_step > args.eval_window:
+        raise UserError(f'--eval-step {args.eval_step} is larger than --eval-window '
+                        f'{args.eval_window}: characters between windows would never be scored',
+                        code=2)
+    if args.batch_size % (world * args.grad_accum):
+        raise UserError(f'--batch-size {args.batch_size} must split evenly over {world} '
+                        f'processes x {args.grad_accum} micro-steps', code=2)
+    check_amp(args.amp, args.device)
+
+
+def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
+    """The last checks before anything is written: one batch of data, a model that fits in memory,
+    a checkpoint that fits the model; then the recipe's warnings on stderr (rank 0)."""
+    if len(train_tokens) < args.batch_size * (args.seq_len + 1):
+        raise UserError(f'{args.data}/train.bin has {len(train_tokens)} chars, fewer than one '
+                        f'batch ({args.batch_size} x {args.seq_len + 1})')
+    check_model_memory(cfg, args.device)
+    if ckpt is not None:
+        check_resumable(ckpt, cfg, vocab, args.data)
+    for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
+        print(f'warning: {line}', file=sys.stderr, flush=True)
+
+
+def run_cli(run, argv):
+    """run(argv, procs) among torchrun's processes: every UserError ends as one `error: ...` line
+    and its exit code, and a Ctrl-C before the run's own guard as exit code 130."""
+    procs = torchrun_processes()
+    try:
+        run(argv, procs)
+    except UserError as e:
+        die(str(e), e.code, procs.rank)
+    except KeyboardInterrupt:
+        die('interrupted before training began; nothing was written', 130, procs.rank)

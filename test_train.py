@@ -4,14 +4,19 @@ Run:   python -m pytest -q test_train.py
 """
 
 
+import argparse
 import json
 import math
 import os
+import random
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,9 +26,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import operations
 import train
+from conftest import HYPOTHESIS_FIXTURES
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
 
 
@@ -255,6 +262,41 @@ def test_train_ddp_two_processes_match_single(synth, tmp_path, accum):
     assert ddp[-1]['bpc'] == pytest.approx(one[-1]['bpc'], rel=1e-3)
 
 
+def ddp_run(argv, out, world=2):
+    """train.py in `world` gloo processes, with the environment torchrun gives its workers → their
+    (returncode, stdout, stderr)."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(out)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
+                                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                                       MASTER_ADDR='127.0.0.1', MASTER_PORT=port))
+             for r in range(world)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+@pytest.mark.slow
+def test_train_compile_on_cpu_trains_like_eager(synth, tmp_path):
+    """--compile (inductor on CPU): the same losses as eager, within float noise; the segment count
+    passed as an int changes every step (whitespace), which must not break the compiled step."""
+    argv = tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--dropout', '0', '--dropatt', '0']
+    train.main(argv + ['--out', str(tmp_path / 'eager')])
+    train.main(argv + ['--compile', '--out', str(tmp_path / 'compiled')])
+    eager, compiled = ([r['loss'] for r in read_log(tmp_path / d) if r['kind'] == 'train']
+                       for d in ('eager', 'compiled'))
+    assert len(eager) == 3 and compiled == pytest.approx(eager, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_train_ddp_with_compile_under_gloo(synth, tmp_path):
+    """DDP (2 gloo processes) around a compiled model: trains, evaluates and ends together."""
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--compile']
+    runs = ddp_run(argv, tmp_path / 'ddp')
+    assert [code for code, _, _ in runs] == [0, 0], [err[-3000:] for _, _, err in runs]
+    assert runs[0][1].strip().splitlines()[-1].startswith('test bpc ')
+
+
 def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
     argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
                                                       '--dropatt', '0']
@@ -334,6 +376,12 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--eval-subset-chars', '-1'], '--eval-subset-chars'),
     (['--attention', 'fast'], '--attention'),
     (['--double-sigmoid'], 'double_sigmoid'),    # (tiny_args' boundary is fixed: no predictor)
+    (['--lr', 'inf'], 'argument --lr: must be a finite number > 0'),
+    (['--dropout', 'nan'], 'argument --dropout'),
+    (['--device', 'meta'], '--device meta'),
+    (['--layers', '1,2,3,4'], 'argument --layers'),
+    (['--fixed-factor', '99999999999999999999'], 'argument --fixed-factor'),
+    (['--d-model', '99999998', '--d-inner', '99999999'], 'GiB with gradients and Adam moments'),
 ])
 def test_train_error_bad_flags(synth, tmp_path, capsys, extra, words):
     msg = user_error(tiny_args(synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,
@@ -403,8 +451,8 @@ def spoil(data, what):
     ('short train.bin', 'cut-off'),
     ('id outside the alphabet', 'the value 200'),
     ('empty valid.bin', 'valid.bin is empty'),
-    ('unknown dtype', "dtype 'float32'"),
-    ('string vocab_size', "vocab_size '9'"),
+    ('unknown dtype', 'float32'),
+    ('string vocab_size', 'vocab_size'),
     ('label outside 0/1', 'Unigram labels'),
 ])
 def test_train_error_bad_data(tmp_path, capsys, what, words):
@@ -565,7 +613,7 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
 
 def training(model, optimizer, cfg, args):
     """train.Training for one process on CPU, without loss scaling, logger or compile."""
-    return train.Training(model, model, optimizer, torch.amp.GradScaler('cpu', enabled=False),
+    return operations.Training(model, model, optimizer, torch.amp.GradScaler('cpu', enabled=False),
                           nullcontext(), 'off', operations.StepStats(cfg, args), None,
                           operations.Processes())
 
@@ -660,3 +708,244 @@ def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path)
     train.main(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
     last = [r for r in read_log(run) if r['kind'] == 'train'][-1]
     assert (last['step'], last['train_chars'], last['train_flops']) == (2, 2 * 4 * 32, None)
+
+
+def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path, capsys):
+    """The terminal shows one short line per train record (position, loss, speed, ETA), the config
+    as a summary, not the record, and at the end the checkpoint and a sample.py command that runs."""
+    import sample
+    out = tmp_path / 'run'
+    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
+    assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
+    assert all(' ms/step | ' in ln and ' chars/s | eta ' in ln for ln in steps), steps
+    assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
+    assert lines[-1].startswith('test bpc ')
+    command = shlex.split(lines[-2].split('sample with: ')[1])
+    assert command[:4] == ['python', 'sample.py', '--ckpt', str(out)] and '--prompt' in command
+    sample.main(command[2:] + ['--chars', '5', '--device', 'cpu'])
+    assert capsys.readouterr().out.strip()
+
+
+def test_train_flop_budget_schedule_and_last_step(synth, tmp_path):
+    """--flop-budget: warm-up by steps; after it the cosine's progress is (FLOPs spent - FLOPs at
+    the end of warm-up) / (budget - FLOPs at the end of warm-up); the first step whose cumulative
+    FLOPs reach the budget is the last, and the run is finished (evaluated on test)."""
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 boundary='whitespace', whitespace_id=0)
+    budget = 5.5 * step_flops(cfg, 4, 32, 1 + 32 / 4.5)  # about 5 or 6 steps (SF near 4.5)
+    out, lr, warmup = tmp_path / 'budget', 3e-3, 2
+    train.main(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out', str(out)])
+    log = read_log(out)
+    assert log[0]['max_steps'] == 10**9  # the budget ends the run
+    trains = [r for r in log if r['kind'] == 'train']
+    flops = [0.0] + [r['train_flops'] for r in trains]  # cumulative FLOPs before step k is flops[k]
+    assert flops[-1] >= budget * (1 - 1e-9) > flops[-2], flops
+    at_warmup = flops[warmup]
+    for k, r in enumerate(trains):  # record k is step k+1, run with the lr of step index k
+        if k < warmup:
+            expected = lr * (k + 1) / warmup
+        else:
+            progress = min(1.0, (flops[k] - at_warmup) / (budget - at_warmup))
+            expected = lr * 0.5 * (1 + math.cos(math.pi * progress))
+        assert r['lr'] == pytest.approx(expected, rel=1e-9, abs=1e-15), (k, flops)
+    assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
+
+
+def test_train_prior_defaults_to_the_datasets(tmp_path):
+    """A dataset's meta.json "defaults" give the Gumbel prior where --prior is not given (Finnish:
+    0.37); a given --prior wins; without defaults, the model's."""
+    data = write_dataset(tmp_path / 'fi', random_words(5000))
+    meta = json.loads((data / 'meta.json').read_text())
+    plain = train.resolve_args(train.parse_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')]))[0]
+    (data / 'meta.json').write_text(json.dumps({**meta, 'defaults': {'prior': 0.37, 'unigram': 200}}))
+    fi = train.resolve_args(train.parse_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')]))[0]
+    given = train.resolve_args(train.parse_args(tiny_args(data, 'gumbel') + ['--prior', '0.3', '--out',
+                                                                              str(tmp_path / 'o')]))[0]
+    assert (plain.prior, fi.prior, given.prior) == (Config.prior, 0.37, 0.3)
+
+
+def test_train_help_shows_every_default(capsys):
+    """--help: every flag says its default, the model's and the presets' with their values."""
+    with pytest.raises(SystemExit) as e:
+        train.main(['--help'])
+    assert e.value.code == 0
+    text = ' '.join(capsys.readouterr().out.split())
+    parser = operations.flag_parser(train.FLAGS, '', train.default)
+    for action in parser._actions:
+        if action.dest != 'help':
+            assert 'default' in action.help, action.option_strings
+    for words in ('default entropy', 'segment length k (default 2)', 'default GPU 512, CPU 128',
+                  'default GPU 2,8,2, CPU 1,4,1', 'temperature (default 0.5)', "default the dataset's"):
+        assert words in text, words
+
+
+# ----------------------------------------------------------------------------- GPU paths, checked on CPU
+def test_train_fp16_resumes_a_checkpoint_saved_without_loss_scaling(done_run):
+    """(issue 20.1) A bf16 or fp32 run saves its disabled GradScaler's empty state; resuming it with
+    --amp fp16 (an enabled scaler) starts loss scaling afresh, where loading {} raised."""
+    ckpt = operations.read_checkpoint(done_run)
+    assert ckpt['scaler'] == {}
+    model = DynamicPoolingLM(Config(**ckpt['config']))
+    optimizer = torch.optim.Adam(model.parameters(), fused=True)
+    scaler = torch.amp.GradScaler('cpu', enabled=True)
+    rng = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng():
+        operations.restore_training(ckpt, model, optimizer, scaler, 'cpu')
+    random.setstate(rng[0])
+    np.random.set_state(rng[1])
+    assert scaler.is_enabled() and scaler.get_scale() == 2.0 ** 16
+
+
+@pytest.mark.parametrize('native, expected', [(False, 'fp16'), (True, 'bf16')])
+def test_train_amp_auto_takes_bf16_only_where_the_gpu_has_it(monkeypatch, native, expected):
+    """(issue 20.2) V100 and T4 only emulate bf16, which torch.cuda.is_bf16_supported() counts by
+    default: --amp auto must ask for native support and give them fp16 with loss scaling."""
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported',
+                        lambda including_emulation=True: native or including_emulation)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (autocast and GradScaler on 'cuda' without CUDA)
+        assert operations.setup_precision('auto', 'cuda')[0] == expected
+
+
+class ScalarReads(TorchDispatchMode):
+    """Counts aten._local_scalar_dense: every read of a tensor's value by the host (.item(), int(),
+    bool()), which on a GPU waits for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('boundary', ['none', 'fixed', 'whitespace', 'entropy'])
+def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, tmp_path, boundary):
+    """(issue 20.3) fixed and whitespace boundaries are counted when the batch is cut, so a training
+    step, --flop-budget's FLOP count included, never reads the device; entropy decides on the device
+    and reads S (the counter's control)."""
+    args, _ = train.resolve_args(train.parse_args(tiny_args(synth, boundary) + [
+        '--flop-budget', '1e15', '--out', str(tmp_path / 'o')]))
+    meta, splits, _ = operations.load_data(args.data, args.boundary)
+    cfg = train.model_config(args, train.check_args(args), meta)
+    model = DynamicPoolingLM(cfg)
+    # on CPU the model checks token values per forward (a GPU skips that: it would read the device)
+    model.check_inputs = lambda *a, **k: None
+    t = training(model, torch.optim.Adam(model.parameters(), fused=True), cfg, args)
+    stream = train.batches(splits['train'], None, args, cfg, train.RunState(), operations.Processes())
+    train.train_step(t, next(stream), args)  # (the first step creates Adam's state)
+    batch = next(stream)
+    with ScalarReads() as reads:
+        train.train_step(t, batch, args)
+        flops = t.stats.take_step_flops()
+    assert (reads.n == 0) == (boundary != 'entropy'), reads.n
+    assert flops > 0
+
+
+def test_train_mem_mb_is_the_peak_since_the_last_record(monkeypatch):
+    """(issue 20.4) On CUDA each read of the peak resets it: a record shows the peak since the one
+    before (and an eval record the evaluation's), not the run's so far."""
+    peak = [0]
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda device=None: peak[0])
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda device=None: peak.__setitem__(0, 0))
+    peak[0] = 3 * 2**20        # e.g. training
+    assert operations.peak_mem_mb('cuda:0') == 3
+    peak[0] = max(peak[0], 2**20)  # then an evaluation that needs less
+    assert operations.peak_mem_mb('cuda:0') == 1
+
+
+@pytest.mark.parametrize('visible, local_rank, device', [(8, 3, 'cuda:3'), (1, 3, 'cuda:0'),
+                                                         (1, 0, 'cuda:0'), (2, 3, None)])
+def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, visible, local_rank,
+                                                       device):
+    """(issue 20.5) Under torchrun a process takes GPU LOCAL_RANK where it sees all of the node's,
+    and its one GPU where a scheduler shows each process only its own."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: visible)
+    argv, procs = ['--device', 'cuda', '--out', str(tmp_path / 'o')], operations.Processes(local_rank, local_rank, 8)
+    if device is None:
+        with pytest.raises(operations.UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
+            train.resolve_args(train.parse_args(argv), procs)
+    else:
+        assert train.resolve_args(train.parse_args(argv), procs)[0].device == device
+
+
+def test_train_warns_of_settings_that_run_but_mislead(synth, tmp_path, capsys):
+    """(issue 20.7, issue 18) One stderr line each: a global batch of 8 over 8 GPUs is one sequence
+    a GPU (launch-bound); a warm-up as long as the run never reaches the peak learning rate."""
+    gpus = argparse.Namespace(warmup=4000, max_steps=200_000, lr=2.5e-4, batch_size=8, grad_accum=1,
+                              device='cuda:0')
+    warned = operations.recipe_warnings(gpus, world=8)
+    assert len(warned) == 1 and 'one sequence per process' in warned[0] and '--lr' in warned[0]
+    assert operations.recipe_warnings(gpus, world=4) == []   # two a GPU
+    gpus.device = 'cpu'
+    assert operations.recipe_warnings(gpus, world=8) == []   # CPU: nothing to launch
+    train.main(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out', str(tmp_path / 'w')])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['warning: --warmup 2 is not shorter than --max-steps 2: the learning rate never '
+                   'reaches its peak --lr 0.003'], err
+
+
+# ----------------------------------------------------------------------------- fuzz
+ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf', 'nan', '',
+               '99999999999999999999', 'x', '1,1', '0x10', ' 2']
+ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cuda', 'meta', 'cpu']
+SWITCHES = {flag for flag, kind, _ in train.FLAGS if kind is None} - {'--tensorboard', '--compile'}
+# (--data and --out are drawn apart; the slow or networked loggers and compile are left out, and the
+# evaluation sizes stay tiny: the contract, not the evaluation's speed, is under test)
+FUZZED = sorted(flag for flag, _, _ in train.FLAGS if flag not in (
+    '--data', '--out', '--tensorboard', '--wandb', '--compile', '--eval-subset-chars',
+    '--eval-max-chars', '--eval-batch-size'))
+
+
+@st.composite
+def odd_argv(draw, synth, where):
+    """train.py's flags: a few drawn at random, each with an odd or an ordinary value."""
+    argv = []
+    for flag in draw(st.lists(st.sampled_from(FUZZED), max_size=4, unique=True)):
+        kind = dict((f, k) for f, k, _ in train.FLAGS)[flag]
+        if flag in SWITCHES:
+            argv.append(flag)
+            continue
+        values = (st.sampled_from(list(kind) + ['bogus']) if isinstance(kind, tuple) else
+                  st.sampled_from(ODD_TEXT) if kind is train.nonblank else
+                  st.sampled_from(ODD_NUMBERS) | st.integers(-3, 4).map(str)
+                  | st.floats(allow_nan=True, allow_infinity=True).map(repr))
+        argv += [flag, draw(values)]
+    data = draw(st.sampled_from([str(synth)] * 3 + ['', 'a\0b', str(where / 'none'), '/dev/null']))
+    out = draw(st.sampled_from([str(where / 'run')] * 3 + ['', 'a\0b', str(where / 'f'),
+                                                           str(where / 'f' / 'run'), None]))
+    return TINY + ['--data', data, '--eval-interval', '1'] + argv + (
+        ['--out', out] if out is not None else []) + ['--max-steps', draw(st.sampled_from('12'))]
+
+
+@settings(max_examples=12, deadline=None, **HYPOTHESIS_FIXTURES)
+@given(data=st.data())
+def test_train_fuzzed_flags_keep_the_contract(synth, tmp_path, capsys, monkeypatch, data):
+    """Whatever the flags: no traceback, exit 0, 1, 2 (or 130); a failure says one `error:` line;
+    nothing half-written (no temp file, a checkpoint that loads, a log of whole JSON lines) and,
+    for a bad flag (2), nothing written at all."""
+    where = Path(tempfile.mkdtemp(dir=tmp_path))
+    (where / 'f').write_text('a file where a folder could be')
+    monkeypatch.chdir(where)  # (the default --out is relative)
+    argv = data.draw(odd_argv(synth, where))
+    capsys.readouterr()
+    try:
+        train.main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith('error: ')]
+    assert code in (0, 1, 2, 130) and 'Traceback' not in err, (argv, code, err)
+    assert len(errors) == (code != 0), (argv, err)
+    runs = [p.parent for p in where.rglob('log.jsonl')] + [p.parent for p in where.rglob('ckpt.pt')]
+    assert not list(where.rglob('*.tmp')), argv
+    assert code != 2 or not runs, (argv, err)
+    for run in set(runs):
+        [json.loads(line) for line in (run / 'log.jsonl').read_text().splitlines()]
+        if (run / 'ckpt.pt').exists():
+            operations.read_checkpoint(run / 'ckpt.pt')
