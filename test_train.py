@@ -949,3 +949,18 @@ def test_train_fuzzed_flags_keep_the_contract(synth, tmp_path, capsys, monkeypat
         [json.loads(line) for line in (run / 'log.jsonl').read_text().splitlines()]
         if (run / 'ckpt.pt').exists():
             operations.read_checkpoint(run / 'ckpt.pt')
+
+
+def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path):
+    """Each flag alone with each odd value, parsed and checked up to the model's config (nothing
+    runs): accepted, or refused as one UserError line with exit code 2 (1 for what is missing
+    here, e.g. CUDA) - never another exception."""
+    meta = json.loads((synth / 'meta.json').read_text())
+    for flag in FUZZED:
+        for value in [None] if flag in SWITCHES else ODD_NUMBERS + ODD_TEXT:
+            argv = tiny_args(synth, 'fixed') + [flag] + ([] if value is None else [value])
+            try:
+                args, _ = train.resolve_args(train.parse_args(argv + ['--out', str(tmp_path / 'o')]))
+                train.model_config(args, train.check_args(args), meta)
+            except operations.UserError as e:
+                assert e.code in (1, 2) and '\n' not in str(e), (flag, value, str(e))
