@@ -141,7 +141,7 @@ def model_config(args, layers, meta):
                                         'dropatt', 'boundary', 'attention') + MODEL_FLAGS}
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
         return ops.config_from_dict(dict(kw, vocab_size=meta['vocab_size'], layers=layers,
-                                     whitespace_id=meta.get('space_id')))
+                                         whitespace_id=meta.get('space_id')))
     except UserError as e:
         raise UserError(str(e), code=2) from None
 
