@@ -1454,3 +1454,35 @@ def test_hnet_bucketed_chunks_change_nothing():
 def test_hnet_bad_ratio_flags_raise(bad):
     with pytest.raises(ValueError, match="ratio_target must be > 1 and ratio_weight >= 0"):
         tiny_config("hnet", **bad)
+
+
+def test_hnet_router_keeps_chunking_early_in_training():
+    """H-Net's embedding init (std 1): in the first steps the pre stage's outputs gain a component
+    shared by all tokens; next to embeddings of std 0.02 it soon makes neighbours look alike and the
+    router stops chunking (SF far above its target N = 6). With std 1 it keeps chunking."""
+    text = english_snippet(200)
+    ids = torch.tensor([0 if c == " " else ord(c) - ord("a") + 1 for c in text])
+
+    def sf_after_warm_up_steps(embed_std):
+        torch.manual_seed(0)
+        cfg = Config(vocab_size=27, d_model=64, n_head=2, d_head=32, d_inner=256, layers=(1, 2, 1),
+                     dropout=0.0, dropatt=0.0, boundary="hnet", whitespace_id=0)
+        model = DynamicPoolingLM(cfg).train()
+        if embed_std is not None:
+            torch.nn.init.normal_(model.embed.weight, std=embed_std)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(0)
+        for step in range(20):
+            for group in opt.param_groups:
+                group["lr"] = 1e-3 * (step + 1) / 50   # the CPU preset's warm-up
+            starts = torch.randint(0, len(ids) - 65, (4,), generator=gen)
+            chunk = torch.stack([ids[s:s + 65] for s in starts])
+            out = model(chunk[:, :-1], targets=chunk[:, 1:])
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+        return float(out.shortening_factor)
+
+    default, small = sf_after_warm_up_steps(None), sf_after_warm_up_steps(0.02)
+    assert default < 12, "the default init stopped chunking"
+    assert small > 12, "std 0.02 no longer shows the collapse this guards"
