@@ -3,9 +3,11 @@ tolerances, tiny models and inputs. Run the suite with `python -m pytest -q` (RE
 `--slow` adds the torch.compile tests, and tests marked `gpu` run only where CUDA is.
 """
 
+import contextlib
 import importlib.util
 import math
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,56 @@ def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
             f"{msg} not close: max abs diff {diff.max().item():.3e}, mean abs diff "
             f"{diff.mean().item():.3e}, {int(bad.sum())}/{a.numel()} elements over atol={atol} "
             f"rtol={rtol}; first at {first}: {a[first].item():.6g} vs {b[first].item():.6g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command-line contract: exit codes, one `error:` line, odd paths, no hang
+# ---------------------------------------------------------------------------------------------
+def run_main(main, argv, capsys):
+    """main(argv) in this process as its command line runs it → (exit code, stdout, stderr): the
+    code it returns (None is 0) or its SystemExit's (a bad flag's included)."""
+    try:
+        code = main([str(a) for a in argv])
+        code = 0 if code is None else code
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_cli_contract(code, err, argv):
+    """Exit 0, 1, 2 or 130, never a traceback; a failure ends with its one `error: ` line and a
+    success has none."""
+    lines = err.splitlines()
+    errors = [ln for ln in lines if ln.startswith('error')]
+    assert code in (0, 1, 2, 130), (argv, code, err)
+    assert 'Traceback' not in err and (code == 0) == (not errors), (argv, err)
+    if code:
+        assert lines[-1].startswith('error: ') and len(errors) == 1, (argv, err)
+
+
+@contextlib.contextmanager
+def no_hang(seconds=30):
+    """Fail instead of hanging (a FIFO opened waits for the other end forever)."""
+    def hung(*_):
+        raise TimeoutError(f'hung for {seconds} s')
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def odd_paths(root, leaf='x'):
+    """{name: path} of the paths a user can get wrong, made below root: too long, too deep (`leaf`
+    under 25 missing folders), through a file, a FIFO, a directory."""
+    (root / 'a-file').write_text('x')
+    (root / 'a-dir').mkdir()
+    os.mkfifo(root / 'a-fifo')
+    return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / leaf,
+            'through-a-file': root / 'a-file' / leaf, 'fifo': root / 'a-fifo', 'dir': root / 'a-dir'}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 import bench
-from conftest import HYPOTHESIS_FIXTURES, ROOT
+from conftest import HYPOTHESIS_FIXTURES, ROOT, assert_cli_contract, no_hang, odd_paths, run_main
 
 TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
@@ -160,37 +159,14 @@ def test_out_of_memory_names_the_flags_of_what_ran(capsys):
         assert err.rstrip('\n').endswith(f'try a smaller {flags}'), err
 
 
-@contextlib.contextmanager
-def _no_hang(seconds=60):
-    """Fail instead of hanging (a FIFO opened for writing waits for a reader forever)."""
-    def hung(*_):
-        raise TimeoutError(f'hung for {seconds} s')
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def _odd_paths(root):
-    """{name: path} of output paths a user can get wrong."""
-    (root / 'a-file').write_text('x')
-    (root / 'a-dir').mkdir()
-    os.mkfifo(root / 'a-fifo')
-    return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / 'p.png',
-            'through-a-file': root / 'a-file' / 'p.png', 'fifo': root / 'a-fifo', 'dir': root / 'a-dir'}
-
-
 @pytest.mark.parametrize('flag', ['--plot', '--trace'])
 @pytest.mark.parametrize('case, words', [('too-long', '300 bytes'), ('too-deep', 'does not exist'),
                                          ('through-a-file', 'not a directory'), ('fifo', 'FIFO'),
                                          ('dir', 'a directory')])
 def test_odd_output_paths_are_refused_at_parse_time(tmp_path, capsys, flag, case, words):
-    path = _odd_paths(tmp_path)[case]
+    path = odd_paths(tmp_path, 'p.png')[case]
     before = sorted(os.listdir(tmp_path))
-    with _no_hang(), pytest.raises(SystemExit) as e:
+    with no_hang(60), pytest.raises(SystemExit) as e:
         bench.main(TINY + ['--profile', 'vanilla', flag, str(path)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith(f'error: argument {flag}: ') and words in err
@@ -458,9 +434,9 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
     uncaught exception; a failure is one `error:` line; no temporary file is left, and a trace or plot
     that exists is whole. The children run in this process (bench.spawn stood in for: a process each
     would take seconds) and the plot is stood in for (matplotlib is optional)."""
-    with tempfile.TemporaryDirectory() as tmp, _no_hang(120), monkeypatch.context() as m:
+    with tempfile.TemporaryDirectory() as tmp, no_hang(120), monkeypatch.context() as m:
         root = Path(tmp)
-        odd = _odd_paths(root)
+        odd = odd_paths(root, 'p.png')
         m.setattr(bench, 'spawn', _in_process_spawn)
         m.setattr(bench, 'clock', bench.clock)          # --clock cpu changes it for the process
         _no_plotting(m)
@@ -479,18 +455,9 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
                 refused = data.draw(st.integers(0, 3), label=f'{flag} refused') == 0
                 pick = data.draw(st.sampled_from(sorted(odd) if refused else [name]), label=flag)
                 argv += [flag, str(odd.get(pick, root / pick))]
-        try:
-            bench.main(argv)
-            rc = 0
-        except SystemExit as e:
-            rc = e.code
-        out, err = capsys.readouterr()
+        rc, out, err = run_main(bench.main, argv, capsys)
         event(f'{mode}: exit {rc}')   # --hypothesis-show-statistics: how many examples got how far
-        assert rc in (0, 1, 2, 130), (argv, rc, err)
-        lines = err.splitlines()
-        assert 'Traceback' not in err and (rc == 0) == (not any(ln.startswith('error') for ln in lines)), (argv, err)
-        if rc:
-            assert lines[-1].startswith('error: ') and sum(ln.startswith('error') for ln in lines) == 1, (argv, err)
+        assert_cli_contract(rc, err, argv)
         left = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if '.tmp' in f]
         assert not left, (argv, left)
         if os.path.isfile(root / 't.json'):

@@ -3,12 +3,10 @@ flags, damaged logs, plots, and a fuzz test of the command line's contract.
 
 Run:   python -m pytest -q test_report.py
 """
-import contextlib
 import fcntl
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -20,7 +18,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import report
-from conftest import HYPOTHESIS_FIXTURES
+from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, odd_paths, run_main
 
 HERE = Path(__file__).resolve().parent
 CHARS_PER_STEP = 4 * 512
@@ -312,33 +310,13 @@ def test_plot_in_an_unknown_format_is_one_line(study, tmp_path, capsys):
     assert out == '' and err.count('\n') == 1 and 'name it .png' in err and not list(tmp_path.glob('study*'))
 
 
-@contextlib.contextmanager
-def no_hang(seconds=30):
-    """Fail instead of hanging (a FIFO opened for reading waits for a writer forever)."""
-    def hung(*_):
-        raise TimeoutError(f'hung for {seconds} s')
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def odd_paths(root):
-    """{name: path} of the paths a user can get wrong: too long, too deep, through a file, a FIFO,
-    a run whose log.jsonl is a directory or a FIFO."""
-    (root / 'a-file').write_text('x')
-    (root / 'a-dir').mkdir()
-    os.mkfifo(root / 'a-fifo')
+def odd_run_paths(root):
+    """conftest's odd_paths and runs whose log.jsonl is a directory or a FIFO."""
     (root / 'run-log-dir' / 'log.jsonl').mkdir(parents=True)
     (root / 'run-log-fifo').mkdir()
     os.mkfifo(root / 'run-log-fifo' / 'log.jsonl')
-    return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / 'x',
-            'through-a-file': root / 'a-file' / 'x', 'fifo': root / 'a-fifo', 'dir': root / 'a-dir',
-            'log-is-a-dir': root / 'run-log-dir', 'log-is-a-fifo': root / 'run-log-fifo',
-            'log-fifo-itself': root / 'run-log-fifo' / 'log.jsonl'}
+    return dict(odd_paths(root), **{'log-is-a-dir': root / 'run-log-dir', 'log-is-a-fifo': root / 'run-log-fifo',
+                                    'log-fifo-itself': root / 'run-log-fifo' / 'log.jsonl'})
 
 
 @pytest.mark.parametrize('case, words', [
@@ -348,7 +326,7 @@ def odd_paths(root):
 def test_odd_run_paths_are_one_line(tmp_path, capsys, case, words):
     """A run path that cannot be read: one line naming it, exit 1; never a traceback, never a hang
     on a FIFO. The same for a log.jsonl found below a folder."""
-    path = odd_paths(tmp_path)[case]
+    path = odd_run_paths(tmp_path)[case]
     with no_hang():
         rc = report.main([str(path)])
     out, err = capsys.readouterr()
@@ -372,7 +350,7 @@ def test_unreadable_log_is_one_line(study, capsys, monkeypatch):
 @pytest.mark.parametrize('case, words', [('too-long', 'File name too long'), ('too-deep', 'does not exist'),
                                          ('through-a-file', 'is a file'), ('fifo', 'FIFO'), ('dir', 'a directory')])
 def test_odd_plot_paths_are_refused_at_parse_time(study, tmp_path, capsys, case, words):
-    path = odd_paths(tmp_path)[case]
+    path = odd_run_paths(tmp_path)[case]
     with no_hang(), pytest.raises(SystemExit) as e:
         report.main([str(study), '--plot', str(path)])
     out, err = capsys.readouterr()
@@ -489,7 +467,7 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
     file is left. (The plot is stood in for: matplotlib is optional.)"""
     with tempfile.TemporaryDirectory() as tmp, no_hang(60), monkeypatch.context() as m:
         root = Path(tmp)
-        odd = odd_paths(root)
+        odd = odd_run_paths(root)
         m.setattr(report, 'import_pyplot', lambda: object())
         m.setattr(report, 'plot_formats', lambda plt: {'png': 'Portable Network Graphics'})
         m.setattr(report, 'plot', lambda plt, rows, groups, path: path.write_bytes(b'\x89PNG whole'))
@@ -509,17 +487,9 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
         if data.draw(st.booleans(), label='--plot'):
             pick = data.draw(st.sampled_from(['p.png', 'p.png', 'p.xyz'] + sorted(odd)), label='plot path')
             argv += ['--plot', str(odd.get(pick, root / pick))]
-        try:
-            rc = report.main(argv)
-        except SystemExit as e:
-            rc = e.code
-        out, err = capsys.readouterr()
+        rc, out, err = run_main(report.main, argv, capsys)
         event(f'exit {rc}')   # --hypothesis-show-statistics: how many examples got how far
-        assert rc in (0, 1, 2, 130), (argv, rc, err)
-        lines = err.splitlines()
-        assert 'Traceback' not in err and (rc == 0) == (not any(ln.startswith('error') for ln in lines)), (argv, err)
-        if rc:
-            assert lines[-1].startswith('error: ') and sum(ln.startswith('error') for ln in lines) == 1, (argv, err)
+        assert_cli_contract(rc, err, argv)
         assert not [f for d, _, fs in os.walk(root) for f in fs if 'tmp' in f], argv
         if (root / 'p.png').exists():
             assert rc == 0 and (root / 'p.png').read_bytes() == b'\x89PNG whole'
