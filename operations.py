@@ -419,6 +419,25 @@ fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
 probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken: (0, 1)
 
 
+def flop_budget(s):
+    """Argument type of --flop-budget: a number of FLOPs, or `vanilla:N`, the FLOPs of N steps of
+    the vanilla model of the same shape (resolve_budget turns it into the number)."""
+    if str(s).strip().startswith('vanilla:'):
+        steps = str(s).strip()[len('vanilla:'):]
+        if not steps.isdigit() or int(steps) < 1:
+            raise argparse.ArgumentTypeError(f'vanilla:N needs N, a step count >= 1, got {s}')
+        return f'vanilla:{int(steps)}'
+    return positive_float(s)
+
+
+def resolve_budget(args, cfg):
+    """--flop-budget vanilla:N → N x the FLOPs of a step of the vanilla model of cfg's shape."""
+    if isinstance(args.flop_budget, str):
+        vanilla = dataclasses.replace(cfg, boundary='none')
+        steps = int(args.flop_budget.split(':')[1])
+        args.flop_budget = steps * step_flops(vanilla, args.batch_size, args.seq_len)
+
+
 def thread_count(s):
     """Argument type: threads, between 1 and this machine's cores."""
     v, cores = _parse(s, int, 'an integer number of threads'), os.cpu_count() or 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU study of dynpool (issue 14): every mode over seeds, and the Pareto front, on the shared
+# The CPU study of dynpool: every mode over seeds, and the Pareto front, on the shared
 # text8 slice at train.py's CPU preset, then report.py's tables and plots.
 #
 #   bash study.sh --dry-run                      # the plan and its cost, nothing run
@@ -68,17 +68,6 @@ out=${out:-runs/study-$steps}
 plan=()
 add() { local n=$1; for p in "${plan[@]}"; do [ "${p%% *}" = "$n" ] && return; done; plan+=("$*"); }
 if [ "$part" = languages ]; then
-  # the vanilla run's FLOPs at this shape: the budget every pooled -flops run trains to
-  budget=$(python - "$steps" "${train_flags[@]}" <<'PY'
-import sys
-import dynpool, train
-args, _ = train.resolve_args(train.parse_args(['--device', 'cpu', '--boundary', 'none',
-                                               '--out', 'out/budget-probe'] + sys.argv[2:]))
-layers = train.check_args(args)
-cfg = train.model_config(args, layers, dict(vocab_size=27))
-print(repr(int(sys.argv[1]) * dynpool.step_flops(cfg, args.batch_size, args.seq_len)))
-PY
-) || die "could not compute the FLOP budget (see above)"
   for s in $seeds; do
     for l in $langs; do
       for m in $modes; do
@@ -89,7 +78,7 @@ PY
           *) f="--boundary $m" ;;
         esac
         add "$l-$m-s$s" "$l" $f --seed "$s"
-        [ "$m" = none ] || add "$l-$m-flops-s$s" "$l" $f --seed "$s" --flop-budget "$budget"
+        [ "$m" = none ] || add "$l-$m-flops-s$s" "$l" $f --seed "$s" --flop-budget "vanilla:$steps"
       done
     done
   done
@@ -196,7 +185,7 @@ for f in "$out"/.failed-*; do [ -e "$f" ] && failed+=("${f##*/.failed-}") && rm 
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
 if [ ${#dirs[@]} -gt 0 ]; then
-  # Equal budgets: characters always; FLOPs where train.py logs them (it did not before issue 14).
+  # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack them).
   budgets=(--at-chars min)
   grep -q '"train_flops": [0-9]' "${dirs[0]}/log.jsonl" && budgets+=(--at-flops min)
   python report.py "${dirs[@]}" "${budgets[@]}" || failed+=(report.py)

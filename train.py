@@ -6,11 +6,10 @@ Train a dynamic-pooling Transformer (Nawrot et al., ACL 2023) as a character-lev
     python train.py --boundary unigram --data data/wiki40b-fi --out out/fi-unigram
     python train.py --boundary gumbel --max-time 540          # a 9-minute slice of a long run ...
     python train.py --out out/text8-gumbel --resume           # ... and the next (same flags)
-    python train.py --boundary whitespace --flop-budget 3e15  # to a FLOP budget, not a step count
+    python train.py --boundary whitespace --flop-budget vanilla:200000  # vanilla's compute
     torchrun --nproc_per_node=8 train.py --boundary whitespace          # DDP over 8 GPUs (NCCL)
 
-A run writes <out>/ckpt.pt and <out>/log.jsonl (config, train and eval records); the terminal
-shows a line per --log-interval steps and ends with `test bpc <x.xxxx> sf <y.yy>`.
+A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
 """
 import dataclasses
 import math
@@ -52,7 +51,7 @@ MODEL_FLAGS = ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 # Flags that define the model or the data order: a resumed run must keep them.
 KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout',
-                  'dropatt', 'seq_len', 'batch_size', 'seed', 'flop_budget') + MODEL_FLAGS
+                  'dropatt', 'seq_len', 'batch_size', 'seed') + MODEL_FLAGS
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 
@@ -83,9 +82,9 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--seq-len', positive_int, 'training sequence length in characters'),
     ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
     ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
-    ('--flop-budget', positive_float, 'train to this many FLOPs (dynpool.step_flops, measured SF): '
-     'the cosine decays over the FLOPs after warm-up, the first step to reach it is the last, '
-     '--max-steps only caps it (default none)'),
+    ('--flop-budget', ops.flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured SF), '
+     'or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs after '
+     'warm-up, the first step to reach it is the last, --max-steps only caps it (default none)'),
     ('--stop-step', positive_int, 'save and exit here, unfinished, for --resume (default none)'),
     ('--max-time', positive_float, 'seconds to train, then save and exit (default none)'),
     ('--lr', positive_float, 'peak learning rate'),
@@ -429,6 +428,7 @@ def run(argv, procs):
     meta, splits, labels = ops.load_data(args.data, args.boundary)
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     cfg = model_config(args, layers, meta)
+    ops.resolve_budget(args, cfg)
     ops.check_run(args, ckpt, cfg, vocab, splits['train'], procs)
     state = RunState() if ckpt is None else RunState.resumed(ckpt, args)
     with ops.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
