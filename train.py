@@ -306,8 +306,7 @@ def train(args, cfg, vocab, splits, labels, state, t, started):
         state.step, state.epoch, state.pos = state.step + 1, batch.epoch, batch.pos
         state.train_chars += args.batch_size * args.seq_len
         batch = next(stream)  # cut and copied on the host while the device runs the step
-        if budget:
-            state.budget_flops += t.stats.take_step_flops()
+        state.budget_flops += t.stats.take_step_flops() if budget else 0.0
         end = state.step >= stop or finished(state, args)
         save = state.step % args.eval_interval == 0 or end
         if (state.step % args.log_interval == 0 or save) and log_train(t, args, state, clock, lr,
@@ -408,7 +407,8 @@ def finish(t, args, splits, vocab, state, why):
     """Finished: the full validation and test, and how to sample; stopped: how to continue."""
     if why is not None:
         if t.procs.rank == 0:
-            print(f'stopped at step {state.step} of {args.max_steps} ({why}); continue with: '
+            total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
+            print(f'stopped at step {state.step} of {total} ({why}); continue with: '
                   f'python train.py --out {shlex.quote(args.out)} --resume', flush=True)
         return
     eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
