@@ -82,6 +82,14 @@ def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
             f"rtol={rtol}; first at {first}: {a[first].item():.6g} vs {b[first].item():.6g}")
 
 
+def shared_data(name):
+    """The path of `name` in ../shared/data; the test skips, saying so, where it is absent."""
+    path = DATA_DIR / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (real text beside the repo, in this project's CI only)")
+    return path
+
+
 # ---------------------------------------------------------------------------------------------
 # The command-line contract: exit codes, one `error:` line, odd paths, no hang
 # ---------------------------------------------------------------------------------------------

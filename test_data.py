@@ -30,6 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prepare_data
+from conftest import shared_data
 from prepare_data import LANGS, clean
 
 
@@ -38,7 +39,6 @@ from prepare_data import LANGS, clean
 # (formerly test_prepare_data.py)
 # ==================================================================================================
 
-_DATA_SHARED = Path(__file__).parent.parent / "shared" / "data"
 _DATA_SETTINGS = settings(deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")), database=None)
 _DATA_NIQQUD = [chr(c) for c in range(0x591, 0x5C8) if unicodedata.category(chr(c)) == "Mn"]
 _DATA_MARKERS = ["_START_ARTICLE_", "_START_SECTION_", "_START_PARAGRAPH_", "_NEWLINE_"]
@@ -80,10 +80,9 @@ def _data_fail(argv, capsys, out=None):
     return err[-1]
 
 
-def _data_slice(src, dst, nbytes=200_000):
-    if not src.exists():
-        pytest.skip(f"shared data {src} absent (only in this project's CI)")
-    raw = src.read_bytes()[:nbytes]
+def _data_slice(name, dst, nbytes=200_000):
+    """The whole lines in the first `nbytes` of ../shared/data/`name`, written to dst."""
+    raw = shared_data(name).read_bytes()[:nbytes]
     dst.write_bytes(raw[:raw.rfind(b"\n") + 1])
     return dst
 
@@ -215,7 +214,7 @@ def test_data_homoglyph_map_covers_lookalikes():
 @pytest.mark.parametrize("lang", sorted(LANGS))
 def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(prepare_data, "CHUNK", 300)  # many pieces, long lines cut at a space
-    src = _data_slice(_DATA_SHARED / "raw" / f"{lang}.txt", tmp_path / f"{lang}.txt")
+    src = _data_slice(f"raw/{lang}.txt", tmp_path / f"{lang}.txt")
     argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300"]
     meta = prepare_data.main([str(a) for a in argv])
     d = tmp_path / "out" / f"input-{lang}"
@@ -266,10 +265,7 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
 
 
 def test_data_text8_input_kept_as_is(tmp_path, capsys):
-    src = _DATA_SHARED / "text8-head.txt"
-    if not src.exists():
-        pytest.skip(f"shared data {src} absent (only in this project's CI)")
-    raw = src.read_text()[:200_000]
+    raw = shared_data("text8-head.txt").read_text()[:200_000]
     (tmp_path / "t8.txt").write_text(raw)
     meta = prepare_data.main(["--dataset", "text8", "--input", str(tmp_path / "t8.txt"), "--out-dir",
                               str(tmp_path), "--unigram", "300"])
@@ -657,7 +653,7 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
     process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
     # enough text that training outlasts the wait below on a quiet machine too (6M characters: ~3 s)
-    src = _data_slice(_DATA_SHARED / "raw" / "vi.txt", tmp_path / "vi.txt", 8_000_000)
+    src = _data_slice("raw/vi.txt", tmp_path / "vi.txt", 8_000_000)
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, str(Path(prepare_data.__file__)), "--input", str(src), "--lang", "vi",
                           "--out-dir", str(out), "--unigram", "8000"],

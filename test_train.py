@@ -30,12 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import operations
 import train
-from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, run_main
+from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, run_main, shared_data
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
 
 
 ROOT = Path(__file__).parent
-SHARED = Path(__file__).parent.parent / 'shared' / 'data'
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
 TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
         '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
@@ -85,10 +84,7 @@ def synth(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def text8(tmp_path_factory):
-    src = SHARED / 'text8-head.txt'
-    if not src.is_file():
-        pytest.skip(f'{src} is absent (shared data lives beside the repo in the project CI)')
-    text = src.read_text()[:400_000]
+    text = shared_data('text8-head.txt').read_text()[:400_000]
     return write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
 
 
