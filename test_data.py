@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unicodedata
@@ -26,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece as spm
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+import operations
 import prepare_data
-from conftest import shared_data
+from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, run_main, shared_data
 from prepare_data import LANGS, clean
 
 
@@ -1029,3 +1031,56 @@ def test_data_unigram_too_small_fix_runs_as_printed(tmp_path, capsys):
     done = _data_run_printed(msg, tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "text8" / "meta.json").read_text())["unigram"]["vocab_size"] > 5
+
+
+# ---------------------------------------------------------------------------------------------
+# The command-line contract under random flags and damaged datasets (fuzzed)
+# ---------------------------------------------------------------------------------------------
+_FUZZ_FLAGS = ["--dataset", "--lang", "--name", "--max-train-chars", "--max-eval-chars", "--unigram",
+               "--unigram-max-words", "--retries", "--backoff", "--text8-url", "--hf-base"]
+_FUZZ_VALUES = ["0", "-5", "1", "7", "2.5", "1e309", "nan", "inf", "-inf", "99999999999999999999999",
+                "", " ", "x", "en", "de", "text8", "input", "http://127.0.0.1:9/x", "a\0b", "é" * 300]
+
+
+def _fuzz_damage(meta, draw):
+    """meta.json with one field deleted or given a value of another type."""
+    key = draw(st.sampled_from(sorted(meta)))
+    if draw(st.booleans()):
+        del meta[key]
+    else:
+        meta[key] = draw(st.sampled_from([None, 300, -1, "x", [], {}, [1, "a"], {"vocab_size": "x"}]))
+    return meta
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 30)), deadline=None, **HYPOTHESIS_FIXTURES)
+@given(data=st.data())
+def test_data_fuzzed_flags_and_damaged_datasets_keep_the_contract(tmp_path, capsys, data):
+    """Whatever the flags, and whatever was done to an existing dataset's meta.json: no traceback,
+    exit 0, 1 or 2 with one `error:` line on failure, no temporary file left, and every meta.json
+    on disk whole JSON; a bad flag (exit 2) writes nothing."""
+    where = Path(tempfile.mkdtemp(dir=tmp_path))
+    (where / "in.txt").write_text(_data_words(4000))
+    base = ["--input", where / "in.txt", "--out-dir", where / "data", "--name", "d", "--lang", "en"]
+    if data.draw(st.booleans(), label="damaged existing dataset"):
+        assert prepare_data.main([str(a) for a in base + ["--unigram", "0"]])
+        path = where / "data" / "d" / "meta.json"
+        meta = _fuzz_damage(json.loads(path.read_text()), data.draw)
+        path.write_text(json.dumps(meta))
+    before = sorted(p for p in where.rglob("*"))
+    argv = list(base) + ["--unigram", data.draw(st.sampled_from(["0", "0", "30"]))]
+    flags = st.lists(st.sampled_from(_FUZZ_FLAGS), min_size=1, max_size=3, unique=True)
+    for flag in data.draw(st.just([]) | flags, label="flags"):
+        argv += [flag, data.draw(st.sampled_from(_FUZZ_VALUES))]
+    capsys.readouterr()
+    with no_hang(60):
+        code, out, err = run_main(prepare_data.main, argv, capsys)
+    code = 0 if code is None or isinstance(code, dict) else code
+    event(f"exit {code}")                 # --hypothesis-show-statistics: how far the examples got
+    assert_cli_contract(code, err, argv)
+    assert not [p for p in where.rglob("*") if p.name.endswith((".tmp", ".part"))], argv
+    for meta_file in where.rglob("meta.json"):
+        json.loads(meta_file.read_text())
+    assert code != 2 or sorted(p for p in where.rglob("*")) == before, (argv, err)
+    if code == 0:   # what it leaves is a dataset train.py accepts (the last --name counts)
+        name = argv[len(argv) - argv[::-1].index("--name")]
+        operations.read_meta(where / "data" / str(name))
