@@ -430,6 +430,14 @@ def flop_budget(s):
     return positive_float(s)
 
 
+def reseed_rank(seed, rank, step):
+    """Ranks above 0 draw dropout masks and Gumbel noise of their own. Only rank 0's random state
+    is saved, so the others restart their streams at every checkpoint's step, as a resumed run
+    does: kill/resume stays bit-exact under DDP."""
+    if rank > 0:
+        torch.manual_seed(seed + 1000 * rank + step)
+
+
 def resolve_budget(args, cfg):
     """--flop-budget vanilla:N → N x the FLOPs of a step of the vanilla model of cfg's shape."""
     if isinstance(args.flop_budget, str):

@@ -230,8 +230,7 @@ def setup(args, cfg, ckpt, state, procs):
                                  fused=True)
     if ckpt is not None:
         ops.restore_training(ckpt, raw_model, optimizer, scaler, args.device)
-    if procs.rank > 0:  # dropout masks should differ between ranks; rank 0 keeps the saved stream
-        torch.manual_seed(args.seed + 1000 * procs.rank + state.step)
+    ops.reseed_rank(args.seed, procs.rank, state.step)  # rank 0 keeps the saved stream
     logger = ops.run_logger(args, procs, amp, raw_model.num_params(), state.saved)
     return ops.Training(ops.wrap_model(raw_model, args, procs.world), raw_model, optimizer,
                         scaler, autocast, amp, ops.StepStats(cfg, args, procs.world), logger, procs)
@@ -322,6 +321,7 @@ def train(args, cfg, vocab, splits, labels, state, t, started):
                         t.raw_model, t.optimizer, t.scaler, counters, cfg, vocab, args),
                         state.saved)
                 state.saved = state.step
+                ops.reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
             clock.pause_ended()  # evaluating and saving are not training time
     return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
 
