@@ -1132,6 +1132,11 @@ def leave_process_group(wait, world):
         torch.distributed.destroy_process_group()
         return
     torch.distributed.barrier()
+    # gloo's worker threads free the barrier's work (and the earlier works it holds, whose tensors
+    # Python owns) after barrier() returns, and need the GIL for it; a group destroyed with the GIL
+    # held before then deadlocks in the join (seen when the DDP reducer was freed at exit). A
+    # pause releases the GIL so they can finish.
+    time.sleep(0.2)
     store = torch.distributed.distributed_c10d._get_default_store()  # outlives the group
     torch.distributed.destroy_process_group()
     key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'  # torchrun restarts
@@ -1543,6 +1548,11 @@ def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
     check_model_memory(cfg, args.device)
     if ckpt is not None:
         check_resumable(ckpt, cfg, vocab, args.data)
+        # (at --max-steps exactly it resumes: a run stopped in its final evaluation redoes it)
+        for flag, at in (('--max-steps', args.max_steps), ('--stop-step', args.stop_step)):
+            if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
+                raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
+                                f'nothing would be trained', code=2)
     for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
         print(f'warning: {line}', file=sys.stderr, flush=True)
 

@@ -534,7 +534,7 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
         for line in first.stdout:  # wait until it has saved a checkpoint and trains on
             if line.startswith('step 3/'):
                 break
-        second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '4'])
+        second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '99999'])
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1 and err.splitlines() == [err.strip()], err
         assert err.startswith('error: another train.py is running on ') and 'Traceback' not in err
@@ -955,6 +955,7 @@ def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path)
                 assert e.code in (1, 2) and '\n' not in str(e), (flag, value, str(e))
 
 
+@pytest.mark.slow
 def test_train_ddp_stop_and_resume_is_bit_identical(synth, tmp_path):
     """2 gloo processes with dropout and Gumbel noise (every rank draws its own): stopped at a
     checkpoint and resumed, the run ends with the weights of one that never stopped."""
@@ -966,3 +967,19 @@ def test_train_ddp_stop_and_resume_is_bit_identical(synth, tmp_path):
     a, b = (torch.load(tmp_path / d / 'ckpt.pt', weights_only=False)['model']
             for d in ('straight', 'resumed'))
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_train_resume_with_nothing_left_to_train_is_refused(synth, tmp_path, capsys):
+    """--resume with --max-steps below the checkpoint's step, or --stop-step not after it, would
+    train nothing: one line, exit 2, the run folder untouched. At --max-steps exactly it resumes
+    (a run stopped in its final evaluation redoes it)."""
+    out = tmp_path / 'run'
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '4', '--eval-interval', '2', '--out', str(out)]
+    train.main(argv + ['--stop-step', '2'])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for extra in (['--max-steps', '1'], ['--stop-step', '2'], ['--stop-step', '1']):
+        msg = user_error(argv + ['--resume'] + extra, capsys, code=2)
+        assert f'{extra[0]} {extra[1]} is not after the checkpoint\'s step 2' in msg, msg
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    train.main(argv + ['--resume', '--max-steps', '2'])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
