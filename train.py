@@ -82,9 +82,9 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--seq-len', positive_int, 'training sequence length in characters'),
     ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
     ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
-    ('--flop-budget', ops.flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured SF), '
-     'or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs after '
-     'warm-up, the first step to reach it is the last, --max-steps only caps it (default none)'),
+    ('--flop-budget', ops.flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured '
+     'SF), or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs '
+     'after warm-up, the first step reaching it is the last, --max-steps only caps (default none)'),
     ('--stop-step', positive_int, 'save and exit here, unfinished, for --resume (default none)'),
     ('--max-time', positive_float, 'seconds to train, then save and exit (default none)'),
     ('--lr', positive_float, 'peak learning rate'),
@@ -118,8 +118,7 @@ def parse_args(argv):
 
 
 def resolve_args(args, procs=Processes()):
-    """Fill in every flag not given, once: the checkpoint's, the preset's, the model's and the
-    dataset's → (args, checkpoint or None)."""
+    """Fill each flag not given, once (checkpoint, preset, model, dataset) → (args, ckpt|None)."""
     def defaults(args):  # (after the checkpoint's flags: its dataset and budget count)
         model = {**MODEL_DEFAULTS, **ops.dataset_defaults(args.data or COMMON['data'], MODEL_FLAGS)}
         return {**COMMON, **(GPU_PRESET if args.device.startswith('cuda') else CPU_PRESET),
@@ -368,8 +367,9 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
     for i in range(0, len(wins), batch_size):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
-        counts = segment_counts(model.cfg, tokens[idx][:, :-1])  # (known: no device read for S)
-        chunk = ops.to_device(torch.from_numpy(tokens[idx].astype(np.int64)), device)
+        ids = tokens[idx]  # [windows, W+1], read from the memmap once
+        counts = segment_counts(model.cfg, ids[:, :-1])  # (known: no device read for S)
+        chunk = ops.to_device(torch.from_numpy(ids.astype(np.int64)), device)
         x, y = chunk[:, :-1], chunk[:, 1:]
         with autocast:
             out = model(x, **({} if counts is None else dict(n_segments=int(counts.max()))))
