@@ -52,6 +52,9 @@ ADDED_LATER = {'double_sigmoid': False}
 
 # Shown in their own columns, so never repeated in the flags column.
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
+# What ends a run; where some runs end at a FLOP budget (train.py --flop-budget, which sets
+# max_steps out of reach) a budget column says which, in place of these two flags.
+BUDGET_FLAGS = {'flop_budget', 'max_steps'}
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
 
@@ -331,7 +334,7 @@ def summarize(run):
     row = dict(run=run, config=cfg, mode=mode_label(cfg), boundary=cfg.get('boundary'),
                data=Path(str(cfg.get('data', '?'))).name, seed=cfg.get('seed'),
                steps=last['step'] if last else cfg.get('resumed_from') or 0,
-               max_steps=cfg.get('max_steps'), done=done,
+               max_steps=cfg.get('max_steps'), flop_budget=cfg.get('flop_budget'), done=done,
                status='done' if done else 'running' if lock_held(run) else 'stopped',
                curve=curve, valid_bpc=valid[-1]['bpc'] if valid else None,
                valid_step=valid[-1]['step'] if valid else None,
@@ -423,7 +426,8 @@ def varying_flags(rows):
     cfgs = [r['config'] for r in rows]
     # A flag only some logs have (train.py gained it later) splits experiments too: shown as '-'
     # where it is missing, or two rows would look the same.
-    keys = sorted(set().union(*(set(c) for c in cfgs)) - OWN_COLUMNS)
+    own = OWN_COLUMNS | (BUDGET_FLAGS if any(c.get('flop_budget') for c in cfgs) else set())
+    keys = sorted(set().union(*(set(c) for c in cfgs)) - own)
     keys = [k for k in keys if defines_experiment(k)
             and len({json.dumps(c.get(k, '-'), sort_keys=True) for c in cfgs}) > 1]
     return [' '.join(f'{k}={c.get(k, "-")}' for k in keys) for c in cfgs]
@@ -432,8 +436,16 @@ def varying_flags(rows):
 def steps_cell(r):
     """Steps trained; an unfinished run shows its target and whether it is running or stopped."""
     if not r['done']:
-        return f'{r["steps"]}/{r["max_steps"] or "?"} {r["status"]}'
+        of = '' if r['flop_budget'] else f'/{r["max_steps"] or "?"}'  # a budget: steps unknown
+        return f'{r["steps"]}{of} {r["status"]}'
     return str(r['steps'])
+
+
+def budget_cell(r):
+    """What ends the run: its steps, or its FLOP budget."""
+    if r['flop_budget']:
+        return f'{fmt(r["flop_budget"], "flops")} FLOPs'
+    return f'{r["max_steps"]} steps' if r['max_steps'] else '-'
 
 
 def valid_cell(r):
@@ -448,7 +460,7 @@ def columns(budgets, grouped):
     """(header, cell function) of the runs table, or of the mean ± std table."""
     cols = [('run', lambda r: r['run'].as_posix())] if not grouped else []
     cols += [('mode', lambda r: r['mode']), ('data', lambda r: r['data']),
-             ('flags', lambda r: r['flags'])]
+             ('flags', lambda r: r['flags']), ('budget', budget_cell)]
     cols += [('seeds', lambda r: r['seeds']), ('n', lambda r: str(r['n']))] if grouped else \
         [('seed', lambda r: str(r['seed']) if r['seed'] is not None else '-')]
     cols += [('steps', steps_cell),
@@ -467,15 +479,17 @@ def columns(budgets, grouped):
 
 
 def table(rows, cols, markdown):
-    """The rows as aligned text or a Markdown table; a flags column only where flags differ."""
-    cols = [c for c in cols if c[0] != 'flags' or any(r['flags'] for r in rows)]
+    """The rows as aligned text or a Markdown table; a flags column only where flags differ, a
+    budget column only where some run ends at a FLOP budget."""
+    cols = [c for c in cols if (c[0] != 'flags' or any(r['flags'] for r in rows))
+            and (c[0] != 'budget' or any(r['flop_budget'] for r in rows))]
     cells = [[f(r) for _, f in cols] for r in rows]
     heads = [h for h, _ in cols]
     if markdown:
         lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
         return '\n'.join(lines + ['| ' + ' | '.join(c) + ' |' for c in cells])
     widths = [max(len(x) for x in col) for col in zip(heads, *cells)]
-    left = {'run', 'mode', 'data', 'flags', 'seeds', 'steps'}
+    left = {'run', 'mode', 'data', 'flags', 'budget', 'seeds', 'steps'}
     return '\n'.join('  '.join(x.ljust(w) if h in left else x.rjust(w)
                                for x, w, h in zip(line, widths, heads)).rstrip()
                      for line in [heads] + cells)
@@ -563,8 +577,10 @@ def point_label(g):
 def pareto(ax, colour, groups):
     """Test BPC against test SF, one point per experiment (error bars: std over seeds)."""
     done = [g for g in groups if g['test_bpc'] is not None and g['sf'] is not None]
-    for b in MODES:
-        pts = sorted(((g['sf'], g['test_bpc'], g) for g in done if g['boundary'] == b),
+    # runs ended by a FLOP budget (equal compute) are hollow squares beside their mode's dots
+    for b, at_flops in [(b, f) for b in MODES for f in (False, True)]:
+        pts = sorted(((g['sf'], g['test_bpc'], g) for g in done
+                      if g['boundary'] == b and bool(g['flop_budget']) == at_flops),
                      key=lambda p: p[0][0])
         if not pts:
             continue
@@ -572,7 +588,9 @@ def pareto(ax, colour, groups):
         # a front only through variants (k, α, Unigram size); repeats of one variant are points
         variants = {point_label(p[2]) for p in pts}
         ax.errorbar(xs, ys, xerr=[p[0][1] or 0 for p in pts], yerr=[p[1][1] or 0 for p in pts],
-                    fmt='o-' if len(variants) > 1 else 'o', color=colour[b], label=b, capsize=3)
+                    fmt=('s' if at_flops else 'o') + ('-' if len(variants) > 1 else ''),
+                    mfc='none' if at_flops else colour[b], color=colour[b], capsize=3,
+                    label=f'{b}, FLOP budget' if at_flops else b)
         for x, y, p in zip(xs, ys, pts):
             if len(variants) > 1:
                 ax.annotate(point_label(p[2]), (x, y), fontsize=7, xytext=(3, 3),

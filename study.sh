@@ -23,7 +23,7 @@
 # --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
 # train faster than one two-thread run after the other); its output goes to <out>/<run>.log.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
-# <out>/<part>.png.
+# <out>/<part>.png (languages: one of each per language, <out>/languages-<lang>.md and .png).
 set -u
 
 part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0 jobs=1
@@ -182,20 +182,29 @@ done
 wait
 for f in "$out"/.failed-*; do [ -e "$f" ] && failed+=("${f##*/.failed-}") && rm -f "$f"; done
 
-dirs=()
-for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
-if [ ${#dirs[@]} -gt 0 ]; then
+# report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md with the
+# plots in <out>/<name>.png.
+report() {
+  local name=$1 md=$out/$1.md budgets=(--at-chars min); shift
   # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack them).
-  budgets=(--at-chars min)
-  grep -q '"train_flops": [0-9]' "${dirs[0]}/log.jsonl" && budgets+=(--at-flops min)
-  python report.py "${dirs[@]}" "${budgets[@]}" || failed+=(report.py)
-  md=$out/$part.md
-  if python report.py "${dirs[@]}" "${budgets[@]}" --markdown --plot "$out/$part.png" > "$md.tmp"
-  then
-    mv "$md.tmp" "$md" && echo "tables: $md, plots: $out/$part.png"
+  grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
+  python report.py "$@" "${budgets[@]}" || { failed+=(report.py); return; }
+  if python report.py "$@" "${budgets[@]}" --markdown --plot "$out/$name.png" > "$md.tmp"; then
+    mv "$md.tmp" "$md" && echo "tables: $md, plots: $out/$name.png"
   else
     rm -f "$md.tmp"; failed+=(report.py)
   fi
+}
+dirs=()
+for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
+if [ "$part" = languages ]; then  # one table and one plot per language
+  for l in $langs; do
+    ldirs=()
+    for d in "${dirs[@]}"; do [[ ${d##*/} == "$l"-* ]] && ldirs+=("$d"); done
+    [ ${#ldirs[@]} -gt 0 ] && report "languages-$l" "${ldirs[@]}"
+  done
+elif [ ${#dirs[@]} -gt 0 ]; then
+  report "$part" "${dirs[@]}"
 fi
 [ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above, or <run>.log in $out);" \
   "run the same command again to retry"

@@ -255,6 +255,31 @@ def test_unfinished_runs_are_shown_as_such(tmp_path, capsys):
     assert ' 100/300 running ' in line and line.split()[-3] == '-'  # no test BPC
 
 
+
+def test_runs_ended_by_a_flop_budget_show_it_in_a_budget_column(tmp_path, capsys):
+    # train.py --flop-budget sets max_steps out of reach; the budget, not those flags, is shown
+    write_run(tmp_path, 'none-s1', [config('none', seed=1)] + evals_and_steps([4.0, 3.0], 2.9))
+    write_run(tmp_path, 'ws-flops-s1', [config(seed=1, max_steps=10**9, flop_budget=3.91e13)]
+              + evals_and_steps([4.0, 3.0, 2.5], 2.4))
+    d = write_run(tmp_path, 'ws-flops-s2', [config(seed=2, max_steps=10**9, flop_budget=3.91e13)]
+                  + evals_and_steps([4.0, 3.1]))
+    report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    head, *lines = out.split('Mean')[0].strip().splitlines()[2:]
+    assert 'budget' in head.split() and 'flags' not in head.split()
+    assert '1000000000' not in out and 'flop_budget' not in out
+    line = {n: next(x for x in lines if f'/{n} ' in x) for n in ('none-s1', 'ws-flops-s1',
+                                                                  'ws-flops-s2')}
+    assert ' 300 steps ' in line['none-s1'] and ' 3.91e13 FLOPs ' in line['ws-flops-s1']
+    assert ' 100 stopped ' in line['ws-flops-s2']      # no '/1000000000': the steps are unknown
+    rows, _ = rows_of(tmp_path)
+    assert rows['ws-flops-s1']['flop_budget'] == 3.91e13 and rows['none-s1']['flop_budget'] is None
+    d.joinpath('log.jsonl').unlink()
+    d.rmdir()
+    write_run(tmp_path, 'none-s2', [config('none', seed=2)] + evals_and_steps([4.0, 3.0], 2.8))
+    report.main([str(tmp_path / 'none-s1'), str(tmp_path / 'none-s2')])
+    assert 'budget' not in capsys.readouterr().out  # no run with a FLOP budget: no column
+
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown', '--at-chars', '500k'])
     out = capsys.readouterr().out.splitlines()

@@ -749,6 +749,36 @@ def test_train_flop_budget_schedule_and_last_step(synth, tmp_path):
     assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
 
 
+
+@pytest.mark.slow
+def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_language(tmp_path):
+    """study.sh --part languages: per language vanilla, each pooled mode at equal steps and at
+    vanilla's FLOP budget (no more FLOPs than vanilla, more steps), one table and plot each; the
+    same command again skips what is finished."""
+    pytest.importorskip('matplotlib')
+    for lang in ('en', 'fi'):
+        write_dataset(tmp_path / 'data' / lang, random_words(20_000, seed=len(lang)), unigram=False)
+    flags = [f for f in TINY if f not in ('--device', 'cpu')]
+    cmd = ['bash', 'study.sh', '--part', 'languages', '--langs', 'en fi', '--modes',
+           'none whitespace', '--seeds', '1', '--steps', '4', '--data-dir', str(tmp_path / 'data'),
+           '--out', str(tmp_path / 'runs'), '--', *flags]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    runs = tmp_path / 'runs'
+    for lang in ('en', 'fi'):
+        none, ws, flops = (read_log(runs / f'{lang}-{n}-s1')
+                           for n in ('none', 'whitespace', 'whitespace-flops'))
+        last = lambda log: [x for x in log if x['kind'] == 'train'][-1]
+        assert last(none)['step'] == last(ws)['step'] == 4
+        assert flops[0]['flop_budget'] == pytest.approx(last(none)['train_flops'])
+        assert last(flops)['step'] > 4 and last(flops)['train_flops'] >= flops[0]['flop_budget']
+        md = (runs / f'languages-{lang}.md').read_text()
+        assert f'{lang}-whitespace-flops-s1' in md and ' FLOPs |' in md
+        assert ('fi-' in md) == (lang == 'fi')  # each language's runs only
+        assert (runs / f'languages-{lang}.png').stat().st_size > 10_000
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
+
 def test_train_prior_defaults_to_the_datasets(tmp_path):
     """A dataset's meta.json "defaults" give the Gumbel prior where --prior is not given (Finnish:
     0.37); a given --prior wins; without defaults, the model's."""
