@@ -1376,6 +1376,14 @@ def training_checkpoint(model, optimizer, scaler, counters, cfg, vocab, args):
                               flop_budget=args.flop_budget))
 
 
+def save_training(t, state, cfg, vocab, args):
+    """Rank 0 writes the run's checkpoint (training_checkpoint, with the state's counters)."""
+    if t.procs.rank == 0:
+        counters = {k: v for k, v in vars(state).items() if k != 'saved'}
+        save_checkpoint(Path(args.out) / 'ckpt.pt', training_checkpoint(
+            t.raw_model, t.optimizer, t.scaler, counters, cfg, vocab, args), state.saved)
+
+
 def restore_training(ckpt, model, optimizer, scaler, device):
     """Load training_checkpoint's weights, optimizer, AMP scaler and RNG states."""
     load_weights(model, ckpt['model'], ckpt['path'])
@@ -1388,8 +1396,9 @@ def restore_training(ckpt, model, optimizer, scaler, device):
 def run_summary(args, params, amp, world, resumed_at=None):
     """A training run's set-up in three lines for the terminal (log.jsonl has every flag)."""
     resumed = f' (resumed at step {resumed_at})' if resumed_at is not None else ''
-    end = (f'until {args.flop_budget:.3g} FLOPs (at most {args.max_steps} steps)'
-           if args.flop_budget is not None else f'to step {args.max_steps}')
+    cap = f' (at most {args.max_steps} steps)' if args.max_steps < 10**9 else ''  # given
+    end = (f'until {args.flop_budget:.3g} FLOPs{cap}' if args.flop_budget is not None
+           else f'to step {args.max_steps}')
     return (f'{args.boundary} on {args.data} -> {args.out}{resumed}\n'
             f'  model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model '
             f'{args.d_model}, {args.n_head} heads x {args.d_head}, d_inner {args.d_inner}; '
@@ -1490,17 +1499,38 @@ def report_train(t, args, state, r, lr, dt, steps, clock, stop):
 
 def report_eval(t, args, state, split, r, subset, seconds):
     """An eval record (r: evaluate's result) to log.jsonl and its line to the terminal → the
-    record."""
+    record. A Unigram run's test line is followed by its labels' SF and their ceiling."""
+    p = None if r.get('boundary_p') is None else round(r['boundary_p'], 5)
     rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
-               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
+               boundary_p=p, eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
                train_flops=state.train_flops, train_time=round(state.train_time, 3),
                mem_mb=round(peak_mem_mb(args.device)))
     t.logger.log(rec)
     if t.procs.rank == 0:
         print(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+              + ('' if p is None else f'mean p {p:.3f} | ') +
               f'{short_count(r["chars"])} chars{" (a subset)" if subset else ""} | '
               f'{duration(seconds)}', flush=True)
+        if split == 'test' and args.boundary == 'unigram':
+            try:  # (the dataset was checked at the start; a note, never a failure at the end)
+                print(unigram_beside_labels(read_meta(Path(args.data)), r['sf']), flush=True)
+            except UserError:
+                pass
     return rec
+
+
+def unigram_beside_labels(meta, sf):
+    """The Unigram predictor's test SF beside its labels' (test) and the left-context ceiling
+    (valid): the SF a causal predictor can reach at the threshold 0.5 (prepare_data.py)."""
+    u = meta.get('unigram') or {}
+    sfs, ceiling = u.get('shortening_factor'), u.get('left_context_ceiling')
+    labels = sfs.get('test') if isinstance(sfs, dict) else None
+    line = f'unigram-{u.get("vocab_size")}: the predictor pools at SF {sf:.2f} on test'
+    line += f', its labels at {labels:.2f}' if _is_number(labels) else ''
+    if isinstance(ceiling, dict) and _is_number(ceiling.get('shortening_factor')):
+        line += (f'; the left-context ceiling is SF {ceiling["shortening_factor"]:.2f} on '
+                 f'{ceiling.get("split")}')
+    return line
 
 
 def run_logger(args, procs, amp, params, resumed_from):

@@ -154,6 +154,31 @@ def test_train_windowed_eval_equals_naive_per_character(boundary):
     assert r['bpc'] == pytest.approx(naive / n / math.log(2), rel=1e-5)
 
 
+@pytest.mark.parametrize('boundary', ['none', 'whitespace', 'unigram', 'entropy', 'gumbel'])
+def test_train_eval_reports_a_predictors_mean_p(boundary):
+    """evaluate's boundary_p: the mean of σ(logit) over the scored characters for a predictor
+    (unigram, entropy, gumbel: noise-free at evaluation), None for sources without one."""
+    torch.manual_seed(0)
+    text = random_words(40, seed=2)
+    alphabet = sorted(set(text))
+    tokens = np.array([alphabet.index(c) for c in text], dtype=np.uint8)
+    cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64,
+                 layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
+    model = DynamicPoolingLM(cfg).eval()
+    with torch.no_grad():  # a predictor that is not at p = ½ everywhere
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    r = train.evaluate(model, tokens, 64, 16, batch_size=2, device='cpu')  # one window: all scored
+    if boundary in ('none', 'whitespace'):
+        assert r['boundary_p'] is None
+        return
+    x = torch.from_numpy(tokens[:-1].astype(np.int64))[None]
+    with torch.no_grad():
+        logits = model.source.predictor(model.pre(model.embed(x), model.u, model.v))
+    assert r['boundary_p'] == pytest.approx(torch.sigmoid(logits).mean().item(), rel=1e-5)
+    assert 0.05 < r['boundary_p'] < 0.95
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def test_train_stop_and_resume_is_bit_identical(synth, tmp_path, capsys):
     # gumbel with dropout: the run uses the RNG for noise and dropout, all of which must be restored
@@ -553,8 +578,8 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
 SCHEMA = {
     'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf', 'precision',
               'recall', 'chars_per_s', 'lr', 'grad_norm', 'mem_mb', 'epoch'],
-    'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'eval_chars', 'subset', 'train_chars', 'train_flops',
-             'train_time', 'mem_mb'],
+    'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'boundary_p', 'eval_chars', 'subset', 'train_chars',
+             'train_flops', 'train_time', 'mem_mb'],
 }
 
 
@@ -749,6 +774,25 @@ def test_train_flop_budget_schedule_and_last_step(synth, tmp_path):
     assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
 
 
+
+
+def test_train_unigram_run_ends_with_its_labels_sf_and_ceiling(tmp_path, capsys):
+    """A Unigram run's test line is followed by its labels' SF and the left-context ceiling from
+    meta.json, and its eval records carry the predictor's mean p; a FLOP budget's set-up line names
+    no step cap that was not given."""
+    data = write_dataset(tmp_path / 'u', random_words(6000))
+    meta = json.loads((data / 'meta.json').read_text())
+    meta['unigram'].update(shortening_factor={'train': 4.4, 'valid': 4.3, 'test': 4.21},
+                           left_context_ceiling={'split': 'valid', 'shortening_factor': 4.93})
+    (data / 'meta.json').write_text(json.dumps(meta))
+    train.main(tiny_args(data, 'unigram') + ['--flop-budget', 'vanilla:2', '--out',
+                                             str(tmp_path / 'o')])
+    out = capsys.readouterr().out
+    test_sf = [r for r in read_log(tmp_path / 'o') if r.get('split') == 'test'][0]['sf']
+    assert (f'unigram-1000: the predictor pools at SF {test_sf:.2f} on test, its labels at 4.21; '
+            'the left-context ceiling is SF 4.93 on valid') in out
+    assert all(0 < r['boundary_p'] < 1 for r in read_log(tmp_path / 'o') if r['kind'] == 'eval')
+    assert 'FLOPs (at most' not in out and 'at most 1000000000' not in out
 
 @pytest.mark.slow
 def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_language(tmp_path):

@@ -314,11 +314,7 @@ def train(args, cfg, vocab, splits, labels, state, t, started):
             if not finished(state, args):  # (a finished run is evaluated in full by finish)
                 eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
             with ops.interrupts_deferred():  # the checkpoint and the step it holds, together
-                if t.procs.rank == 0:
-                    counters = {k: v for k, v in vars(state).items() if k != 'saved'}
-                    ops.save_checkpoint(Path(args.out) / 'ckpt.pt', ops.training_checkpoint(
-                        t.raw_model, t.optimizer, t.scaler, counters, cfg, vocab, args),
-                        state.saved)
+                ops.save_training(t, state, cfg, vocab, args)  # (rank 0 writes)
                 state.saved = state.step
                 ops.reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
             clock.pause_ended()  # evaluating and saving are not training time
@@ -358,11 +354,11 @@ def eval_windows(n, window, step):
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(), name='eval',
              rank=0, world=1):
-    """Bits per character over overlapping windows and the mean SF, read from the device once."""
+    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device read."""
     wins = eval_windows(len(tokens) - 1, window, step)[rank::world]  # this process's share
     was_training = model.training
     model.eval()
-    sums = torch.zeros(4, dtype=ops.sum_dtype(device), device=device)  # nats, chars, SF sum, n
+    sums = torch.zeros(5, dtype=ops.sum_dtype(device), device=device)  # nats, chars, SF sum, n, p
     t0, shown = time.time(), 0.0
     for i in range(0, len(wins), batch_size):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
@@ -381,15 +377,18 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
             sums[3] += len(group)
+        if out.boundary_probs is not None:
+            sums[4] += torch.where(scored, out.boundary_probs, 0.0).sum()
         done, spent = min(1.0, (i + batch_size) / len(wins)), time.time() - t0
         if rank == 0 and shown + 0.1 <= done < 1 and spent > 2:  # a slow evaluation shows progress
             shown = print(ops.eval_progress(name, done, len(wins), spent), flush=True) or done
     if world > 1:
         torch.distributed.all_reduce(sums)
-    nats, chars, sf_sum, sf_n = sums.tolist()
+    nats, chars, sf_sum, sf_n, p_sum = sums.tolist()
     model.train(was_training)
     return dict(bpc=nats / max(chars, 1) / math.log(2), sf=sf_sum / sf_n if sf_n else 1.0,
-                nats=nats, chars=int(chars))
+                nats=nats, chars=int(chars), boundary_p=p_sum / max(chars, 1) if
+                hasattr(model.source, 'predictor') else None)
 
 
 def eval_and_log(t, args, splits, split, max_chars, state):
