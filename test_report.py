@@ -280,6 +280,34 @@ def test_runs_ended_by_a_flop_budget_show_it_in_a_budget_column(tmp_path, capsys
     report.main([str(tmp_path / 'none-s1'), str(tmp_path / 'none-s2')])
     assert 'budget' not in capsys.readouterr().out  # no run with a FLOP budget: no column
 
+
+def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
+    """--by-data: a row per source (fixed with k) and budget, a column per dataset; a language's
+    own Gumbel prior stays in its mode's row; unfinished runs and datasets without a finished run
+    are left out."""
+    def run(name, data, boundary='whitespace', seed=1, test=2.0, **kw):
+        write_run(tmp_path, name, [config(boundary, seed=seed, data=f'data/{data}', **kw)]
+                  + evals_and_steps([4.0, 3.0, 2.5], test))
+    run('en-ws-s1', 'en', test=2.0)
+    run('en-ws-s2', 'en', seed=2, test=2.2)
+    run('fi-ws-s1', 'fi', test=1.5)
+    run('en-g-s1', 'en', 'gumbel', prior=0.2, test=2.4)
+    run('fi-g-s1', 'fi', 'gumbel', prior=0.37, test=1.7)
+    run('fi-f3-s1', 'fi', 'fixed', fixed_factor=3, test=1.9)
+    run('en-ws-flops-s1', 'en', max_steps=10**9, flop_budget=2e12, test=1.8)
+    write_run(tmp_path, 'he-ws-s1', [config(data='data/he')] + evals_and_steps([4.0, 3.0]))
+    report.main([str(tmp_path), '--by-data', '--markdown'])
+    table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
+    assert table[0] == '| mode | budget | en | fi |'  # he: no finished run
+    cells = {tuple(x.split(' | ')[:2]): x.split(' | ')[2:] for x in table[2:]}
+    sd = statistics.stdev([2.0, 2.2])
+    assert cells[('| whitespace', '300 steps')] == [f'2.1000 ± {sd:.4f} (5.00, n=2)',
+                                                   '1.5000 (5.00, n=1) |']
+    assert cells[('| gumbel', '300 steps')] == ['2.4000 (5.00, n=1)', '1.7000 (5.00, n=1) |']
+    assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1) |']
+    assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '- |']
+    assert len(table) == 2 + 4
+
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown', '--at-chars', '500k'])
     out = capsys.readouterr().out.splitlines()
