@@ -535,11 +535,11 @@ def plot_formats(plt):
     return kinds
 
 
-def check_plot_path(plt, path):
+def check_plot_path(plt, path, flag='--plot'):
     """A format matplotlib writes, before any output (the path itself is checked at parse time)."""
     kinds = plot_formats(plt)
     if path.suffix.lstrip('.').lower() not in kinds:
-        raise ReportError(f'--plot {shown(path)}: name it .png (or one of {", ".join(sorted(kinds))})')
+        raise ReportError(f'{flag} {shown(path)}: name it .png (or one of {", ".join(sorted(kinds))})')
 
 
 def plot(plt, rows, groups, path):
@@ -568,15 +568,42 @@ def plot(plt, rows, groups, path):
             ax.legend(*zip(*hl), fontsize=8)
         ax.grid(alpha=0.3)
     pareto(axes[1, 1], colour, groups)
-    fig.tight_layout()
+    save_figure(plt, fig, path)
+
+
+def plot_sf(plt, groups, path):
+    """Test BPC against SF alone, a panel per dataset (the languages study's figure)."""
+    colour = {m: plt.get_cmap('tab10')(i) for i, m in enumerate(MODES)}
+    done = [g for g in groups if g['test_bpc'] is not None]
+    datasets = list(dict.fromkeys(g['data'] for g in done)) or ['no runs']
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets) + 2, 4.5),
+                             squeeze=False)
+    legend = {}
+    for ax, d in zip(axes.flat, datasets):
+        pareto(ax, colour, [g for g in done if g['data'] == d])
+        ax.set_title(f'{d}: test BPC against SF', fontsize=10)
+        if ax.get_legend():  # one legend for all panels, beside them
+            ax.get_legend().remove()
+            legend.update(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0]))
+    if legend:
+        labels = sorted(legend, key=lambda k: (mode_rank(k.split(',')[0]), k))
+        fig.legend([legend[k] for k in labels], labels, loc='center right', fontsize=8)
+        fig.subplots_adjust(right=1 - 2.3 / fig.get_figwidth())
+    save_figure(plt, fig, path, '--plot-sf', tight=not legend)
+
+
+def save_figure(plt, fig, path, flag='--plot', tight=True):
+    """fig to path, written aside and renamed: never a half-written figure."""
+    if tight:
+        fig.tight_layout()
     fmt_ = path.suffix.lstrip('.').lower()
     tmp = path.with_name(f'.{path.name}.tmp')
-    try:  # written aside and renamed: never a half-written figure
+    try:
         fig.savefig(tmp, format=fmt_, dpi=120)
         os.replace(tmp, path)
     except (OSError, ValueError, RuntimeError) as e:
         why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ReportError(f'cannot write --plot {shown(path)}: {why}') from None
+        raise ReportError(f'cannot write {flag} {shown(path)}: {why}') from None
     finally:
         tmp.unlink(missing_ok=True)
         plt.close(fig)
@@ -608,7 +635,8 @@ def pareto(ax, colour, groups):
         xs, ys = [p[0][0] for p in pts], [p[1][0] for p in pts]
         # a front only through variants (k, α, Unigram size); repeats of one variant are points
         variants = {point_label(p[2]) for p in pts}
-        ax.errorbar(xs, ys, xerr=[p[0][1] or 0 for p in pts], yerr=[p[1][1] or 0 for p in pts],
+        xerr, yerr = [p[0][1] or 0 for p in pts], [p[1][1] or 0 for p in pts]
+        ax.errorbar(xs, ys, xerr=xerr if any(xerr) else None, yerr=yerr if any(yerr) else None,
                     fmt=('s' if at_flops else 'o') + ('-' if len(variants) > 1 else ''),
                     mfc='none' if at_flops else colour[b], color=colour[b], capsize=3,
                     label=f'{b}, FLOP budget' if at_flops else b)
@@ -648,6 +676,9 @@ def parse_args(argv):
     p.add_argument('--plot', type=plot_path, metavar='OUT.png',
                    help='also draw BPC against characters, FLOPs, seconds and SF '
                         '(needs matplotlib)')
+    p.add_argument('--plot-sf', type=plot_path, metavar='OUT.png',
+                   help='also draw test BPC against SF alone, a panel per dataset '
+                        '(needs matplotlib)')
     for name, _, unit in BUDGETS:
         p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
                        help=f'valid BPC of each run at this many training {unit} '
@@ -684,9 +715,10 @@ def run(argv=None):
     if hasattr(sys.stdout, 'reconfigure'):
         sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
     rows = [summarize(run) for run in find_runs(args.runs)]
-    plt = import_pyplot() if args.plot else None  # fail before printing anything
-    if plt:
-        check_plot_path(plt, args.plot)
+    plt = import_pyplot() if args.plot or args.plot_sf else None  # fail before printing
+    for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf)):
+        if path:
+            check_plot_path(plt, path, flag)
     budgets = resolve_budgets(args, rows)
     for r, flags in zip(rows, varying_flags(rows)):
         r['flags'] = flags
@@ -700,10 +732,13 @@ def run(argv=None):
                                                              args.markdown))
     if args.by_data:
         print(f'\n{title}Test BPC (SF, seeds) by dataset\n\n' + by_data(groups, args.markdown))
-    if plt:
+    if args.plot:
         plot(plt, rows, groups, args.plot)
-        if not args.markdown:
-            print(f'\nplot: {args.plot}')
+    if args.plot_sf:
+        plot_sf(plt, groups, args.plot_sf)
+    for path in (args.plot, args.plot_sf):
+        if path and not args.markdown:
+            print(f'\nplot: {path}')
 
 
 def main(argv=None):

@@ -347,6 +347,38 @@ def test_plot_writes_a_png(study, tmp_path, capsys):
     assert f'plot: {png}' in capsys.readouterr().out
 
 
+
+@pytest.mark.plots
+def test_plot_sf_draws_a_panel_per_dataset_with_one_legend(tmp_path, capsys, monkeypatch):
+    pytest.importorskip('matplotlib')
+    for data, test in (('en', 2.0), ('fi', 1.5)):
+        write_run(tmp_path, f'{data}-ws', [config(data=f'data/{data}')]
+                  + evals_and_steps([4.0, 3.0], test))
+        write_run(tmp_path, f'{data}-ws-flops', [config(data=f'data/{data}', max_steps=10**9,
+                                                        flop_budget=1e12)]
+                  + evals_and_steps([4.0, 3.0, 2.5], test - 0.1))
+    write_run(tmp_path, 'he-ws', [config(data='data/he')] + evals_and_steps([4.0]))  # unfinished
+    seen, save = {}, report.save_figure
+
+    def spy(plt, fig, path, *a, **kw):
+        seen['titles'] = [ax.get_title() for ax in fig.axes]
+        seen['points'] = [[tuple(line.get_xydata()[0]) for line in ax.lines] for ax in fig.axes]
+        seen['legend'] = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+        seen['axes_legends'] = [ax.get_legend() for ax in fig.axes]
+        return save(plt, fig, path, *a, **kw)
+    monkeypatch.setattr(report, 'save_figure', spy)
+    png = tmp_path / 'sf.png'
+    assert report.main([str(tmp_path / 'en-ws'), str(tmp_path / 'en-ws-flops'), str(tmp_path),
+                        '--plot-sf', str(png)]) == 0
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert seen['titles'] == ['en: test BPC against SF', 'fi: test BPC against SF']  # no he
+    assert sorted(seen['points'][1]) == [(5.0, 1.4), (5.0, 1.5)]
+    assert seen['legend'] == ['whitespace', 'whitespace, FLOP budget']
+    assert seen['axes_legends'] == [None, None]
+    assert f'plot: {png}' in capsys.readouterr().out
+    assert report.main([str(tmp_path), '--plot-sf', str(tmp_path / 'sf.xyz')]) == 1
+    assert '--plot-sf' in capsys.readouterr().err
+
 def test_plot_without_matplotlib_is_one_line(study, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
     assert report.main([str(study), '--plot', str(tmp_path / 'study.png')]) == 1
