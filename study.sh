@@ -23,7 +23,8 @@
 # --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
 # train faster than one two-thread run after the other); its output goes to <out>/<run>.log.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
-# <out>/<part>.png (languages: one of each per language, <out>/languages-<lang>.md and .png).
+# <out>/<part>.png (languages: one of each per language, <out>/languages-<lang>.md and .png, and
+# <out>/languages.md ending in a table with a column per language, <out>/languages.png a panel each).
 set -u
 
 part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0 jobs=1
@@ -197,12 +198,21 @@ report() {
 }
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
-if [ "$part" = languages ]; then  # one table and one plot per language
+if [ "$part" = languages ]; then  # one table and one plot per language, then all side by side
   for l in $langs; do
     ldirs=()
     for d in "${dirs[@]}"; do [[ ${d##*/} == "$l"-* ]] && ldirs+=("$d"); done
     [ ${#ldirs[@]} -gt 0 ] && report "languages-$l" "${ldirs[@]}"
   done
+  if [ ${#dirs[@]} -gt 0 ]; then
+    if python report.py "${dirs[@]}" --by-data --markdown --plot-sf "$out/languages.png" \
+        > "$out/languages.md.tmp"; then
+      mv "$out/languages.md.tmp" "$out/languages.md"
+      echo "by language: $out/languages.md (the last table), BPC against SF: $out/languages.png"
+    else
+      rm -f "$out/languages.md.tmp"; failed+=(report.py)
+    fi
+  fi
 elif [ ${#dirs[@]} -gt 0 ]; then
   report "$part" "${dirs[@]}"
 fi

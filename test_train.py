@@ -820,6 +820,8 @@ def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_langu
         assert f'{lang}-whitespace-flops-s1' in md and ' FLOPs |' in md
         assert ('fi-' in md) == (lang == 'fi')  # each language's runs only
         assert (runs / f'languages-{lang}.png').stat().st_size > 10_000
+    summary = (runs / 'languages.md').read_text().split('by dataset')[1]
+    assert '| mode | budget | en | fi |' in summary and (runs / 'languages.png').stat().st_size > 10_000
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
 
