@@ -1583,8 +1583,32 @@ def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
             if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
                 raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
                                 f'nothing would be trained', code=2)
+        spent = args.flop_budget is not None and \
+            ckpt.get('budget_flops', 0) >= args.flop_budget * (1 - 1e-9)
+        test = final_test_bpc(Path(args.out) / 'log.jsonl', ckpt['step'])
+        if (args.max_steps <= ckpt['step'] or spent) and test is not None:
+            raise UserError(f'the run in {args.out} is finished (step {ckpt["step"]}, test bpc '
+                            f'{test:.4f} in its log): nothing to resume; a larger --max-steps '
+                            f'or --flop-budget trains it further', code=2)
     for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
         print(f'warning: {line}', file=sys.stderr, flush=True)
+
+
+def final_test_bpc(log, step):
+    """The test BPC that log.jsonl records at `step` (a finished run's final evaluation), or None."""
+    try:
+        lines = log.read_bytes().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get('kind') == 'eval' and rec.get('split') == 'test' \
+                and rec.get('step') == step and _is_number(rec.get('bpc')):
+            return rec['bpc']
+    return None
 
 
 def run_cli(run, argv):

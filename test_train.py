@@ -749,7 +749,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     assert capsys.readouterr().out.strip()
 
 
-def test_train_flop_budget_schedule_and_last_step(synth, tmp_path):
+def test_train_flop_budget_schedule_and_last_step(synth, tmp_path, capsys):
     """--flop-budget: warm-up by steps; after it the cosine's progress is (FLOPs spent - FLOPs at
     the end of warm-up) / (budget - FLOPs at the end of warm-up); the first step whose cumulative
     FLOPs reach the budget is the last, and the run is finished (evaluated on test)."""
@@ -772,6 +772,9 @@ def test_train_flop_budget_schedule_and_last_step(synth, tmp_path):
             expected = lr * 0.5 * (1 + math.cos(math.pi * progress))
         assert r['lr'] == pytest.approx(expected, rel=1e-9, abs=1e-15), (k, flops)
     assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
+    msg = user_error(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out',
+                                                        str(out), '--resume'], capsys, code=2)
+    assert 'is finished' in msg and len(read_log(out)) == len(log)  # its budget is spent
 
 
 
@@ -1059,3 +1062,10 @@ def test_train_resume_with_nothing_left_to_train_is_refused(synth, tmp_path, cap
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     train.main(argv + ['--resume', '--max-steps', '2'])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
+    # finished (its test evaluation logged): a second --resume would only evaluate it again
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    msg = user_error(argv + ['--resume', '--max-steps', '2'], capsys, code=2)
+    assert f'the run in {out} is finished (step 2, test bpc ' in msg and 'nothing to resume' in msg
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    train.main(argv + ['--resume', '--max-steps', '3'])  # a larger budget trains on
+    assert [r['step'] for r in read_log(out) if r.get('split') == 'test'] == [2, 3]
