@@ -31,6 +31,7 @@ checked before any log is read), 1 for a run that cannot be read (a path too lon
 is a directory or a FIFO, a damaged log) or a plot that cannot be drawn, 130 on Ctrl-C.
 """
 import argparse
+import collections
 import json
 import math
 import os
@@ -501,9 +502,15 @@ def by_data(groups, markdown):
     language's own Gumbel prior)."""
     done = [g for g in groups if g['test_bpc'] is not None]  # unfinished: no test BPC yet
     datasets, rows = list(dict.fromkeys(g['data'] for g in done)), {}
+
+    def source(g):
+        b = g['boundary']
+        return f'fixed k={g["config"].get("fixed_factor")}' if b == 'fixed' else str(b)
+    shared = collections.Counter((source(g), g['flop_budget'] is not None, g['data']) for g in done)
     for g in done:
-        b, cfg = g['boundary'], g['config']
-        mode = f'fixed k={cfg.get("fixed_factor")}' if b == 'fixed' else str(b)
+        mode = source(g)
+        if any(shared[mode, g['flop_budget'] is not None, d] > 1 for d in datasets):
+            mode = ' '.join(x for x in (g['mode'], g.get('flags')) if x)  # variants: a row each
         row = rows.setdefault((mode, g['flop_budget'] is not None), dict(
             mode=mode, flags='', flop_budget=g['flop_budget'], max_steps=g['max_steps'],
             budgets=set()))

@@ -307,6 +307,11 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1) |']
     assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '- |']
     assert len(table) == 2 + 4
+    run('fi-g3-s1', 'fi', 'gumbel', prior=0.3, test=1.6)  # two variants of a source: a row each
+    report.main([str(tmp_path), '--by-data'])
+    lines = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
+    assert [x.split()[:2] for x in lines if x.startswith('gumbel')] == \
+        [['gumbel', 'α=0.2'], ['gumbel', 'α=0.3'], ['gumbel', 'α=0.37']]
 
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown', '--at-chars', '500k'])
