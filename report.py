@@ -583,8 +583,11 @@ def plot_sf(plt, groups, path):
     colour = {m: plt.get_cmap('tab10')(i) for i, m in enumerate(MODES)}
     done = [g for g in groups if g['test_bpc'] is not None]
     datasets = list(dict.fromkeys(g['data'] for g in done)) or ['no runs']
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets) + 2, 4.5),
-                             squeeze=False)
+    ncols = 2 if len(datasets) == 4 else min(len(datasets), 3)
+    nrows = -(-len(datasets) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols + 2, 4 * nrows), squeeze=False)
+    for ax in axes.flat[len(datasets):]:
+        ax.set_visible(False)
     legend = {}
     for ax, d in zip(axes.flat, datasets):
         pareto(ax, colour, [g for g in done if g['data'] == d])
@@ -595,7 +598,8 @@ def plot_sf(plt, groups, path):
     if legend:
         labels = sorted(legend, key=lambda k: (mode_rank(k.split(',')[0]), k))
         fig.legend([legend[k] for k in labels], labels, loc='center right', fontsize=8)
-        fig.subplots_adjust(right=1 - 2.3 / fig.get_figwidth())
+        w = fig.get_figwidth()
+        fig.subplots_adjust(left=0.8 / w, right=1 - 2.3 / w, wspace=0.25, hspace=0.3)
     save_figure(plt, fig, path, '--plot-sf', tight=not legend)
 
 
