@@ -19,6 +19,11 @@ from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config,
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.
 torch.set_num_threads(1)
 
+# A suite started in the background by a shell script (`pytest &`) inherits Ctrl-C ignored, and so
+# would every process it starts: the Ctrl-C tests need it delivered, here and in those processes.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Hypothesis: "dev" explores new examples each run; "ci" (env var CI set) is derandomized.
 # Tests that take pytest fixtures add HYPOTHESIS_FIXTURES to their own @settings.
 _common = dict(deadline=None, print_blob=True,
