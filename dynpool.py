@@ -853,7 +853,7 @@ class ModelOutput:
     boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
     boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
     shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
-    boundary_probs: Optional[torch.Tensor] = None      # [B, L] a predictor's p(b_t = 1), unrounded
+    boundary_logits: Optional[torch.Tensor] = None     # [B, L] a predictor's logit of b_t = 1
     precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
     recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
 
@@ -993,8 +993,7 @@ class DynamicPoolingLM(nn.Module):
             out.boundary_loss = torch.zeros((), device=x.device)
         if routing is not None:
             out.boundaries = routing.b
-            if routing.logits is not None:   # unigram, entropy, gumbel (before its noise)
-                out.boundary_probs = torch.sigmoid(routing.logits.detach().float())
+            out.boundary_logits = routing.logits  # unigram, entropy, gumbel (before its noise)
             if targets is not None:
                 out.boundary_loss, out.boundary_targets = self.source.loss(
                     routing, out.logits, x, boundaries)

@@ -1499,7 +1499,7 @@ def report_train(t, args, state, r, lr, dt, steps, clock, stop):
 
 def report_eval(t, args, state, split, r, subset, seconds):
     """An eval record (r: evaluate's result) to log.jsonl and its line to the terminal → the
-    record. A Unigram run's test line is followed by its labels' SF and their ceiling."""
+    record."""
     p = None if r.get('boundary_p') is None else round(r['boundary_p'], 5)
     rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
                boundary_p=p, eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
@@ -1511,17 +1511,14 @@ def report_eval(t, args, state, split, r, subset, seconds):
               + ('' if p is None else f'mean p {p:.3f} | ') +
               f'{short_count(r["chars"])} chars{" (a subset)" if subset else ""} | '
               f'{duration(seconds)}', flush=True)
-        if split == 'test' and args.boundary == 'unigram':
-            try:  # (the dataset was checked at the start; a note, never a failure at the end)
-                print(unigram_beside_labels(read_meta(Path(args.data)), r['sf']), flush=True)
-            except UserError:
-                pass
     return rec
 
 
-def unigram_beside_labels(meta, sf):
-    """The Unigram predictor's test SF beside its labels' (test) and the left-context ceiling
-    (valid): the SF a causal predictor can reach at the threshold 0.5 (prepare_data.py)."""
+def unigram_note(boundary, meta, sf):
+    """A Unigram run's line (else ''): the predictor's test SF beside its labels' (test) and the
+    left-context ceiling (valid), the SF a causal predictor can reach at the threshold 0.5."""
+    if boundary != 'unigram':
+        return ''
     u = meta.get('unigram') or {}
     sfs, ceiling = u.get('shortening_factor'), u.get('left_context_ceiling')
     labels = sfs.get('test') if isinstance(sfs, dict) else None
@@ -1530,7 +1527,7 @@ def unigram_beside_labels(meta, sf):
     if isinstance(ceiling, dict) and _is_number(ceiling.get('shortening_factor')):
         line += (f'; the left-context ceiling is SF {ceiling["shortening_factor"]:.2f} on '
                  f'{ceiling.get("split")}')
-    return line
+    return line + '\n'
 
 
 def run_logger(args, procs, amp, params, resumed_from):
@@ -1569,9 +1566,10 @@ def check_flags(args, world):
     check_amp(args.amp, args.device)
 
 
-def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
+def check_run(args, ckpt, cfg, vocab, train_tokens, procs, done=False):
     """The last checks before anything is written: one batch of data, a model that fits in memory,
-    a checkpoint that fits the model; then the recipe's warnings on stderr (rank 0)."""
+    a checkpoint that fits the model and has steps left (done: none left, train.py's verdict);
+    then the recipe's warnings on stderr (rank 0)."""
     if len(train_tokens) < args.batch_size * (args.seq_len + 1):
         raise UserError(f'{args.data}/train.bin has {len(train_tokens)} chars, fewer than one '
                         f'batch ({args.batch_size} x {args.seq_len + 1})')
@@ -1583,10 +1581,8 @@ def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
             if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
                 raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
                                 f'nothing would be trained', code=2)
-        spent = args.flop_budget is not None and \
-            ckpt.get('budget_flops', 0) >= args.flop_budget * (1 - 1e-9)
-        test = final_test_bpc(Path(args.out) / 'log.jsonl', ckpt['step'])
-        if (args.max_steps <= ckpt['step'] or spent) and test is not None:
+        test = final_test_bpc(Path(args.out) / 'log.jsonl', ckpt['step']) if done else None
+        if test is not None:  # (not yet evaluated: resumed, it evaluates again)
             raise UserError(f'the run in {args.out} is finished (step {ckpt["step"]}, test bpc '
                             f'{test:.4f} in its log): nothing to resume; a larger --max-steps '
                             f'or --flop-budget trains it further', code=2)
@@ -1595,7 +1591,7 @@ def check_run(args, ckpt, cfg, vocab, train_tokens, procs):
 
 
 def final_test_bpc(log, step):
-    """The test BPC that log.jsonl records at `step` (a finished run's final evaluation), or None."""
+    """The test BPC log.jsonl records at `step` (a finished run's final evaluation), or None."""
     try:
         lines = log.read_bytes().splitlines()
     except OSError:

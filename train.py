@@ -377,8 +377,8 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
             sums[3] += len(group)
-        if out.boundary_probs is not None:
-            sums[4] += torch.where(scored, out.boundary_probs, 0.0).sum()
+        if out.boundary_logits is not None:  # a predictor's p = σ(logit)
+            sums[4] += torch.where(scored, torch.sigmoid(out.boundary_logits.float()), 0.0).sum()
         done, spent = min(1.0, (i + batch_size) / len(wins)), time.time() - t0
         if rank == 0 and shown + 0.1 <= done < 1 and spent > 2:  # a slow evaluation shows progress
             shown = print(ops.eval_progress(name, done, len(wins), spent), flush=True) or done
@@ -402,7 +402,7 @@ def eval_and_log(t, args, splits, split, max_chars, state):
 
 
 # ------------------------------------------------------------------------------- final report
-def finish(t, args, splits, vocab, state, why):
+def finish(t, args, splits, meta, state, why):
     """Finished: the full validation and test, and how to sample; stopped: how to continue."""
     if why is not None:
         if t.procs.rank == 0:
@@ -413,8 +413,9 @@ def finish(t, args, splits, vocab, state, why):
     eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
     r = eval_and_log(t, args, splits, 'test', args.eval_max_chars, state)
     if t.procs.rank == 0:
-        print(f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; '
-              f'sample with: {ops.sample_command(args.out, vocab["alphabet"], splits["test"])}\n'
+        print(f'{ops.unigram_note(args.boundary, meta, r["sf"])}'
+              f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; '
+              f'sample with: {ops.sample_command(args.out, meta["alphabet"], splits["test"])}\n'
               f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}', flush=True)
 
 
@@ -428,14 +429,14 @@ def run(argv, procs):
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     cfg = model_config(args, layers, meta)
     ops.resolve_budget(args, cfg)
-    ops.check_run(args, ckpt, cfg, vocab, splits['train'], procs)
     state = RunState() if ckpt is None else RunState.resumed(ckpt, args)
+    ops.check_run(args, ckpt, cfg, vocab, splits['train'], procs, finished(state, args))
     with ops.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
                        f'{ops.kept(Path(args.out) / "ckpt.pt", state.saved)}'):
         t = setup(args, cfg, ckpt, state, procs)
         try:
             why = train(args, cfg, vocab, splits, labels, state, t, started)
-            finish(t, args, splits, vocab, state, why)
+            finish(t, args, splits, meta, state, why)
         finally:
             t.logger.close()
 
