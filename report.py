@@ -503,9 +503,8 @@ def by_data(groups, markdown):
     done = [g for g in groups if g['test_bpc'] is not None]  # unfinished: no test BPC yet
     datasets, rows = list(dict.fromkeys(g['data'] for g in done)), {}
 
-    def source(g):
-        b = g['boundary']
-        return f'fixed k={g["config"].get("fixed_factor")}' if b == 'fixed' else str(b)
+    def source(g):  # the mode's label without Gumbel's α (a language's own prior)
+        return 'gumbel' if g['boundary'] == 'gumbel' else g['mode']
     shared = collections.Counter((source(g), g['flop_budget'] is not None, g['data']) for g in done)
     for g in done:
         mode = source(g)
@@ -589,12 +588,11 @@ def plot_sf(plt, groups, path):
     for ax in axes.flat[len(datasets):]:
         ax.set_visible(False)
     legend = {}
-    for ax, d in zip(axes.flat, datasets):
-        pareto(ax, colour, [g for g in done if g['data'] == d])
+    for ax, d in zip(axes.flat, datasets):  # one legend for all panels, beside them
+        pareto(ax, colour, [g for g in done if g['data'] == d], legend=False)
         ax.set_title(f'{d}: test BPC against SF', fontsize=10)
-        if ax.get_legend():  # one legend for all panels, beside them
-            ax.get_legend().remove()
-            legend.update(zip(ax.get_legend_handles_labels()[1], ax.get_legend_handles_labels()[0]))
+        handles, labels = ax.get_legend_handles_labels()
+        legend.update(zip(labels, handles))
     if legend:
         labels = sorted(legend, key=lambda k: (mode_rank(k.split(',')[0]), k))
         fig.legend([legend[k] for k in labels], labels, loc='center right', fontsize=8)
@@ -633,8 +631,9 @@ def point_label(g):
     return g['mode'].split(' ', 1)[-1]
 
 
-def pareto(ax, colour, groups):
-    """Test BPC against test SF, one point per experiment (error bars: std over seeds)."""
+def pareto(ax, colour, groups, legend=True):
+    """Test BPC against test SF, one point per experiment (error bars: std over seeds); the
+    legend in the panel unless legend=False."""
     done = [g for g in groups if g['test_bpc'] is not None and g['sf'] is not None]
     # runs ended by a FLOP budget (equal compute) are hollow squares beside their mode's dots
     for b, at_flops in [(b, f) for b in MODES for f in (False, True)]:
@@ -657,9 +656,9 @@ def pareto(ax, colour, groups):
                             textcoords='offset points')
     ax.set(xlabel='shortening factor (test)', ylabel='test BPC',
            title='test BPC against shortening factor')
-    if done:
+    if done and legend:
         ax.legend(fontsize=8)
-    else:
+    elif not done:
         ax.text(0.5, 0.5, 'no finished runs yet', ha='center', transform=ax.transAxes)
     ax.grid(alpha=0.3)
 

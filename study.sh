@@ -183,18 +183,23 @@ done
 wait
 for f in "$out"/.failed-*; do [ -e "$f" ] && failed+=("${f##*/.failed-}") && rm -f "$f"; done
 
-# report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md with the
-# plots in <out>/<name>.png.
-report() {
-  local name=$1 md=$out/$1.md budgets=(--at-chars min); shift
-  # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack them).
-  grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
-  python report.py "$@" "${budgets[@]}" || { failed+=(report.py); return; }
-  if python report.py "$@" "${budgets[@]}" --markdown --plot "$out/$name.png" > "$md.tmp"; then
-    mv "$md.tmp" "$md" && echo "tables: $md, plots: $out/$name.png"
+# report.py's Markdown (its flags after the name) in <out>/<name>.md, written whole or not at all.
+write_md() {
+  local md=$out/$1.md; shift
+  if python report.py "$@" --markdown > "$md.tmp"; then
+    mv "$md.tmp" "$md" && echo "tables: $md"
   else
     rm -f "$md.tmp"; failed+=(report.py)
   fi
+}
+# report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md with the
+# plots in <out>/<name>.png.
+report() {
+  local name=$1 budgets=(--at-chars min); shift
+  # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack them).
+  grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
+  python report.py "$@" "${budgets[@]}" || { failed+=(report.py); return; }
+  write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
 }
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
@@ -204,15 +209,8 @@ if [ "$part" = languages ]; then  # one table and one plot per language, then al
     for d in "${dirs[@]}"; do [[ ${d##*/} == "$l"-* ]] && ldirs+=("$d"); done
     [ ${#ldirs[@]} -gt 0 ] && report "languages-$l" "${ldirs[@]}"
   done
-  if [ ${#dirs[@]} -gt 0 ]; then
-    if python report.py "${dirs[@]}" --by-data --markdown --plot-sf "$out/languages.png" \
-        > "$out/languages.md.tmp"; then
-      mv "$out/languages.md.tmp" "$out/languages.md"
-      echo "by language: $out/languages.md (the last table), BPC against SF: $out/languages.png"
-    else
-      rm -f "$out/languages.md.tmp"; failed+=(report.py)
-    fi
-  fi
+  # all of them: the last table has a column per language, the plot a panel each
+  [ ${#dirs[@]} -gt 0 ] && write_md languages "${dirs[@]}" --by-data --plot-sf "$out/languages.png"
 elif [ ${#dirs[@]} -gt 0 ]; then
   report "$part" "${dirs[@]}"
 fi
