@@ -1,0 +1,207 @@
+"""
+What every dynpool script shares, written once: the error type and the one error boundary around
+`main`, the command-line parser and its range types, the atomic file write, the run-folder lock,
+and the optional matplotlib import.
+
+A script is a thin entry point:
+
+    def run(args): ...                      # raises UserError for anything the user can fix
+    def main(argv=None):
+        return common.main(lambda: run(parser().parse_args(argv)))
+    if __name__ == '__main__':
+        sys.exit(main())
+
+Validation lives where a thing is defined or read (Config, the data loader, the checkpoint
+reader); the operating system reports what it reports (a missing file, a full disk, a directory
+where a file belongs) as an OSError, which `main` turns into the same one line as a UserError.
+"""
+import argparse
+import math
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class UserError(Exception):
+    """A mistake or fault the user can fix: `main` prints it as one `error: ...` line and exits with
+    `code` (1; 2 for bad command-line flags)."""
+
+    def __init__(self, msg, code=1):
+        super().__init__(msg)
+        self.code = code
+
+
+def _out_of_memory(e):
+    """True for the errors Python and torch raise when an allocation fails."""
+    names = {type(c).__name__ for c in type(e).__mro__}
+    return isinstance(e, MemoryError) or 'OutOfMemoryError' in names or (
+        isinstance(e, RuntimeError) and any(s in str(e) for s in ("can't allocate memory",
+                                                                   'out of memory')))
+
+
+def _first_line(e):
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def error_line(e):
+    """The one line (without 'error: ') and exit code for an exception `main` catches, or None
+    for one it lets through (a bug, whose traceback is the useful report)."""
+    if isinstance(e, UserError):
+        return str(e), e.code
+    if isinstance(e, KeyboardInterrupt):
+        return 'interrupted (Ctrl-C); finished files are kept, none is half-written', 130
+    if isinstance(e, BrokenPipeError):
+        return 'the output was closed before the end (broken pipe)', 1
+    if isinstance(e, OSError):
+        where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        return f'{where + ": " if where else ""}{e.strerror or _first_line(e)}', 1
+    if _out_of_memory(e):
+        return f'out of memory ({_first_line(e)}); try a smaller batch, length or model', 1
+    return None
+
+
+def main(run, rank=0):
+    """The error boundary of every script: run() → its exit code. A UserError, an OSError (a full
+    or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line on stderr (only
+    rank 0 of torchrun's processes prints) and exit code 1, 2 for flags, 130 for Ctrl-C."""
+    try:
+        run()
+        sys.stdout.flush()   # a full or closed stdout fails here, inside the boundary
+        return 0
+    except (Exception, KeyboardInterrupt) as e:
+        said = error_line(e)
+        if said is None:
+            raise
+        if isinstance(e, BrokenPipeError):   # Python's exit would flush into it again
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+        if rank == 0:
+            print(f'error: {said[0]}', file=sys.stderr, flush=True)
+        return said[1]
+
+
+# ----------------------------------------------------------------------------- command line
+class Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a message."""
+
+    def error(self, message):
+        raise UserError(f'{message} (see python {self.prog} --help)', code=2)
+
+
+def _parse(s, kind, rule):
+    """s → int or float (finite), or ArgumentTypeError naming the rule."""
+    try:
+        v = kind(s)
+    except (TypeError, ValueError, OverflowError):
+        v = None
+    if v is None or (kind is float and not math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
+    return v
+
+
+def int_range(lo, hi=None):
+    """Argument type: an integer in [lo, hi] (hi None: no upper end)."""
+    rule = f'an integer >= {lo}' if hi is None else f'an integer in [{lo}, {hi}]'
+
+    def parse(s):
+        v = _parse(s, int, rule)
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {v}')
+        return v
+    parse.__name__ = f'int_range({lo}, {hi})'
+    return parse
+
+
+def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
+    """Argument type: a finite float between lo and hi (None: no end; *_open: the end excluded)."""
+    ends = [f'{">" if lo_open else ">="} {lo:g}' if lo is not None else '',
+            f'{"<" if hi_open else "<="} {hi:g}' if hi is not None else '']
+    rule = 'a finite number ' + ' and '.join(e for e in ends if e) if any(ends) else 'a number'
+
+    def parse(s):
+        v = _parse(s, float, rule)
+        if (lo is not None and (v < lo or lo_open and v == lo)
+                or hi is not None and (v > hi or hi_open and v == hi)):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
+        return v
+    parse.__name__ = f'float_range({lo}, {hi})'
+    return parse
+
+
+positive_int = int_range(1)                    # counts, sizes, steps
+non_negative_int = int_range(0)                # counts where 0 means none
+seed_int = int_range(0, 2 ** 32 - 1)           # seeds that also seed numpy's legacy RNG
+positive_float = float_range(0, lo_open=True)  # learning rate, temperature, seconds, FLOPs
+non_negative_float = float_range(0)            # gradient clip (0 = off), loss weights
+fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
+probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken: (0, 1)
+
+
+def nonblank(s):
+    """Argument type: a string with something in it (a path, a name)."""
+    if not str(s).strip():
+        raise argparse.ArgumentTypeError('must not be empty')
+    return s
+
+
+# ----------------------------------------------------------------------------- files
+def write_atomic(path, data):
+    """Replace `path` by `data` (bytes, str, or a function that writes to the path it is given),
+    never half of each: a uniquely named temporary file in the same folder, fsynced, then renamed
+    over `path`. The temporary name keeps the extension (matplotlib reads the format from it)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
+    try:
+        if callable(data):
+            os.close(fd)
+            data(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+        else:
+            view = memoryview(data.encode() if isinstance(data, str) else data)
+            while view:   # os.write may write less than it is given
+                view = view[os.write(fd, view[:1 << 30]):]
+        os.fsync(fd)   # on disk before the rename: a power cut leaves the old file, not an empty one
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+@contextmanager
+def locked(folder, what):
+    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the block; one
+    UserError line naming `what` if another process holds it."""
+    import filelock    # torch's own dependency, so no extra install
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(folder / '.lock', timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise UserError(f'another process is using {folder} (it holds {folder / ".lock"}): '
+                        f'wait for {what} to end or choose another folder') from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def import_pyplot(flag):
+    """matplotlib's pyplot without a display; one UserError line where the optional extra is not
+    installed."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError(f'{flag} needs matplotlib: pip install "matplotlib>=3.5" '
+                        f'(or drop {flag})') from None
+    return plt
