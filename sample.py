@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 from operations import (UserError, check_path, load_checkpoint, non_negative_float, non_negative_int,
                         pick_device, positive_int, seed_int, thread_count, user_path)
-from prepare_data import LANGS, TEXT8_ALPHABET, clean
+from cleaning import LANGS, TEXT8_ALPHABET, clean
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')  # light blue / light orange
 ANSI_RESET = '\033[0m'

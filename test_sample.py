@@ -27,7 +27,7 @@ import sample
 import train
 from conftest import (ALPHABET, HYPOTHESIS_FIXTURES, MODES, ROOT, assert_cli_contract, full_forward, no_hang,
                       odd_paths, run_main, tiny_model)
-from prepare_data import LANGS
+from cleaning import LANGS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""
+The paper's cleaning of raw text (its released text8-style cleaner, with dynpool's fixes), on its
+own so that sample.py cleans a prompt without importing the downloader.
+
+    clean("Café Müller, 1990!", "en")  ->  "caf m ller one nine nine zero"
+
+Per piece of text, in the paper's order: wiki40b markers -> line breaks; then per character:
+homoglyph -> ASCII (Unicode's confusables; not for Hebrew, whose letters look like l, o, v),
+lower case, each digit spelled as its own word, anything outside the language's alphabet -> a
+space; whitespace collapsed, empty lines dropped. Fixes where the paper's pipeline is broken: NFC
+first (a + U+0308 is ä), İ -> i, Hebrew digit words without niqqud. fold_accents (not the paper's
+data) folds é -> e instead of splitting the word there.
+"""
+import re
+import unicodedata
+
+_AZ = "abcdefghijklmnopqrstuvwxyz"
+_VI_VOWELS = "aăâeêioôơuưy"
+_VI_TONES = "\u0300\u0301\u0309\u0303\u0323"  # grave, acute, hook, tilde, dot below
+
+# Per language: the alphabet (token ids follow '\n' and ' ' in this order), the digit names, and
+# the paper's settings that go into meta.json "defaults" for train.py: the Unigram vocabulary size
+# of the boundary labels and the Gumbel prior alpha. Alphabets and digit names are the paper's.
+LANGS = {
+    "en": dict(letters=_AZ, unigram=10000, prior=0.2,
+               digits="zero one two three four five six seven eight nine"),
+    "fi": dict(letters=_AZ + "åäö", unigram=200, prior=0.37,
+               digits="nolla yksi kaksi kolme neljä viisi kuusi seitsemän kahdeksan yhdeksän"),
+    # 27 letters (finals included), then maqaf, geresh, gershayim (as in צה״ל)
+    "he": dict(letters="".join(chr(c) for c in range(0x5D0, 0x5EB)) + "\u05be\u05f3\u05f4",
+               unigram=200, prior=0.2, digits="אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה"),
+    # no f, j, w, z; the tone-marked vowels precomposed (NFC)
+    "vi": dict(letters="abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + "".join(
+        unicodedata.normalize("NFC", v + t) for v in _VI_VOWELS for t in _VI_TONES),
+               unigram=10000, prior=0.2, digits="không một hai ba bốn năm sáu bảy tám chín"),
+}
+TEXT8_ALPHABET = [" "] + list(_AZ)   # text8 is already clean: space and a-z, no newline
+
+MARKERS = re.compile(r"_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_")   # wiki40b's
+# fold_accents only: Latin letters that no Unicode decomposition reduces to a basic letter
+_FOLD_EXTRA = {"ß": "ss", "æ": "ae", "œ": "oe", "þ": "th", "ð": "d", "đ": "d", "ı": "i",
+               "ł": "l", "ø": "o", "ŀ": "l", "ĸ": "k", "װ": "וו", "ױ": "וי", "ײ": "יי"}
+_HOMOGLYPHS = {}
+_TABLES = {}
+
+
+def homoglyphs():
+    """{character: ASCII} from Unicode's confusables (UTS #39, package confusable-homoglyphs):
+    each non-ASCII character confusable with one ASCII character (or with ASCII punctuation
+    only, as “ with ''), plus the fullwidth forms U+FF01-FF5E through their NFKC form."""
+    if _HOMOGLYPHS:
+        return _HOMOGLYPHS
+    from confusable_homoglyphs import confusables   # pinned in requirements.txt: its data decides
+    listed = {}  # the data lists confusables both ways; right-to-left ones wrapped in U+200E
+    for key, protos in confusables.confusables_data.items():
+        key = key.strip("\u200e")
+        for p in (h["c"].strip("\u200e") for h in protos):
+            if len(key) == 1 and not key.isascii() and p.isascii() and (
+                    len(p) == 1 or not any(ch.isalnum() for ch in p)):
+                _HOMOGLYPHS.setdefault(key, p)  # the character's own prototype first
+            elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
+                listed.setdefault(p, key)
+    for c, a in listed.items():
+        _HOMOGLYPHS.setdefault(c, a)
+    for cp in range(0xFF01, 0xFF5F):
+        a = unicodedata.normalize("NFKC", chr(cp))
+        _HOMOGLYPHS.setdefault(chr(cp), _HOMOGLYPHS.get(a, a))
+    return _HOMOGLYPHS
+
+
+class _CharMap(dict):
+    """str.translate table of one language, filled lazily: each code point is decided once.
+    Per character, in the paper's order: homoglyph -> lower case -> digit -> alphabet."""
+
+    def __init__(self, lang, fold_accents):
+        if lang not in LANGS:
+            raise ValueError(f"unsupported language {lang!r}; supported: {', '.join(sorted(LANGS))}")
+        L = LANGS[lang]
+        self.letters, self.fold = set(L["letters"]) | {"\n"}, fold_accents
+        self.digits = {str(d): f" {w} " for d, w in enumerate(L["digits"].split())}
+        self.homoglyphs = homoglyphs() if lang != "he" else {}
+
+    def __missing__(self, cp):
+        out = self[cp] = self._map(chr(cp))
+        return out
+
+    def _map(self, c):
+        if c in self.letters:
+            return c
+        c = self.homoglyphs.get(c, c)
+        # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
+        low = "i" if c == "İ" else c.lower()
+        return "".join(self._keep(ch) for ch in low)
+
+    def _keep(self, ch):
+        if ch in self.letters:
+            return ch
+        if ch in self.digits:  # each digit its own word
+            return self.digits[ch]
+        return self._fold(ch) if self.fold else " "
+
+    def _fold(self, ch):
+        """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a space."""
+        d = unicodedata.decimal(ch, None)
+        if d is not None:
+            return self.digits[str(d)]
+        t = "".join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize("NFKC", ch).lower())
+        base = "".join(x for x in unicodedata.normalize("NFD", t) if not unicodedata.combining(x))
+        for s in (t, unicodedata.normalize("NFC", base)):
+            if s and all(x in self.letters and x != "\n" for x in s):
+                return s
+        return "" if unicodedata.category(ch).startswith("M") else " "
+
+
+def clean(text: str, lang: str, fold_accents: bool = False) -> str:
+    """The paper's cleaning of raw text with dynpool's fixes. Output: alphabet letters, single
+    spaces and single newlines only, no empty lines, no spaces at line ends;
+    clean(clean(x)) == clean(x). fold_accents: é -> e etc. instead of a space."""
+    table = _TABLES.get((lang, fold_accents))
+    if table is None:
+        table = _TABLES[lang, fold_accents] = _CharMap(lang, fold_accents)
+    text = MARKERS.sub("\n", text)
+    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
+    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    text = text.translate(table)
+    lines = (" ".join(line.split()) for line in text.split("\n"))
+    return "\n".join(line for line in lines if line)
