@@ -36,6 +36,10 @@ HYPOTHESIS_FIXTURES = dict(suppress_health_check=[HealthCheck.too_slow, HealthCh
 
 MODES = list(BOUNDARY_MODES)
 PREDICTOR_MODES = list(_PREDICTOR_MODES)
+# Every mode, and every mean-pooled mode again with sub-sampling ('fixed+last': pooling='last',
+# the paper's Table 2): the property tests (leakage, gradients, cache parity) run over all of them.
+POOLED_LAST = [f'{m}+last' for m in MODES if m not in ('none', 'hnet')]
+MODE_VARIANTS = MODES + POOLED_LAST
 V = 8                        # tiny vocabulary of the model tests
 SPACE = 0                    # its space id (drawn often, see random_tokens)
 ALPHABET = [" "] + [chr(ord("a") + i) for i in range(26)]   # text8's, space id 0
@@ -176,7 +180,11 @@ def tiny_model(mode, vocab=V, seed=0, rate=0.3, **extra):
     Peaked predictions (argmax ties out of reach); predictor modes get strong predictor weights and
     a bias found by bisection so that about `rate` of tokens close a segment (a fresh predictor
     says all-0 or all-1, and no test would exercise pooling). `extra`: Config fields that leave
-    the weights alone (attention, attn_chunk, seg_bucket, dropout, ...)."""
+    the weights alone (attention, attn_chunk, seg_bucket, dropout, pooling, ...); a mode
+    'fixed+last' is mode 'fixed' with pooling='last' (the same weights as 'fixed')."""
+    mode, _, pooling = mode.partition('+')
+    if pooling:
+        extra['pooling'] = pooling
     key = (mode, vocab, seed, rate)
     if key not in _CALIBRATED:
         torch.manual_seed(seed)

@@ -63,6 +63,8 @@ class Config:
     dropatt: float = 0.1
     layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: sum(layers) at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
+    pooling: str = 'mean'              # a segment's vector: its mean, or its last token ('last':
+                                       # sub-sampling, the paper's Table 2)
     whitespace_id: Optional[int] = None  # id of the space (whitespace; gumbel precision/recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
@@ -88,6 +90,12 @@ class Config:
         if self.boundary != 'none' and self.layers[1] == 0:
             raise ValueError(f"boundary {self.boundary!r} needs shortened layers, "
                              f"got layers={self.layers}")
+        if self.pooling not in ('mean', 'last'):
+            raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
+        if self.pooling == 'last' and self.boundary in ('none', 'hnet'):
+            raise ValueError(f"pooling 'last' picks each segment's last token; boundary "
+                             f"{self.boundary!r} has no segments to pool that way (hnet pools "
+                             f"by its chunks' starts)")
         if self.boundary == 'whitespace' and self.whitespace_id is None:
             raise ValueError("boundary 'whitespace' needs whitespace_id "
                              "(the token id of the space)")
@@ -323,7 +331,7 @@ class Stage(nn.Module):
         keep it, the others overwrite it next time."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
-        if cache.r is None:  # project position embeddings once per cache size, not once per token
+        if cache.r is None and self.layers:  # position keys once per cache size, not per token
             emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
             cache.r = torch.stack([l.attn.position_keys(emb.to(h.dtype)) for l in self.layers])
         for i, layer in enumerate(self.layers):
@@ -370,12 +378,19 @@ def boundary_matrix(b, bucket=1, n_segments=None):
                        torch.zeros((), device=b.device))
 
 
-def downsample(h, b, null, bucket=1, n_segments=None):
-    """Mean of h [B, L, D] over each complete segment, after the null group → [B, 1+S, D]."""
+def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
+    """Each complete segment of h [B, L, D] → one vector, after the null group → [B, 1+S, D]:
+    the segment's mean (§2.2), or with pooling='last' its last token (sub-sampling, Table 2)."""
     Bm = boundary_matrix(b, bucket, n_segments).to(h.dtype)  # [B, L, S]
-    lengths = Bm.sum(1)                                  # [B, S] segment lengths
-    means = torch.einsum('bls,bld->bsd', Bm, h) / lengths.clamp(min=1)[..., None]
-    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), means], 1)
+    if pooling == 'last':
+        # The last token of a segment is its one token with b_t = 1, so B weighted by b selects
+        # it: exactly h_t in value, and a straight-through Gumbel b_t receives the LM loss's
+        # gradient through the selected vector (d/db_t = h_t), as the mean's b does through B.
+        pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
+    else:
+        lengths = Bm.sum(1)                                  # [B, S] segment lengths
+        pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths.clamp(min=1)[..., None]
+    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), pooled], 1)
 
 
 def upsample(s, b):
@@ -398,20 +413,23 @@ class MeanPoolingState:
 
 
 class MeanPooling(nn.Module):
-    """Segments → their mean after a learnable null group (down), and back to tokens so that token
-    t sees only segments complete at t (up). `down` and `up` for a whole sequence, `step_down` and
-    `step_up` for one generated token, side by side; every source but hnet pools this way."""
+    """Segments → their mean (or, with cfg.pooling 'last', their last token) after a learnable
+    null group (down), and back to tokens so that token t sees only segments complete at t (up).
+    `down` and `up` for a whole sequence, `step_down` and `step_up` for one generated token, side
+    by side; every source but hnet pools this way."""
 
     def __init__(self, cfg):
         super().__init__()
         self.null_group = nn.Parameter(torch.randn(cfg.d_model))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.bucket = cfg.seg_bucket
+        self.last = cfg.pooling == 'last'
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments))
+        return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments,
+                                    'last' if self.last else 'mean'))
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, 1+S, D], pre-stage output h [B, L, D] → the post stage's
@@ -432,11 +450,12 @@ class MeanPooling(nn.Module):
 
     def step_down(self, h, routing, pooling_state):
         """One token's pre-stage output h [B, 1, D] joins the open segment → (the shortened stage's
-        input [B, 1, D]: the mean of the segment this token closes, the rows that close one [B])."""
+        input [B, 1, D]: the segment this token closes, pooled; the rows that close one [B])."""
         closed = routing.hard[:, 0]
         pooling_state.seg_sum += h[:, 0]
         pooling_state.seg_len += 1
-        mean = pooling_state.seg_sum / pooling_state.seg_len.clamp(min=1)[:, None]
+        mean = h[:, 0] if self.last else \
+            pooling_state.seg_sum / pooling_state.seg_len.clamp(min=1)[:, None]
         pooling_state.seg_sum = torch.where(closed[:, None], 0.0, pooling_state.seg_sum)
         pooling_state.seg_len = torch.where(closed, 0, pooling_state.seg_len)
         return self.norm(mean)[:, None], closed
@@ -1078,8 +1097,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
       + n*2*d*H*dh                                    position projection, once per sequence
       + batch*H*n^2*2*dh*3                            content and position scores, weights x values
     plus batch*seq_len*2*d*V for the logits and the boundary predictor's or router's matmuls.
-    Pooling, upsampling, norms and softmax are left out; the attention counts all n^2 terms (the
-    usual MFU convention), causal kernels run about half.
+    Pooling (by mean or by last token alike), upsampling, norms and softmax are left out; the
+    attention counts all n^2 terms (the usual MFU convention), causal kernels run about half.
     n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a
     device; n_short=None counts every layer at seq_len."""
     d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner

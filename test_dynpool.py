@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample
-from conftest import (HYPOTHESIS_FIXTURES, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
+from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
                       draw_hnet_weights, full_forward, predictor_linear, random_tokens, tiny_config,
                       tiny_model)
 from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss,
@@ -121,6 +121,26 @@ def paper_downsample(h, b, null):
     return torch.cat([nulls, pooled], 1)
 
 
+def paper_downsample_last(h, b, null):
+    """Sub-sampling through the same B: each segment's tokens weighted by b, which is 1 at the
+    segment's last token only (in value; its gradient is b's)."""
+    pooled = torch.einsum("nls,nld->nsd", paper_boundary_matrix(b) * b.unsqueeze(-1), h)
+    nulls = null.view(1, 1, -1).expand(h.shape[0], 1, h.shape[-1])
+    return torch.cat([nulls, pooled], 1)
+
+
+def ref_downsample_last(h, b, null):
+    """Loop reference of sub-sampling: segment j is its last token's h (the one with b_t = 1)."""
+    n, L, D = h.shape
+    ends = [[t for t in range(L) if b[i, t] > 0.5] for i in range(n)]
+    out = torch.zeros(n, 1 + max(len(e) for e in ends), D, dtype=h.dtype)
+    for i, e in enumerate(ends):
+        out[i, 0] = null
+        for j, t in enumerate(e):
+            out[i, 1 + j] = h[i, t]
+    return out
+
+
 def paper_upsample(s, b):
     m = b.cumsum(1)                                                # [B, L]
     j = torch.arange(s.shape[1], dtype=b.dtype).view(1, 1, -1)
@@ -152,7 +172,7 @@ def loss_and_grads(model, x, y, b=None, seed=1, **kw):
 
 def gold_for(mode, x, gen):
     """Unigram needs boundary targets to train; other modes take none."""
-    return (torch.rand(x.shape, generator=gen) < 0.3) if mode == "unigram" else None
+    return (torch.rand(x.shape, generator=gen) < 0.3) if mode.startswith("unigram") else None
 
 
 @st.composite
@@ -175,7 +195,7 @@ def leak_cases(draw, max_len=300):
 #    position; the batch's max segment count S changes too, which must not matter.
 # =============================================================================================
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_VARIANTS)
 @settings(max_examples=40, **HYPOTHESIS_FIXTURES)
 @given(case=leak_cases())
 def test_no_leakage_from_future_tokens(tiny, mode, training, case):
@@ -452,7 +472,7 @@ def _grads(f, inputs, g):
     return out, [torch.zeros_like(x) if d is None else d for x, d in zip(inputs, gr)]
 
 
-def check_pooling_gradients(b_hard, seed, straight_through):
+def check_pooling_gradients(b_hard, seed, straight_through, pooling="mean"):
     n, L = b_hard.shape
     D = 4
     gen = torch.Generator().manual_seed(seed)
@@ -474,8 +494,9 @@ def check_pooling_gradients(b_hard, seed, straight_through):
 
     leaf_b = (soft_logit if straight_through else b_hard).clone()
     results = {}
-    for name, (down, up) in {"dynpool": (downsample, upsample),
-                             "paper": (paper_downsample, paper_upsample)}.items():
+    ours = lambda h_, b_, n_: downsample(h_, b_, n_, pooling=pooling)  # noqa: E731
+    paper = paper_downsample_last if pooling == "last" else paper_downsample
+    for name, (down, up) in {"dynpool": (ours, upsample), "paper": (paper, paper_upsample)}.items():
         hh, nn_, ss, bb = (t.clone().requires_grad_(True) for t in (h, null, s, leaf_b))
         o_down, gr_down = _grads(lambda h_, n_, b_: down(h_, make_b(b_), n_), [hh, nn_, bb], g_down)
         o_up, gr_up = _grads(lambda s_, b_: up(s_, make_b(b_)), [ss, bb], g_up)
@@ -491,23 +512,45 @@ def check_pooling_gradients(b_hard, seed, straight_through):
     return results
 
 
-@given(b=boundary_batches(max_len=16), seed=st.integers(0, 1000), st_=st.booleans())
-def test_pooling_gradients_match_paper_b_matrix(b, seed, st_):
-    check_pooling_gradients(b, seed, st_)
+@given(b=boundary_batches(max_len=16), seed=st.integers(0, 1000), st_=st.booleans(),
+       pooling=st.sampled_from(["mean", "last"]))
+def test_pooling_gradients_match_paper_b_matrix(b, seed, st_, pooling):
+    check_pooling_gradients(b, seed, st_, pooling)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "last"])
 @pytest.mark.parametrize("st_", [False, True], ids=["float-b", "straight-through"])
-def test_gradient_reaches_boundaries_through_b_matrix(st_):
-    """Segments of several tokens with different states: d(mean)/d b_i is non-zero for the
-    boundaries inside a segment (moving the running sum moves tokens between segments)."""
+def test_gradient_reaches_boundaries_through_b_matrix(st_, pooling):
+    """Segments of several tokens with different states: d(pooled)/d b_i is non-zero for the
+    boundaries inside a segment (moving the running sum moves tokens between segments; with
+    sub-sampling, b_t also weights the token it selects)."""
     b = _hand([[0, 0, 1, 0, 0, 0, 1, 0], [0, 1, 0, 0, 1, 1, 0, 0]])
-    res = check_pooling_gradients(b, seed=5, straight_through=st_)
+    res = check_pooling_gradients(b, seed=5, straight_through=st_, pooling=pooling)
     grad_b = res["dynpool"][1][2]
     assert grad_b.abs().max().item() > 1e-3, "downsample gives no gradient to the boundaries"
 
 
+@given(b=boundary_batches(), seed=st.integers(0, 1000))
+def test_sub_sampling_takes_each_segments_last_token(b, seed):
+    """Paper Table 2: with pooling='last' a segment is represented by its last token's vector."""
+    g = torch.Generator().manual_seed(seed)
+    h, null = torch.randn(*b.shape, 5, generator=g), torch.randn(5, generator=g)
+    assert_close(downsample(h, b, null, pooling="last"), ref_downsample_last(h, b, null),
+                 atol=1e-6, msg=f"b={_show(b)}:")
 
-@pytest.mark.parametrize("mode", MODES)
+
+def test_pooling_is_checked_by_config():
+    """Sub-sampling needs segments pooled by the boundary matrix: not vanilla, not H-Net's
+    chunks; an unknown pooling is refused by name."""
+    for mode in ("none", "hnet"):
+        with pytest.raises(ValueError, match="pooling 'last'"):
+            Config(boundary=mode, pooling="last")
+    with pytest.raises(ValueError, match="pooling must be"):
+        Config(boundary="fixed", pooling="max")
+
+
+
+@pytest.mark.parametrize("mode", MODE_VARIANTS)
 def test_every_parameter_gets_a_gradient(mode):
     """DDP runs with find_unused_parameters=False, static_graph=True: every parameter must take part
     in every mode's training loss, and with a gradient that is not all zeros."""
@@ -970,7 +1013,7 @@ def parity_cases(draw):
     return torch.tensor(rows, dtype=torch.long), L
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_VARIANTS)
 @settings(max_examples=10, **HYPOTHESIS_FIXTURES)
 @given(case=parity_cases())
 def test_cache_parity_with_full_forward(tiny, mode, case):
@@ -978,7 +1021,7 @@ def test_cache_parity_with_full_forward(tiny, mode, case):
     check_cache_parity(tiny(mode), x, L)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_VARIANTS)
 def test_cache_parity_short_prompt_many_segments(mode):
     """A one-character prompt that closes no segment, then 80 characters that close many; rows
     that close segments at different times (and a row that closes none in the prompt while

@@ -47,11 +47,11 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
               amp='auto', compile=False, attention='auto', tensorboard=False)
 # Flags whose default is the model's (the Gumbel prior: the dataset's, where meta.json has one).
 MODEL_FLAGS = ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
-               'ratio_weight', 'double_sigmoid')
+               'ratio_weight', 'double_sigmoid', 'pooling')
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 # Flags that define the model or the data order: a resumed run must keep them.
-KEPT_ON_RESUME = ('boundary', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout',
-                  'dropatt', 'seq_len', 'batch_size', 'seed') + MODEL_FLAGS
+KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
+                  'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed') + MODEL_FLAGS
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 
@@ -70,10 +70,14 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--layers', layer_counts, 'pre,shortened,post layer counts (vanilla: all at full length)'),
     ('--dropout', fraction, 'dropout'),
     ('--dropatt', fraction, 'attention dropout'),
+    ('--pooling', ('mean', 'last'), "a segment's vector: its mean, or its last token "
+     "(sub-sampling, the paper's Table 2)"),
     ('--fixed-factor', ops.int_range(1, 2**20), 'fixed: segment length k'),
     ('--temperature', positive_float, 'gumbel: Gumbel-sigmoid temperature'),
     ('--prior', probability, "gumbel: prior boundary rate (default the dataset's, else 0.2)"),
     ('--entropy-window', ops.int_range(1, 2**20), 'entropy: k of the spike rule'),
+    ('--unigram', positive_int, "unigram: train on the label set of this vocabulary size V "
+     "(default the dataset's default set)"),
     ('--double-sigmoid', None, "unigram/entropy: the released code's loss, BCE of sigmoid(logit)"),
     ('--ratio-target', float_range(1, lo_open=True), 'hnet: target compression of the ratio loss'),
     ('--ratio-weight', non_negative_float, 'hnet: weight of the ratio loss'),
@@ -425,7 +429,7 @@ def run(argv, procs):
     args, ckpt = resolve_args(parse_args(argv), procs)
     layers = check_args(args, procs)
     ops.check_loggers(args, procs.rank)
-    meta, splits, labels = ops.load_data(args.data, args.boundary)
+    meta, splits, labels = ops.load_data(args.data, args.boundary, args.unigram)
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     cfg = model_config(args, layers, meta)
     ops.resolve_budget(args, cfg)
