@@ -153,7 +153,9 @@ def write_atomic(path, data):
     """Replace `path` by `data` (bytes, str, or a function that writes to the path it is given),
     never half of each: a uniquely named temporary file in the same folder, fsynced, then renamed
     over `path`. The temporary name keeps the extension (matplotlib reads the format from it)."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))   # through a link to its target: never the link replaced
+    if path.exists() and not path.is_file():   # /dev/null, a FIFO, a folder: never replaced
+        raise UserError(f'{path} is not a regular file: write to a file')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
     try:
         if callable(data):
