@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
-# The CPU study of dynpool: every mode over seeds, and the Pareto front, on the shared
-# text8 slice at train.py's CPU preset, then report.py's tables and plots.
+# The studies of dynpool: the paper's experiments as parts, each a grid of train.py runs over
+# seeds, then report.py's tables (paired t-tests against vanilla and fixed pooling) and plots.
 #
-#   bash study.sh --dry-run                      # the plan and its cost, nothing run
-#   bash study.sh                                # both parts, 1000 steps a run
-#   bash study.sh --part seeds --steps 2000      # one part, another budget
-#   bash study.sh --steps 3 -- --d-model 32 --layers 1,1,1   # flags after -- go to every train.py
-#   bash study.sh --part pareto --jobs 2         # two runs at a time, one thread each
+#   bash study.sh --part table2 --dry-run          # the plan and its cost, nothing run
+#   bash study.sh --part table2 --steps 200 --jobs 2 -- --layers 2,4,2   # flags after -- go to
+#                                                   # every train.py
+#   bash study.sh --part table1 --device cuda --dry-run   # the paper's Table 1 on GPUs
 #
-# Parts (the runs they share, e.g. vanilla and fixed k=2 at seed 1337, run once):
-#   seeds   all seven modes x --seeds (1337 2): none, fixed k=2, whitespace, unigram (V=10000),
-#           entropy, gumbel (alpha 0.2), hnet
-#   pareto  at --pareto-seeds (1337): Unigram V = 200 500 1000 3000 5000 10000 (one dataset each),
-#           Gumbel prior alpha = 0.20 0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4 5 6
-#   languages  --langs (text8 fi he vi) x --modes x --seeds, each pooled mode twice: at --steps
-#           (equal steps) and at the FLOP budget of the vanilla run of the same shape (equal
-#           compute, <run>-flops); text8 is the shared slice, fi/he/vi the shared raw text
-#           (--raw-dir), prepared with the paper's cleaning; Gumbel's prior 0.37 for Finnish
-# Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
+# Parts (runs shared between parts, e.g. vanilla at seed 1337, run once):
+#   seeds      the seven sources on the text8 slice: none, fixed2, whitespace, unigram (V=10000),
+#              entropy, gumbel (alpha 0.2), hnet
+#   pareto     at --pareto-seeds: Unigram V = 200 500 1000 3000 5000 10000, Gumbel alpha = 0.20
+#              0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4 5 6; one panel per --langs
+#              (default text8: the slice; fi he vi: the shared raw text of --raw-dir)
+#   languages  --langs x --modes x --seeds, each pooled mode twice: at --steps (equal steps) and
+#              at the FLOP budget of the vanilla run of the same shape (<run>-flops)
+#   table1     the paper's Table 1: text8, wiki40b en fi he vi, cc-100 en (prepare_data.py
+#              downloads them) x none, fixed2 fixed3 fixed4, gumbel, entropy, unigram, whitespace;
+#              the paper's recipe where --device is a GPU (train.py's GPU preset), --steps 200000
+#   table2     the paper's Table 2: fixed2, entropy, whitespace, each pooled by the segment mean
+#              and by its last token (--pooling last, sub-sampling), on the text8 slice
+#   scaling    test BPC against total layers (--scaling-layers, default 8 12 16 20): 2 + 2 outer
+#              layers and the shortened stage grown, for --modes (default none whitespace)
+# Modes by name: none, fixedK (any K), whitespace, unigram, entropy, gumbel, hnet.
+# Runs land in --out (default runs/<part>-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
 # where an interrupted study stopped. Keep the flags after -- the same for one --out.
 # --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
 # train faster than one two-thread run after the other); its output goes to <out>/<run>.log.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
-# <out>/<part>.png (languages: one of each per language, <out>/languages-<lang>.md and .png, and
-# <out>/languages.md ending in a table with a column per language, <out>/languages.png a panel each).
+# <out>/<part>.png (languages and pareto: one of each per language too, <out>/<part>-<lang>.*).
+# --dry-run prints every train.py command with its FLOPs (dynpool.step_flops at the preset's shape;
+# fixed k at SF k, the other sources at --assume-sf) and, for a GPU, an estimate of GPU-hours at
+# --mfu of --peak-tflops (assumptions, printed with the estimate: no GPU run has measured them).
 set -u
 
-part=all steps=1000 out= seeds="1337 2" pareto_seeds=1337 dry=0 jobs=1
-input=../shared/data/text8-head.txt data_dir=data raw_dir=../shared/data/raw
-langs="text8 fi he vi" modes="none fixed2 whitespace unigram entropy gumbel hnet"
+part=seeds steps= out= seeds="1337 2 3" pareto_seeds=1337 dry=0 jobs=1 device=cpu
+input=../shared/data/text8-head.txt data_dir=data raw_dir=../shared/data/raw langs= modes=
+scaling_layers="8 12 16 20" assume_sf=4.5 mfu=0.4 peak_tflops=989
 die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -44,6 +52,11 @@ while [ $# -gt 0 ]; do
     --raw-dir) raw_dir=${2-}; shift ;;
     --langs) langs=${2-}; shift ;;
     --modes) modes=${2-}; shift ;;
+    --scaling-layers) scaling_layers=${2-}; shift ;;
+    --device) device=${2-}; shift ;;
+    --assume-sf) assume_sf=${2-}; shift ;;
+    --mfu) mfu=${2-}; shift ;;
+    --peak-tflops) peak_tflops=${2-}; shift ;;
     --jobs) jobs=${2-}; shift ;;
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -54,57 +67,88 @@ while [ $# -gt 0 ]; do
 done
 train_flags=("$@")
 case $part in
-  seeds|pareto|all|languages) ;;
-  *) code=2 die "--part must be seeds, pareto, languages or all, not '$part'" ;;
+  seeds|pareto|languages|table1|table2|scaling) ;;
+  *) code=2 die "--part must be seeds, pareto, languages, table1, table2 or scaling, not '$part'" ;;
+esac
+[ "$part" = table1 ] && steps=${steps:-200000}
+steps=${steps:-1000}
+[ "$part" = languages ] && langs=${langs:-text8 fi he vi}
+[ "$part" = table1 ] && langs=${langs:-text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en}
+langs=${langs:-text8}
+case $part in
+  languages) modes=${modes:-none fixed2 whitespace unigram entropy gumbel hnet} ;;
+  table1) modes=${modes:-none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace} ;;
+  table2) modes=${modes:-fixed2 entropy whitespace} ;;
+  scaling) modes=${modes:-none whitespace} ;;
 esac
 [[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be a positive whole number, not '$steps'"
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || code=2 die "--jobs must be a positive whole number, not '$jobs'"
 for s in $seeds $pareto_seeds; do
   [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers separated by spaces, not '$s'"
 done
+for n in $scaling_layers; do
+  [[ $n =~ ^[0-9]+$ && $n -ge 5 ]] || code=2 die "--scaling-layers are totals of at least 5, not '$n'"
+done
 [ -n "$seeds$pareto_seeds" ] || code=2 die "no seeds given"
-out=${out:-runs/study-$steps}
+out=${out:-runs/$part-$steps}
+
+# train.py flags of a mode by name (fixedK: any k); $1 the mode, $2 the language (Gumbel's prior).
+mode_flags() {
+  case $1 in
+    fixed[0-9]*) echo "--boundary fixed --fixed-factor ${1#fixed}" ;;
+    gumbel) local a=0.20; [[ $2 == *fi ]] && a=0.37; echo "--boundary gumbel --prior $a" ;;
+    none|whitespace|unigram|entropy|hnet) echo "--boundary $1" ;;
+    *) code=2 die "unknown mode '$1' (none, fixedK, whitespace, unigram, entropy, gumbel, hnet)" ;;
+  esac
+}
+# The dataset of a language: the text8 slice with Unigram V=10000 labels, else its own name.
+dataset() { if [ "$1" = text8 ]; then echo "text8-head-u${2:-10000}"; else echo "$1${2:+-u$2}"; fi; }
 
 # The plan: one line per run, "name data train.py-flags", names unique per experiment.
 plan=()
 add() { local n=$1; for p in "${plan[@]}"; do [ "${p%% *}" = "$n" ] && return; done; plan+=("$*"); }
-if [ "$part" = languages ]; then
-  for s in $seeds; do
-    for l in $langs; do
+for s in $seeds; do
+  case $part in
+    seeds)
+      for m in none fixed2 whitespace unigram entropy gumbel hnet; do
+        add "$m-s$s" "$(dataset text8)" $(mode_flags $m text8) --seed "$s"
+      done ;;
+    languages|table1)
+      for l in $langs; do
+        d=$(dataset "$l"); [ "$part" = table1 ] && d=$l
+        for m in $modes; do
+          add "$l-$m-s$s" "$d" $(mode_flags "$m" "$l") --seed "$s"
+          [ "$part" = languages ] && [ "$m" != none ] && \
+            add "$l-$m-flops-s$s" "$d" $(mode_flags "$m" "$l") --seed "$s" --flop-budget "vanilla:$steps"
+        done
+      done ;;
+    table2)
       for m in $modes; do
-        case $m in
-          fixed2) f="--boundary fixed --fixed-factor 2" ;;
-          unigram) f="--boundary unigram" ;;
-          gumbel) a=0.20; [ "$l" = fi ] && a=0.37; f="--boundary gumbel --prior $a" ;;
-          *) f="--boundary $m" ;;
-        esac
-        add "$l-$m-s$s" "$l" $f --seed "$s"
-        [ "$m" = none ] || add "$l-$m-flops-s$s" "$l" $f --seed "$s" --flop-budget "vanilla:$steps"
-      done
-    done
-  done
-elif [ "$part" != pareto ]; then
-  for s in $seeds; do
-    add none-s$s          text8-head-u10000 --boundary none --seed $s
-    add fixed2-s$s        text8-head-u10000 --boundary fixed --fixed-factor 2 --seed $s
-    add whitespace-s$s    text8-head-u10000 --boundary whitespace --seed $s
-    add unigram-u10000-s$s text8-head-u10000 --boundary unigram --seed $s
-    add entropy-s$s       text8-head-u10000 --boundary entropy --seed $s
-    add gumbel-a0.20-s$s  text8-head-u10000 --boundary gumbel --prior 0.20 --seed $s
-    add hnet-s$s          text8-head-u10000 --boundary hnet --seed $s
-  done
-fi
-if [ "$part" = pareto ] || [ "$part" = all ]; then
+        for pool in mean last; do
+          add "$m-$pool-s$s" "$(dataset text8)" $(mode_flags $m text8) --pooling $pool --seed "$s"
+        done
+      done ;;
+    scaling)
+      for n in $scaling_layers; do
+        for m in $modes; do
+          add "$m-l$n-s$s" "$(dataset text8)" $(mode_flags $m text8) --layers "2,$((n - 4)),2" --seed "$s"
+        done
+      done ;;
+  esac
+done
+if [ "$part" = pareto ]; then
   for s in $pareto_seeds; do
-    for v in 200 500 1000 3000 5000 10000; do
-      add unigram-u$v-s$s text8-head-u$v --boundary unigram --seed $s
-    done
-    for a in 0.20 0.25 0.30 0.37 0.45; do
-      add gumbel-a$a-s$s text8-head-u10000 --boundary gumbel --prior $a --seed $s
-    done
-    add none-s$s text8-head-u10000 --boundary none --seed $s     # fixed k = 1 is vanilla
-    for k in 2 3 4 5 6; do
-      add fixed$k-s$s text8-head-u10000 --boundary fixed --fixed-factor $k --seed $s
+    for l in $langs; do
+      for v in 200 500 1000 3000 5000 10000; do
+        add "$l-unigram-u$v-s$s" "$(dataset "$l" $v)" --boundary unigram --seed "$s"
+      done
+      for a in 0.20 0.25 0.30 0.37 0.45; do
+        add "$l-gumbel-a$a-s$s" "$(dataset "$l")" --boundary gumbel --prior $a --seed "$s"
+      done
+      add "$l-none-s$s" "$(dataset "$l")" --boundary none --seed "$s"    # fixed k = 1 is vanilla
+      for k in 2 3 4 5 6; do
+        add "$l-fixed$k-s$s" "$(dataset "$l")" $(mode_flags fixed$k "$l") --seed "$s"
+      done
     done
   done
 fi
@@ -122,9 +166,43 @@ done
 n=${#plan[@]}
 echo "study: part $part, $n runs x $steps steps = $((n * steps)) training steps in $out" \
      "($n_done finished and skipped, $n_resume to resume, $((n - n_done - n_resume)) to start)"
-echo "train.py flags: --device cpu --max-steps $steps ${train_flags[*]}"
-for p in "${plan[@]}"; do echo "  ${p%% *}: $data_dir/${p#* }"; done
-[ $dry = 1 ] && exit 0
+echo "train.py flags: --device $device --max-steps $steps ${train_flags[*]}"
+# The FLOPs of each train.py command read on stdin (the preset's shape), and their total.
+flops_py=$(cat <<'PY'
+import shlex, sys
+import train
+from dynpool import Config, step_flops
+steps, device, sf, mfu, peak = int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:])
+preset = train.GPU_PRESET if device.startswith('cuda') else train.CPU_PRESET
+total = 0
+for line in sys.stdin:
+    argv = shlex.split(line)[2:]
+    a = vars(train.parse_args(argv))
+    a = {k: v if v is not None else preset.get(k, v) for k, v in a.items()}
+    layers = tuple(int(n) for n in str(a['layers']).split(','))
+    cfg = Config(vocab_size=27, whitespace_id=0, boundary=a['boundary'], layers=layers,
+                 fixed_factor=a['fixed_factor'] or 2,
+                 **{k: a[k] for k in ('d_model', 'n_head', 'd_head', 'd_inner')})
+    run_sf = 1 if cfg.boundary == 'none' else cfg.fixed_factor if cfg.boundary == 'fixed' else sf
+    flops = steps * step_flops(cfg, a['batch_size'], a['seq_len'], 1 + a['seq_len'] / run_sf)
+    total += flops
+    print(f'{line.rstrip()}    # {flops:.2e} FLOPs')
+hours = total / (mfu * peak * 1e12) / 3600
+gpu = f'; about {hours:,.0f} GPU-hours at {mfu:.0%} MFU of {peak:g} TFLOP/s (assumed, not measured)'
+print(f'total: {total:.2e} FLOPs{gpu if device.startswith("cuda") else ""}')
+PY
+)
+if [ $dry = 0 ]; then
+  for p in "${plan[@]}"; do echo "  ${p%% *}: $data_dir/${p#* }"; done
+else  # every command with its FLOPs (train.py's preset for --device), and the total's cost
+  for p in "${plan[@]}"; do
+    rest=${p#* }
+    echo "python train.py --data $data_dir/${rest%% *} ${rest#* } --device $device" \
+         "--max-steps $steps --out $out/${p%% *} ${train_flags[*]}"
+  done | python -c "$flops_py" "$steps" "$device" "$assume_sf" "$mfu" "$peak_tflops" \
+    || die "could not count the FLOPs (see above)"
+  exit 0
+fi
 
 interrupted() {
   # background runs ignore SIGINT (bash starts them so): stop them; their checkpoints are atomic
@@ -146,9 +224,12 @@ for p in "${plan[@]}"; do
     text8-head-u*)
       [ -f "$input" ] || die "$input is missing (the first 4M characters of text8; pass --input FILE)"
       prep=(--input "$input" --dataset text8 --unigram "${name##*-u}") ;;
-    text8) prep=(--input "$input" --dataset text8) ;;
-    *) [ -f "$raw_dir/$name.txt" ] || die "$raw_dir/$name.txt is missing (pass --raw-dir DIR)"
-       prep=(--input "$raw_dir/$name.txt" --lang "$name") ;;
+    text8) prep=() ;;                                            # the whole text8, downloaded
+    wiki40b-*|cc100-*) prep=(--dataset "${name%%-*}" --lang "${name#*-}" --unigram 10000) ;;
+    *) l=${name%%-u*}                            # fi, or fi-u200: fi with Unigram labels V=200
+       [ -f "$raw_dir/$l.txt" ] || die "$raw_dir/$l.txt is missing (pass --raw-dir DIR)"
+       prep=(--input "$raw_dir/$l.txt" --lang "$l")
+       [ "$l" != "$name" ] && prep+=(--unigram "${name##*-u}") ;;
   esac
   python prepare_data.py "${prep[@]}" --out-dir "$data_dir" --name "$name" \
       || die "preparing $data_dir/$name failed (see above)"
@@ -162,7 +243,7 @@ train_one() {
   # shellcheck disable=SC2086  # $flags is a list of flags
   local steps_flag=(--max-steps "$steps")
   [[ $flags == *--flop-budget* ]] && steps_flag=()
-  python train.py --data "$data_dir/$name" $flags --device cpu "${steps_flag[@]}" --out "$d" \
+  python train.py --data "$data_dir/$name" $flags --device "$device" "${steps_flag[@]}" --out "$d" \
       "${resume[@]}" "${train_flags[@]}" || touch "$out/.failed-$run"
 }
 failed=()
@@ -203,14 +284,15 @@ report() {
 }
 dirs=()
 for p in "${plan[@]}"; do [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}"); done
-if [ "$part" = languages ]; then  # one table and one plot per language, then all side by side
+if [[ $part == languages || $part == table1 || $part == pareto && $langs != text8 ]]; then
+  # one table and one plot per language, then all side by side
   for l in $langs; do
     ldirs=()
     for d in "${dirs[@]}"; do [[ ${d##*/} == "$l"-* ]] && ldirs+=("$d"); done
-    [ ${#ldirs[@]} -gt 0 ] && report "languages-$l" "${ldirs[@]}"
+    [ ${#ldirs[@]} -gt 0 ] && report "$part-$l" "${ldirs[@]}"
   done
   # all of them: the last table has a column per language, the plot a panel each
-  [ ${#dirs[@]} -gt 0 ] && write_md languages "${dirs[@]}" --by-data --plot-sf "$out/languages.png"
+  [ ${#dirs[@]} -gt 0 ] && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
 elif [ ${#dirs[@]} -gt 0 ]; then
   report "$part" "${dirs[@]}"
 fi
