@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, is_hypothesis_test, settings
 
 from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
@@ -24,13 +24,18 @@ torch.set_num_threads(1)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# Hypothesis: "dev" explores new examples each run; "ci" (env var CI set) is derandomized.
+# Hypothesis: "dev" explores new examples each run; "ci" (env var CI set) is derandomized, the
+# same examples every run; "explore" (HYPOTHESIS_PROFILE=explore) draws fresh ones with no example
+# database, from the seed that --hypothesis-seed gives and the header prints, so a failure found
+# in CI replays exactly. CI runs the property tests both ways (README's CI blocks).
 # Tests that take pytest fixtures add HYPOTHESIS_FIXTURES to their own @settings.
 _common = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+settings.register_profile("explore", max_examples=25, database=None, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI")
+                                                                 else "dev"))
 HYPOTHESIS_FIXTURES = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                   HealthCheck.function_scoped_fixture])
 
@@ -62,10 +67,23 @@ def pytest_configure(config):
                                        "run with --slow")
     config.addinivalue_line("markers", "plots: draws with matplotlib (the optional extra); skipped "
                                        "without it; `-m plots` runs only these")
+    config.addinivalue_line("markers", "property: a hypothesis test (marked by conftest); "
+                                       "`-m property` runs only these")
+
+
+def pytest_report_header(config):
+    seed = config.getoption("hypothesis_seed", None)
+    profile = settings._current_profile
+    if seed is not None:
+        return (f"hypothesis profile {profile!r}, seed {seed}: replay a failure with "
+                f"HYPOTHESIS_PROFILE={profile} python -m pytest --hypothesis-seed={seed} ...")
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if is_hypothesis_test(getattr(item, "obj", None)):
+            item.add_marker(pytest.mark.property)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
         if "slow" in item.keywords and not config.getoption("--slow"):
