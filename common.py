@@ -160,6 +160,7 @@ def write_atomic(path, data):
     try:
         if callable(data):
             os.close(fd)
+            fd = None   # closed: a failing data(tmp) must not close it again (EBADF would hide it)
             data(tmp)
             fd = os.open(tmp, os.O_RDONLY)
         else:
