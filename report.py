@@ -1,44 +1,48 @@
 """
-Results of dynpool runs: the table (BPC, SF, speed, cost; mean ± std over seeds) and the plots.
+Results of dynpool runs: the tables (BPC, SF, speed, cost; mean ± std over seeds; the paper's
+paired t-test against vanilla and fixed pooling) and the plots.
 
     python report.py runs/study                       # every run below the folder
     python report.py runs/a runs/b --markdown         # the same tables as Markdown (for README)
     python report.py runs/study --at-chars 2M --at-flops min   # valid BPC at equal budgets
+    python report.py runs/langs --by-data             # test BPC with a column per dataset
     python report.py runs/study --plot study.png      # BPC against characters, FLOPs, seconds, SF
 
-A run is a directory holding train.py's log.jsonl (CPU or GPU alike). Each row shows its mode,
-seed, steps, training characters, training FLOPs, wall-clock seconds of training, the last valid
-BPC, the test BPC, the shortening factor (test, else the last valid one) and characters per
-second. Runs whose flags differ only in --seed are then pooled: mean ± sample std over seeds.
-A run without a test evaluation is 'running' (its <dir>/.lock is held) or 'stopped' (at
---stop-step, killed or crashed) and has no test BPC.
+A run is a directory holding train.py's log.jsonl. Each row shows its mode, seed, steps, training
+characters, FLOPs and wall-clock seconds, the last valid BPC, the test BPC, the shortening factor
+(test, else the last valid one) and characters per second. Runs whose flags differ only in --seed
+are pooled: mean ± sample std over seeds, with the significance test of the paper's Table 1 (each
+experiment's test BPC against vanilla's and every fixed k's, paired by seed). A run without a test
+evaluation is 'running' (its <dir>/.lock is held) or 'stopped' (killed, crashed, --stop-step).
 
---at-chars / --at-flops / --at-time give each run's valid BPC at that training budget, linearly
-interpolated between the two validations around it (--no-interp: the last one at or before it);
-'-' where the run never got that far. 'min' means the largest budget every listed run reached.
-Curves and budgets use the validations made during training; where those read a subset of the
-split (train.py's --eval-subset-chars), the final full-split validation is left out of them.
+--at-chars / --at-flops / --at-time: each run's valid BPC at that training budget, interpolated
+between the two validations around it (--no-interp: the last one at or before it), '-' where the
+run never got that far; 'min' is the largest budget every run reached. Curves and budgets use the
+validations made during training: where those read a subset of the split (--eval-subset-chars),
+the final full-split validation measures other text and is left out of them.
 
-Reads the log schema of conventions (records with "kind") and the older one (no "kind": records
-with "split" are evaluations, others with "loss" training steps; no FLOPs or time: shown as '-').
-A log's last line cut short (a run killed while writing it, or writing it now) is left out with a
-note on stderr; any other line that is not a JSON object, or a field report.py reads that holds what
-train.py never writes (a step that is no count, a BPC that is no number), is refused, naming the log,
-the line and the field. A NaN or inf (a diverged run) is shown as '-'.
-
-Errors: one line `error: ...` on stderr; exit 2 for a bad flag (the --plot path and the budgets are
-checked before any log is read), 1 for a run that cannot be read (a path too long, a log.jsonl that
-is a directory or a FIFO, a damaged log) or a plot that cannot be drawn, 130 on Ctrl-C.
+Logs of the older schema (no "kind": records with "split" are evaluations, others with "loss"
+training steps; no FLOPs or time) are read too. A last line cut short (a run writing it now) is
+left out with a note; any other line that is not a JSON object, or a field that holds what
+train.py never writes, is one `error:` line naming the log, the line and the field (common.main:
+exit 1, 2 for a flag, 130 on Ctrl-C). A NaN or inf (a diverged run) is shown as '-'.
 """
 import argparse
 import collections
+import fcntl
 import json
 import math
 import os
 import stat
 import statistics
 import sys
+import warnings
 from pathlib import Path
+
+import scipy.stats
+
+import common
+from common import UserError
 
 # dynpool.BOUNDARY_MODES in its order, spelled out so that reading logs needs no torch import
 MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet')
@@ -46,11 +50,9 @@ MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet')
 # are the same experiment. Logging switches (TensorBoard, W&B) count among them too.
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',
                       'torch', 'device_name', 'world', 'preset'}
-
 # Flags train.py gained after its logs began, with the value runs logged before ran with: such a
 # run is the same experiment as a newer one that logs the value.
 ADDED_LATER = {'double_sigmoid': False}
-
 # Shown in their own columns, so never repeated in the flags column.
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
 # What ends a run; where some runs end at a FLOP budget (train.py --flop-budget, which sets
@@ -58,6 +60,13 @@ OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'data'}
 BUDGET_FLAGS = {'flop_budget', 'max_steps'}
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
+# The paper's Table 1 stars a source whose test BPC beats both vanilla and fixed pooling, each by
+# a paired Student's t-test over 3 seeds at p < 0.05.
+BASELINES = ('none', 'fixed')
+P_STAR = 0.05
+SIGNIFICANCE = ("p: two-sided paired Student's t-test of test BPC, paired by seed with the "
+                "baseline's runs of the same dataset and budget; *: lower than vanilla and every "
+                f"fixed k shown, p < {P_STAR} against each (the paper's Table 1)")
 
 
 def defines_experiment(key):
@@ -65,141 +74,55 @@ def defines_experiment(key):
     return key not in NOT_THE_EXPERIMENT and 'wandb' not in key and 'tensorboard' not in key
 
 
-class ReportError(Exception):
-    """A user mistake or an unreadable run: one line on stderr, exit 1."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage dump, exit 2 (conventions)
-        self.exit(2, f'error: {message} (see python report.py --help)\n')
-
-
-# ----------------------------------------------------------------------------- paths
-def shown(path):
-    """A path as an error line shows it: one readable line, however long."""
-    text = str(path)
-    text = text if len(text) <= 100 else f'{text[:40]}...{text[-40:]}'
-    return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def stat_of(path):
-    """os.stat(path), None where nothing is there; ReportError naming the path where it cannot be
-    looked at (a name too long, a file on the way, no permission)."""
-    try:
-        return os.stat(path)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise ReportError(f'{shown(path)}: a part of the path on the way is a file, not a '
-                          f'directory') from None
-    except (OSError, ValueError) as e:   # ValueError: a NUL character in the path
-        raise ReportError(f'{shown(path)}: {getattr(e, "strerror", None) or e}') from None
-
-
-def kind_of_file(st):
-    """What a stat result describes, in words."""
-    for test, what in ((stat.S_ISDIR, 'a directory'), (stat.S_ISREG, 'a file'),
-                       (stat.S_ISFIFO, 'a FIFO (named pipe)'), (stat.S_ISSOCK, 'a socket'),
-                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device')):
-        if test(st.st_mode):
-            return what
-    return 'not a regular file'
-
-
-def plot_path(s):
-    """Argument type of --plot: a file that can be written (a new one in an existing folder, or a
-    regular file), checked before any log is read."""
-    try:
-        p = Path(s)
-        if not s:
-            raise ReportError('an empty name is no file')
-        st = stat_of(p)
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            raise ReportError(f'{shown(p)} is {kind_of_file(st)}, not a file to write')
-        parent = stat_of(p.parent)
-        if parent is None or not stat.S_ISDIR(parent.st_mode):
-            raise ReportError(f'{shown(p)}: folder {shown(p.parent)} does not exist')
-        if len(os.fsencode(p.name)) > 200:   # its temporary name (a prefix, a suffix) must fit too
-            raise ReportError(f'{shown(p)}: the file name is longer than 200 bytes')
-    except ReportError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return p
-
-
 # ----------------------------------------------------------------------------- reading runs
-def log_of(run):
-    """run/log.jsonl where it is a regular file, None where there is none; ReportError where it is
-    something else (a directory, a FIFO that would block the read)."""
-    st = stat_of(run / 'log.jsonl')
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise ReportError(f'{shown(run / "log.jsonl")} is {kind_of_file(st)}, not a log file')
-    return None if st is None else run / 'log.jsonl'
-
-
 def find_runs(paths):
-    """Run directories: each path that holds log.jsonl, else every folder below it that does."""
+    """Run directories: each path that holds log.jsonl (or is one), else every folder below it
+    that does. The OS reports a path that is missing or no folder (os.scandir)."""
     runs = []
     for p in map(Path, paths):
-        st = stat_of(p)
-        if st is None:
-            raise ReportError(f'{shown(p)} does not exist; pass run directories written by train.py '
-                              f'--out')
-        if p.name == 'log.jsonl' and not stat.S_ISDIR(st.st_mode):
-            p, st = p.parent, stat_of(p.parent)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ReportError(f'{shown(p)} is {kind_of_file(st)}, not a run directory or its log.jsonl')
-        try:
-            found = [p] if log_of(p) else sorted(f.parent for f in p.rglob('log.jsonl'))
-        except OSError as e:
-            raise ReportError(f'cannot search {shown(p)}: {e.strerror or e}') from None
-        found = [r for r in found if log_of(r)]   # one that is not a file: one line naming it
+        if p.name == 'log.jsonl' and not p.is_dir():
+            p = p.parent
+        os.scandir(p).close()
+        found = [p] if os.path.lexists(p / 'log.jsonl') else sorted(
+            f.parent for f in p.rglob('log.jsonl'))
         if not found:
-            raise ReportError(f'{shown(p)} is not a run: no log.jsonl in it or below it '
-                              f'(pass a directory written by train.py --out, or a folder of them)')
+            raise UserError(f'{p} is not a run: no log.jsonl in it or below it (pass a directory '
+                            f'written by train.py --out, or a folder of them)')
         runs += [r for r in found if r not in runs]
     return runs
 
 
-def kind_of(rec):
-    """'config', 'train' or 'eval'; older logs have no 'kind' and are told apart by their keys."""
-    if 'kind' in rec:
-        return rec['kind']
-    if 'split' in rec:
-        return 'eval'
-    if 'loss' in rec:
-        return 'train'
-    return 'config'
+def read_log(log):
+    """The bytes of a log.jsonl. Opened without blocking and refused unless a regular file: a
+    FIFO named log.jsonl would wait for a writer forever."""
+    fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f'{log} is not a regular file, so no log written by train.py')
+    with open(fd, 'rb') as f:
+        return f.read()
 
 
 def read_records(log):
-    """[(line number, JSON record)] of a log. A last line cut short (no line end: a run killed
+    """[(line number, JSON object)] of a log. A last line cut short (no line end: a run killed
     mid-write, or writing right now) is left out with a note on stderr; any other line that is not
     a JSON object is refused, naming it."""
-    try:
-        with open(log, 'rb') as f:
-            data = f.read()
-    except OSError as e:
-        raise ReportError(f'cannot read {shown(log)}: {e.strerror or e}') from None
-    lines = data.decode('utf-8', errors='replace').split('\n')
+    lines = read_log(log).decode('utf-8', errors='replace').split('\n')
     recs = []
     for i, line in enumerate(lines):
-        if not line.strip():
-            continue
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):   # RecursionError: '[[[[...' nested too deep
             if i == len(lines) - 1:   # after the last line end: cut short
-                print(f'note: {shown(log)}: skipped its last line {i + 1}, cut short (a run killed '
+                print(f'note: {log}: skipped its last line {i + 1}, cut short (a run killed '
                       f'while writing it, or writing it now)', file=sys.stderr)
                 break
-            raise ReportError(f'{shown(log)} line {i + 1} is not JSON; is this a log written by '
-                              f'train.py?') from None
-        except RecursionError:
-            raise ReportError(f'{shown(log)} line {i + 1} nests too deep; not a train.py '
-                              f'log') from None
-        if not isinstance(rec, dict):
-            raise ReportError(f'{shown(log)} line {i + 1} is not a JSON object; not a train.py log')
-        recs.append((i + 1, rec))
+            raise UserError(f'{log} line {i + 1} is not JSON; is this a log written by '
+                            f'train.py?') from None
+        if line.strip() and not isinstance(rec, dict):
+            raise UserError(f'{log} line {i + 1} is not a JSON object; not a train.py log')
+        if rec is not None:
+            recs.append((i + 1, rec))
     return recs
 
 
@@ -208,41 +131,43 @@ def is_count(v):
 
 
 def is_number(v):
-    """An int or float (not a bool) that a float holds: NaN and inf are numbers (a diverged run's)."""
-    if type(v) not in (int, float):
-        return False
+    """An int or float (not a bool) that a float holds: NaN and inf are (a diverged run's)."""
     try:
-        float(v)
-    except OverflowError:
+        return type(v) in (int, float) and float(v) is not None
+    except OverflowError:   # an int beyond any float
         return False
-    return True
 
 
 # The fields report.py reads, and what each must be where a record has it.
 FIELDS = {
     'step': ('a count >= 0', is_count),
-    'resumed_from': ('a count >= 0 or null', lambda v: v is None or is_count(v)),
-    'batch_size': ('a count or null', lambda v: v is None or is_count(v)),
-    'seq_len': ('a count or null', lambda v: v is None or is_count(v)),
+    **{k: ('a count >= 0 or null', lambda v: v is None or is_count(v))
+       for k in ('resumed_from', 'batch_size', 'seq_len', 'seed', 'max_steps')},
     **{k: ('a number or null', lambda v: v is None or is_number(v))
        for k in ('bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'chars_per_s',
-                 'eval_chars', 'chars')},
+                 'eval_chars', 'chars', 'flop_budget')},
 }
 NEEDED = {'train': ('step',), 'eval': ('step', 'bpc')}
 
 
 def check_record(rec, kind, log, line):
-    """ReportError naming the line and the field where a record's field is not what train.py
-    writes (or a train/eval record lacks one report.py needs)."""
+    """UserError naming the line and the field where a record's field is not what train.py writes
+    (or a train/eval record lacks one report.py needs)."""
     for k in NEEDED.get(kind, ()):
         if k not in rec:
-            raise ReportError(f'{shown(log)} line {line}: a {kind} record without {k}; not a '
-                              f'train.py log')
+            raise UserError(f'{log} line {line}: a {kind} record without {k}; not a train.py log')
     for k, (rule, ok) in FIELDS.items():
         if k in rec and not ok(rec[k]):
             value = json.dumps(rec[k])
-            raise ReportError(f'{shown(log)} line {line}: {k} must be {rule}, not '
-                              f'{value if len(value) <= 40 else value[:37] + "..."}')
+            raise UserError(f'{log} line {line}: {k} must be {rule}, not '
+                            f'{value if len(value) <= 40 else value[:37] + "..."}')
+
+
+def kind_of(rec):
+    """'config', 'train' or 'eval'; older logs have no 'kind' and are told apart by their keys."""
+    if 'kind' in rec:
+        return rec['kind']
+    return 'eval' if 'split' in rec else 'train' if 'loss' in rec else 'config'
 
 
 def read_run(run):
@@ -262,12 +187,10 @@ def read_run(run):
             evals = [r for r in evals if r['step'] <= start and rec.get('resumed_from') is not None]
             config = {**ADDED_LATER, **rec}
         elif kind in ('train', 'eval'):
-            (train if kind == 'train' else evals).append(normalise(rec, kind, config))
-    if config is None and not records:  # just started: nothing (complete) logged yet
-        config = {}
-    if config is None:
-        raise ReportError(f'{shown(log)} has no config record; not a log written by train.py')
-    return config, train, evals
+            (train if kind == 'train' else evals).append(normalise(rec, kind, config or {}))
+    if config is None and records:
+        raise UserError(f'{log} has no config record; not a log written by train.py')
+    return config or {}, train, evals   # no records: just started, nothing (whole) logged yet
 
 
 def normalise(rec, kind, config):
@@ -276,23 +199,28 @@ def normalise(rec, kind, config):
     if 'kind' not in rec:  # old schema: eval 'chars' counted evaluated characters
         if kind == 'eval':
             rec['eval_chars'] = rec.pop('chars', None)
-        bs, seq = (config or {}).get('batch_size'), (config or {}).get('seq_len')
+        bs, seq = config.get('batch_size'), config.get('seq_len')
         rec['train_chars'] = rec['step'] * bs * seq if bs and seq else None
     for k in ('train_chars', 'train_flops', 'train_time'):
         rec.setdefault(k, None)
     return rec
 
 
-def lock_held(run):
-    """Whether a process holds the flock on <run>/.lock (Linux: read from /proc/locks)."""
+def running(run):
+    """Whether train.py holds <run>/.lock (an exclusive flock, common.locked): a shared flock is
+    then refused. It is taken and dropped at once and no file is made; the alternative, parsing
+    Linux's /proc/locks, was a second mechanism for the same question."""
     try:
-        st = (run / '.lock').stat()
-        locks = Path('/proc/locks').read_text()
-    except OSError:
+        fd = os.open(run / '.lock', os.O_RDONLY)
+    except OSError:   # no lock file: never started by this train.py
         return False
-    me = f'{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}'
-    return any(line.split()[1] == 'FLOCK' and me in line.split() for line in locks.splitlines()
-               if len(line.split()) > 5)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- one run's numbers
@@ -336,7 +264,7 @@ def summarize(run):
                data=Path(str(cfg.get('data', '?'))).name, seed=cfg.get('seed'),
                steps=last['step'] if last else cfg.get('resumed_from') or 0,
                max_steps=cfg.get('max_steps'), flop_budget=cfg.get('flop_budget'), done=done,
-               status='done' if done else 'running' if lock_held(run) else 'stopped',
+               status='done' if done else 'running' if running(run) else 'stopped',
                curve=curve, valid_bpc=valid[-1]['bpc'] if valid else None,
                valid_step=valid[-1]['step'] if valid else None,
                test_bpc=test[-1]['bpc'] if done else None,
@@ -403,6 +331,50 @@ def group_rows(rows, budgets):
     return out
 
 
+# ----------------------------------------------------------------------------- significance
+def paired_t(g, base):
+    """(p, mean difference of test BPC, note or None): the two-sided paired t-test of experiment g
+    against experiment base over the seeds both ran; p None where fewer than 2 seeds pair."""
+    a, b = ({m['seed']: m['test_bpc'] for m in x['members'] if m['seed'] is not None}
+            for x in (g, base))
+    seeds, alone = sorted(a.keys() & b.keys()), sorted(a.keys() ^ b.keys())
+    note = f'seed {", ".join(map(str, alone))} run on one side only' if alone else ''
+    if len(seeds) < 2:
+        return None, None, f'{note + "; " if note else ""}{len(seeds)} seed(s) on both sides, ' \
+                           f'a paired t-test needs 2: no p'
+    with warnings.catch_warnings():   # equal differences have no spread: p is NaN, shown '-'
+        warnings.simplefilter('ignore')
+        p = scipy.stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue
+    return float(p), statistics.fmean(a[s] - b[s] for s in seeds), note and note + ', left out'
+
+
+def significance(groups):
+    """Set g['p'] ({baseline label: p or None}) and g['star'] of each finished experiment: paired
+    by seed with vanilla and each fixed k of the same dataset and budget (steps, or FLOPs) → the
+    notes on comparisons that lost seeds or could not be made."""
+    done = [g for g in groups if g['test_bpc'] is not None]
+    bases = collections.defaultdict(list)
+    for g in done:
+        if g['boundary'] in BASELINES:
+            bases[g['data'], budget_cell(g)].append(g)
+    notes = []
+    for g in done:
+        g['p'], better = {}, []
+        cell = bases[g['data'], budget_cell(g)]
+        for b in (b for b in cell if b is not g):
+            # two experiments of one baseline (other flags): each its own column
+            twins = sum(x['mode'] == b['mode'] for x in cell) > 1
+            label = f'{b["mode"]} {b["flags"]}'.strip() if twins else b['mode']
+            p, diff, note = paired_t(g, b)
+            g['p'][label] = p
+            better.append(p is not None and p < P_STAR and diff < 0)
+            if note:
+                notes.append(f'{g["mode"]} {g["flags"]}'.strip() + f' vs {label} ({g["data"]}, '
+                             f'{budget_cell(g)}): {note}')
+        g['star'] = bool(better) and all(better)
+    return notes
+
+
 # ----------------------------------------------------------------------------- tables
 def fmt(v, kind):
     """A number as the table shows it; '-' where it is missing."""
@@ -411,15 +383,13 @@ def fmt(v, kind):
     if isinstance(v, tuple):  # (mean, std); a std of exactly 0 (same characters) says nothing
         quiet = v[1] is None or (v[1] == 0 and kind != 'bpc')
         return fmt(v[0], kind) + ('' if quiet else ' ± ' + fmt(v[1], kind))
-    if kind == 'bpc':
-        return f'{v:.4f}'
-    if kind == 'sf':
-        return f'{v:.2f}'
+    if kind == 'p':
+        return '<0.001' if v < 0.001 else f'{v:.3f}'
+    if kind in ('bpc', 'sf'):
+        return f'{v:.4f}' if kind == 'bpc' else f'{v:.2f}'
     if kind == 'flops':
         return f'{v:.3g}'.replace('e+', 'e')
-    if kind == 'time' and v < 100:
-        return f'{v:.3g}'
-    return f'{v:,.0f}'
+    return f'{v:.3g}' if kind == 'time' and v < 100 else f'{v:,.0f}'
 
 
 def varying_flags(rows):
@@ -457,8 +427,9 @@ def valid_cell(r):
     return s
 
 
-def columns(budgets, grouped):
-    """(header, cell function) of the runs table, or of the mean ± std table."""
+def columns(budgets, grouped, baselines=()):
+    """(header, cell function) of the runs table, or of the mean ± std table (with a p column per
+    baseline and the star on test BPC)."""
     cols = [('run', lambda r: r['run'].as_posix())] if not grouped else []
     cols += [('mode', lambda r: r['mode']), ('data', lambda r: r['data']),
              ('flags', lambda r: r['flags']), ('budget', budget_cell)]
@@ -469,9 +440,10 @@ def columns(budgets, grouped):
              ('train FLOPs', lambda r: fmt(r['train_flops'], 'flops')),
              ('wall s', lambda r: fmt(r['train_time'], 'time')),
              ('valid BPC', valid_cell),
-             ('test BPC', lambda r: fmt(r['test_bpc'], 'bpc')),
+             ('test BPC', lambda r: fmt(r['test_bpc'], 'bpc') + (' *' if r.get('star') else '')),
              ('SF', lambda r: fmt(r['sf'], 'sf')),
              ('chars/s', lambda r: fmt(r['chars_per_s'], 'cps'))]
+    cols += [(f'p vs {b}', lambda r, b=b: fmt(r.get('p', {}).get(b), 'p')) for b in baselines]
     for name, budget in budgets:
         unit = dict(chars='chars', flops='FLOPs', time='s')[name]  # short: a column head
         head = f'valid BPC @ {fmt(budget, name)} {unit}'
@@ -497,9 +469,9 @@ def table(rows, cols, markdown):
 
 
 def by_data(groups, markdown):
-    """Test BPC (mean ± std over seeds) and SF of each mode, a column per dataset: a row per
-    boundary source (fixed with its k) and budget, whatever other flags a dataset's runs had (a
-    language's own Gumbel prior)."""
+    """Test BPC (mean ± std over seeds, * where significant) and SF of each mode, a column per
+    dataset: a row per boundary source (fixed with its k) and budget, whatever other flags a
+    dataset's runs had (a language's own Gumbel prior)."""
     done = [g for g in groups if g['test_bpc'] is not None]  # unfinished: no test BPC yet
     datasets, rows = list(dict.fromkeys(g['data'] for g in done)), {}
 
@@ -511,10 +483,10 @@ def by_data(groups, markdown):
         if any(shared[mode, g['flop_budget'] is not None, d] > 1 for d in datasets):
             mode = ' '.join(x for x in (g['mode'], g.get('flags')) if x)  # variants: a row each
         row = rows.setdefault((mode, g['flop_budget'] is not None), dict(
-            mode=mode, flags='', flop_budget=g['flop_budget'], max_steps=g['max_steps'],
-            budgets=set()))
+            mode=mode, flags='', flop_budget=g['flop_budget'], budgets=set()))
         row['budgets'].add(budget_cell(g))
-        row[g['data']] = f'{fmt(g["test_bpc"], "bpc")} ({fmt(g["sf"], "sf")}, n={g["n"]})'
+        row[g['data']] = (f'{fmt(g["test_bpc"], "bpc")}{" *" if g.get("star") else ""} '
+                          f'({fmt(g["sf"], "sf")}, n={g["n"]})')
     order = sorted(rows, key=lambda k: (k[1], mode_rank(k[0].split()[0]), k[0]))
     # a FLOP budget of vanilla's shape differs a little between datasets (the output layer)
     cols = [('mode', lambda r: r['mode']), ('budget', lambda r: ' / '.join(sorted(r['budgets'])))]
@@ -523,17 +495,6 @@ def by_data(groups, markdown):
 
 
 # ----------------------------------------------------------------------------- plots
-def import_pyplot():
-    """matplotlib's pyplot without a display; one clear line where it is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ReportError('--plot needs matplotlib: pip install matplotlib') from None
-    return plt
-
-
 def plot_formats(plt):
     """The file formats matplotlib writes."""
     kinds = plt.gcf().canvas.get_supported_filetypes()
@@ -541,11 +502,9 @@ def plot_formats(plt):
     return kinds
 
 
-def check_plot_path(plt, path, flag='--plot'):
-    """A format matplotlib writes, before any output (the path itself is checked at parse time)."""
-    kinds = plot_formats(plt)
-    if path.suffix.lstrip('.').lower() not in kinds:
-        raise ReportError(f'{flag} {shown(path)}: name it .png (or one of {", ".join(sorted(kinds))})')
+def mode_rank(b):
+    """Position of a boundary mode in MODES (unknown ones last)."""
+    return MODES.index(b) if b in MODES else len(MODES)
 
 
 def plot(plt, rows, groups, path):
@@ -554,27 +513,25 @@ def plot(plt, rows, groups, path):
     colour = {m: plt.get_cmap('tab10')(i) for i, m in enumerate(MODES)}
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     for ax, (name, key, unit) in zip(axes.flat, BUDGETS):
-        shown = set()
-        for r in rows:
+        labelled = set()
+        for r in sorted(rows, key=lambda r: mode_rank(r['boundary'])):  # legend in MODES' order
             pts = sorted((e[key], e['bpc']) for e in r['curve']
                          if e[key] is not None and e['bpc'] is not None)
-            if len(pts) < 1:
-                continue
-            label = r['boundary'] if r['boundary'] not in shown else None
-            shown.add(r['boundary'])
-            ax.plot(*zip(*pts), '-' if r['done'] else '--', marker='.', label=label, alpha=0.8,
-                    color=colour.get(r['boundary'], 'black'))
+            if pts:
+                ax.plot(*zip(*pts), '-' if r['done'] else '--', marker='.', alpha=0.8,
+                        label=None if r['boundary'] in labelled else r['boundary'],
+                        color=colour.get(r['boundary'], 'black'))
+                labelled.add(r['boundary'])
         ax.set(xlabel=f'training {unit}', ylabel='valid BPC',
                title=f'valid BPC against training {unit}')
-        if not shown:
+        if labelled:
+            ax.legend(fontsize=8)
+        else:
             ax.text(0.5, 0.5, f'no training {unit} in these logs\n(older train.py)',
                     ha='center', transform=ax.transAxes)
-        if shown:  # legend in the order of MODES, whatever order the runs came in
-            hl = sorted(zip(*ax.get_legend_handles_labels()), key=lambda h: mode_rank(h[1]))
-            ax.legend(*zip(*hl), fontsize=8)
         ax.grid(alpha=0.3)
     pareto(axes[1, 1], colour, groups)
-    save_figure(plt, fig, path)
+    save_figure(plt, fig, path, '--plot')
 
 
 def plot_sf(plt, groups, path):
@@ -601,26 +558,17 @@ def plot_sf(plt, groups, path):
     save_figure(plt, fig, path, '--plot-sf', tight=not legend)
 
 
-def save_figure(plt, fig, path, flag='--plot', tight=True):
-    """fig to path, written aside and renamed: never a half-written figure."""
+def save_figure(plt, fig, path, flag, tight=True):
+    """fig to path through common.write_atomic: never a half-written figure."""
     if tight:
         fig.tight_layout()
-    fmt_ = path.suffix.lstrip('.').lower()
-    tmp = path.with_name(f'.{path.name}.tmp')
     try:
-        fig.savefig(tmp, format=fmt_, dpi=120)
-        os.replace(tmp, path)
-    except (OSError, ValueError, RuntimeError) as e:
-        why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ReportError(f'cannot write {flag} {shown(path)}: {why}') from None
+        common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(),
+                                                          dpi=120))
+    except (ValueError, RuntimeError) as e:   # matplotlib's own refusals (OSError: common.main)
+        raise UserError(f'cannot write {flag} {path}: {str(e).strip() or type(e).__name__}')
     finally:
-        tmp.unlink(missing_ok=True)
         plt.close(fig)
-
-
-def mode_rank(b):
-    """Position of a boundary mode in MODES (unknown ones last)."""
-    return MODES.index(b) if b in MODES else len(MODES)
 
 
 def point_label(g):
@@ -679,16 +627,15 @@ def parse_budget(s):
 
 
 def parse_args(argv):
-    p = Parser(description='Results table and plots of dynpool training runs.')
+    p = common.Parser(prog='report.py',
+                      description='Results table and plots of dynpool training runs.')
     p.add_argument('runs', nargs='+',
                    help='run directories (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
-    p.add_argument('--plot', type=plot_path, metavar='OUT.png',
-                   help='also draw BPC against characters, FLOPs, seconds and SF '
-                        '(needs matplotlib)')
-    p.add_argument('--plot-sf', type=plot_path, metavar='OUT.png',
-                   help='also draw test BPC against SF alone, a panel per dataset '
-                        '(needs matplotlib)')
+    for flag, what in (('--plot', 'BPC against characters, FLOPs, seconds and SF'),
+                       ('--plot-sf', 'test BPC against SF alone, a panel per dataset')):
+        p.add_argument(flag, type=lambda s: Path(common.nonblank(s)), metavar='OUT.png',
+                       help=f'also draw {what} (needs matplotlib)')
     for name, _, unit in BUDGETS:
         p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
                        help=f'valid BPC of each run at this many training {unit} '
@@ -696,7 +643,8 @@ def parse_args(argv):
     p.add_argument('--no-interp', action='store_true',
                    help='at a budget, take the last validation at or before it (no interpolation)')
     p.add_argument('--by-data', action='store_true',
-                   help='also a table of test BPC ± std (SF, seeds) with a column per dataset')
+                   help='also a table of test BPC ± std (SF, seeds) with a column per dataset, '
+                        'starred as in the seed table')
     return p.parse_args(argv)
 
 
@@ -709,8 +657,8 @@ def resolve_budgets(args, rows):
             reach = [max(e[key] for e in r['curve'] if e[key] is not None)
                      for r in rows if any(e[key] is not None for e in r['curve'])]
             if not reach:
-                raise ReportError(f'--at-{name} min: no run logged training {unit} with its '
-                                  f'validations (older train.py logs lack FLOPs and time)')
+                raise UserError(f'--at-{name} min: no run logged training {unit} with its '
+                                f'validations (older train.py logs lack FLOPs and time)')
             b = min(reach)
         if b is not None:
             budgets.append((name, b))
@@ -719,50 +667,58 @@ def resolve_budgets(args, rows):
     return budgets
 
 
-def run(argv=None):
-    """Read the runs, print the tables, draw the plot; ReportError for what cannot be done."""
+def draw(args, rows, groups):
+    """The plots asked for, before any table is printed: a plot that cannot be drawn fails first."""
+    asked = [(flag, path) for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf))
+             if path]
+    if asked:
+        plt = common.import_pyplot(asked[0][0])
+        kinds = plot_formats(plt)
+        for flag, path in asked:
+            if path.suffix[1:].lower() not in kinds:
+                raise UserError(f'{flag} {path}: name it .png (or one of '
+                                f'{", ".join(sorted(kinds))})')
+        if args.plot:
+            plot(plt, rows, groups, args.plot)
+        if args.plot_sf:
+            plot_sf(plt, groups, args.plot_sf)
+    return [path for _, path in asked]
+
+
+def run(argv):
+    """Read the runs, draw the plots, print the tables."""
     args = parse_args(argv)
     if hasattr(sys.stdout, 'reconfigure'):
         sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
-    rows = [summarize(run) for run in find_runs(args.runs)]
-    plt = import_pyplot() if args.plot or args.plot_sf else None  # fail before printing
-    for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf)):
-        if path:
-            check_plot_path(plt, path, flag)
+    rows = [summarize(r) for r in find_runs(args.runs)]
     budgets = resolve_budgets(args, rows)
     for r, flags in zip(rows, varying_flags(rows)):
         r['flags'] = flags
     groups = group_rows(rows, budgets)
     for g, flags in zip(groups, varying_flags(groups)):
         g['flags'] = flags
-    title = '### ' if args.markdown else ''
-    print(f'{title}Runs\n\n' + table(rows, columns(budgets, False), args.markdown))
+    notes = significance(groups)
+    baselines = sorted({b for g in groups for b in g.get('p', {})},
+                       key=lambda b: (mode_rank(b.split()[0]), len(b), b))
+    drawn = draw(args, rows, groups)
+    md = args.markdown
+    title = '### ' if md else ''
+    caption = '\n\n' + '\n'.join([SIGNIFICANCE] + [('- ' if md else 'note: ') + n for n in notes])
+    print(f'{title}Runs\n\n' + table(rows, columns(budgets, False), md))
     if any(g['n'] > 1 for g in groups):
-        print(f'\n{title}Mean ± std over seeds\n\n' + table(groups, columns(budgets, True),
-                                                             args.markdown))
+        print(f'\n{title}Mean ± std over seeds\n\n' + table(
+            groups, columns(budgets, True, baselines), md) + (caption if baselines else ''))
     if args.by_data:
-        print(f'\n{title}Test BPC (SF, seeds) by dataset\n\n' + by_data(groups, args.markdown))
-    if args.plot:
-        plot(plt, rows, groups, args.plot)
-    if args.plot_sf:
-        plot_sf(plt, groups, args.plot_sf)
-    for path in (args.plot, args.plot_sf):
-        if path and not args.markdown:
+        print(f'\n{title}Test BPC (SF, seeds) by dataset\n\n' + by_data(groups, md)
+              + ('\n\n' + SIGNIFICANCE if any(g.get('star') for g in groups) else ''))
+    for path in drawn:
+        if not md:
             print(f'\nplot: {path}')
 
 
 def main(argv=None):
-    """The command line → its exit code: 0; 1 with one `error:` line for a run that cannot be read
-    or a plot that cannot be drawn; 130 on Ctrl-C (a bad flag: exit 2 from argparse)."""
-    try:
-        run(argv)
-    except ReportError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print('error: interrupted; nothing was written', file=sys.stderr)
-        return 130
-    return 0
+    """The command line → its exit code (common.main: one `error:` line for what goes wrong)."""
+    return common.main(lambda: run(argv))
 
 
 if __name__ == '__main__':

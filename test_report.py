@@ -325,15 +325,112 @@ def test_markdown(study, capsys):
     ws1 = next(x for x in body if '/ws-s1 |' in x).split(' | ')
     at = 2.5 + (2.2 - 2.5) * (500_000 / CHARS_PER_STEP - 200) / 100  # between steps 200 and 300
     assert ws1[-1] == f'{at:.4f} |'
-    assert len(out) == 11 + 2 + 3 and out[-1].startswith('| whitespace | text8-head |')
+    assert out[15].startswith('| whitespace | text8-head |') and out[16] == ''
+    # one seed of vanilla: a p column of '-', the test named, and a note (a list item) each
+    assert out[11].split(' | ')[-2:] == ['p vs none', 'valid BPC @ 500,000 chars |']
+    assert out[17] == report.SIGNIFICANCE and len(out) == 20
+    assert all(x.startswith('- whitespace layers=') and 'no p' in x for x in out[18:])
 
+
+# ---------------------------------------------------------------------------------------------
+# The paper's significance test: paired by seed against vanilla and every fixed k
+# ---------------------------------------------------------------------------------------------
+def seeded_runs(root, test_bpc, **kw):
+    """A finished run per source and seed: test_bpc = {'none' | 'fixed<k>' | mode: {seed: BPC}}."""
+    for source, seeds in test_bpc.items():
+        k = int(source[5:]) if source.startswith('fixed') else None
+        for seed, bpc in seeds.items():
+            write_run(root, f'{source}-s{seed}', [config('fixed' if k else source, seed=seed,
+                                                         fixed_factor=k, **kw)]
+                      + evals_and_steps([4.0, 3.0], bpc))
+
+
+def md_table(out, title):
+    """{mode (' @ budget' where a budget column is): {column head: cell}} of the Markdown table
+    after `title` in report.py's output."""
+    lines = out.split(title)[1].strip().split('\n\n')[0].splitlines()
+    rows = [dict(zip(*(([c.strip() for c in x.strip().strip('|').split('|')] for x in (lines[0], x)))))
+            for x in lines[2:]]
+    return {' @ '.join(r[k] for k in ('mode', 'budget') if k in r): r for r in rows}
+
+
+def significant(p):
+    return p == '<0.001' or float(p) < 0.05
+
+
+def hand_p(a, b):
+    """Two-sided p of the paired t-test, by hand: t = mean(d) / (stdev(d) / sqrt(n)), n - 1 df."""
+    from scipy.stats import t as student
+    d = [x - y for x, y in zip(a, b)]
+    t = statistics.mean(d) / (statistics.stdev(d) / math.sqrt(len(d)))
+    return 2 * student.sf(abs(t), len(d) - 1)
+
+
+WS = {1: 1.90, 2: 1.95, 3: 1.88}
+
+
+def test_paired_t_test_against_each_baseline_is_the_hand_computed_one(tmp_path, capsys):
+    none, fixed2 = {1: 2.05, 2: 2.08, 3: 2.04}, {1: 1.93, 2: 2.10, 3: 1.95}
+    seeded_runs(tmp_path, {'none': none, 'fixed2': fixed2, 'whitespace': WS})
+    assert report.main([str(tmp_path), '--markdown']) == 0
+    seeds = md_table(capsys.readouterr().out, 'Mean ± std over seeds')
+    for label, base in (('none', none), ('fixed k=2', fixed2)):
+        p = hand_p(WS.values(), base.values())
+        assert seeds['whitespace'][f'p vs {label}'] == f'{p:.3f}', label
+    # vanilla against fixed k=2 (and not against itself)
+    assert seeds['none']['p vs fixed k=2'] == f'{hand_p(none.values(), fixed2.values()):.3f}'
+    assert seeds['none']['p vs none'] == '-'
+
+
+def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsys):
+    """Better than vanilla and fixed k=2 at p < 0.05: a star, in the seed table and --by-data.
+    A fixed k=3 whose difference is not significant (or a source worse than vanilla): none."""
+    close = {s: b + d for (s, b), d in zip(WS.items(), (0.10, -0.15, 0.08))}   # mean: a bit worse
+    seeded_runs(tmp_path, {'none': {1: 2.05, 2: 2.08, 3: 2.04}, 'fixed2': {1: 2.00, 2: 2.06, 3: 1.99},
+                           'whitespace': WS, 'entropy': {1: 2.15, 2: 2.20, 3: 2.13}})
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
+    assert all(significant(seeds['whitespace'][f'p vs {b}']) for b in ('none', 'fixed k=2'))
+    assert seeds['whitespace']['test BPC'].endswith(' *') and ' * (5.00, n=3)' in data['whitespace']['text8-head']
+    assert significant(seeds['entropy']['p vs none']) and '*' not in seeds['entropy']['test BPC']
+    assert out.count(report.SIGNIFICANCE) == 2
+    seeded_runs(tmp_path, {'fixed3': close})
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
+    assert not significant(seeds['whitespace']['p vs fixed k=3'])
+    assert '*' not in seeds['whitespace']['test BPC'] and '*' not in data['whitespace']['text8-head']
+    assert out.count(report.SIGNIFICANCE) == 1      # no star shown: no caption under --by-data
+
+
+def test_seeds_that_do_not_pair_get_no_p_and_a_note(tmp_path, capsys):
+    """Seed 3 without a vanilla run: left out, the p of seeds 1 and 2 (by hand), a note; fixed k=2
+    shares one seed only, and a FLOP-budget run pairs with no equal-step baseline: '-', a note."""
+    none = {1: 2.05, 2: 2.08}
+    seeded_runs(tmp_path, {'none': none, 'fixed2': {3: 2.0, 4: 2.1}, 'whitespace': WS})
+    write_run(tmp_path, 'ws-flops-s1', [config(seed=1, max_steps=10**9, flop_budget=1e12)]
+              + evals_and_steps([4.0, 3.0], 1.8))
+    write_run(tmp_path, 'ws-flops-s2', [config(seed=2, max_steps=10**9, flop_budget=1e12)]
+              + evals_and_steps([4.0, 3.0], 1.7))
+    assert report.main([str(tmp_path), '--markdown']) == 0
+    out = capsys.readouterr().out
+    seeds = md_table(out, 'over seeds')
+    ws = seeds['whitespace @ 300 steps']
+    assert ws['p vs none'] == f'{hand_p([WS[1], WS[2]], none.values()):.3f}'
+    assert ws['p vs fixed k=2'] == '-' and '*' not in ws['test BPC']
+    notes = [x for x in out.splitlines() if x.startswith('- whitespace vs ')]
+    assert any('vs none' in x and 'seed 3 run on one side only, left out' in x for x in notes)
+    assert any('vs fixed k=2' in x and '1 seed(s) on both sides' in x and 'no p' in x for x in notes)
+    flops = seeds['whitespace @ 1e12 FLOPs']
+    assert flops['p vs none'] == flops['p vs fixed k=2'] == '-'
 
 def test_cli_errors_are_one_line(tmp_path):
     (tmp_path / 'empty').mkdir()
     (tmp_path / 'notalog').mkdir()
     (tmp_path / 'notalog' / 'log.jsonl').write_text('hello\n{"kind": "config"}\n')
     for args, code, says in (([tmp_path / 'empty'], 1, 'is not a run'),
-                             ([tmp_path / 'missing'], 1, 'does not exist'),
+                             ([tmp_path / 'missing'], 1, 'No such file or directory'),
                              ([tmp_path / 'notalog'], 1, 'line 1 is not JSON'),
                              ([tmp_path / 'empty', '--at-chars', 'lots'], 2, "'lots'")):
         r = run_cli(*args)
@@ -341,6 +438,15 @@ def test_cli_errors_are_one_line(tmp_path):
         assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith('error: '), r.stderr
         assert says in r.stderr
 
+
+def test_a_full_stdout_is_one_error_line(study):
+    """The tables are printed inside common.main: a full disk (/dev/full) or a closed pipe is one
+    `error:` line and exit 1, not an OSError traceback."""
+    with open('/dev/full', 'w') as full:
+        r = subprocess.run([sys.executable, str(HERE / 'report.py'), str(study)], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith('error: ') and r.stderr.count('\n') == 1, r.stderr
+    assert 'No space left' in r.stderr
 
 @pytest.mark.plots
 def test_plot_writes_a_png(study, tmp_path, capsys):
@@ -388,7 +494,7 @@ def test_plot_without_matplotlib_is_one_line(study, tmp_path, monkeypatch, capsy
     monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
     assert report.main([str(study), '--plot', str(tmp_path / 'study.png')]) == 1
     out, err = capsys.readouterr()
-    assert out == '' and err == 'error: --plot needs matplotlib: pip install matplotlib\n'
+    assert out == '' and err.count('\n') == 1 and err.startswith('error: --plot needs matplotlib')
     assert not list(tmp_path.glob('study*'))
 
 
@@ -410,9 +516,10 @@ def odd_run_paths(root):
 
 
 @pytest.mark.parametrize('case, words', [
-    ('too-long', 'File name too long'), ('too-deep', 'does not exist'), ('through-a-file', 'is a file'),
-    ('fifo', 'is a FIFO'), ('dir', 'is not a run'), ('log-is-a-dir', 'log.jsonl is a directory, not a log'),
-    ('log-is-a-fifo', 'log.jsonl is a FIFO'), ('log-fifo-itself', 'log.jsonl is a FIFO')])
+    ('too-long', 'File name too long'), ('too-deep', 'No such file or directory'),
+    ('through-a-file', 'Not a directory'), ('fifo', 'Not a directory'), ('dir', 'is not a run'),
+    ('log-is-a-dir', 'log.jsonl is not a regular file'), ('log-is-a-fifo', 'log.jsonl is not a regular file'),
+    ('log-fifo-itself', 'log.jsonl is not a regular file')])
 def test_odd_run_paths_are_one_line(tmp_path, capsys, case, words):
     """A run path that cannot be read: one line naming it, exit 1; never a traceback, never a hang
     on a FIFO. The same for a log.jsonl found below a folder."""
@@ -424,38 +531,54 @@ def test_odd_run_paths_are_one_line(tmp_path, capsys, case, words):
     if case == 'log-is-a-dir':
         with no_hang():
             assert report.main([str(tmp_path)]) == 1      # found by the search below a folder
-        assert 'log.jsonl is a ' in capsys.readouterr().err
+        assert 'log.jsonl is not a regular file' in capsys.readouterr().err
 
 
 def test_unreadable_log_is_one_line(study, capsys, monkeypatch):
     """A log this user may not read (simulated: tests may run as root, who reads everything)."""
+    os_open = os.open
+
     def denied(path, *args, **kwargs):
-        raise PermissionError(13, 'Permission denied', str(path))
-    monkeypatch.setattr(report, 'open', denied, raising=False)
+        if Path(path).name == 'log.jsonl':
+            raise PermissionError(13, 'Permission denied', str(path))
+        return os_open(path, *args, **kwargs)
+    monkeypatch.setattr(os, 'open', denied)
     assert report.main([str(study / 'ws-s1')]) == 1
     out, err = capsys.readouterr()
-    assert out == '' and err == f'error: cannot read {study / "ws-s1" / "log.jsonl"}: Permission denied\n'
+    assert out == '' and err == f'error: {study / "ws-s1" / "log.jsonl"}: Permission denied\n'
 
 
-@pytest.mark.parametrize('case, words', [('too-long', 'File name too long'), ('too-deep', 'does not exist'),
-                                         ('through-a-file', 'is a file'), ('fifo', 'FIFO'), ('dir', 'a directory')])
-def test_odd_plot_paths_are_refused_at_parse_time(study, tmp_path, capsys, case, words):
-    path = odd_run_paths(tmp_path)[case]
-    with no_hang(), pytest.raises(SystemExit) as e:
-        report.main([str(study), '--plot', str(path)])
+def stand_in_for_matplotlib(monkeypatch):
+    """A plot written through common.write_atomic as report.plot writes it, without matplotlib."""
+    monkeypatch.setattr(report.common, 'import_pyplot', lambda flag: object())
+    monkeypatch.setattr(report, 'plot_formats', lambda plt: {'png': 'Portable Network Graphics'})
+    monkeypatch.setattr(report, 'plot', lambda plt, rows, groups, path:
+                        report.common.write_atomic(path, b'\x89PNG whole'))
+
+
+@pytest.mark.parametrize('case, words', [('too-long', 'File name too long'), ('too-deep', 'No such file'),
+                                         ('through-a-file', 'Not a directory'), ('fifo', 'not a regular file'),
+                                         ('dir', 'not a regular file')])
+def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch, case, words):
+    """The OS names what is wrong with a --plot path; the plot is drawn before the tables print."""
+    stand_in_for_matplotlib(monkeypatch)
+    (tmp_path / 'odd').mkdir()
+    path = odd_run_paths(tmp_path / 'odd')[case].with_suffix('.png')
+    if case in ('dir', 'fifo'):   # a folder or a FIFO where the plot belongs
+        path.mkdir() if case == 'dir' else os.mkfifo(path)
+    with no_hang():
+        rc = report.main([str(study / 'ws-s1'), '--plot', str(path)])
     out, err = capsys.readouterr()
-    assert e.value.code == 2 and out == '' and err.count('\n') == 1 and err.startswith('error: argument --plot: ')
-    assert words in err, err
+    assert rc == 1 and out == '' and err.count('\n') == 1 and err.startswith('error: ') and words in err, err
 
 
 @pytest.mark.parametrize('flags', [['--at-chars', 'nan'], ['--at-flops', 'inf'], ['--at-time', '-1'],
                                    ['--at-chars', ''], ['--at-chars', '1e400'], ['--at-chars', 'nanM'],
                                    ['--at-flops', 'infk'], ['--at-time', 'lots'], ['--plot', '']])
 def test_bad_flags_are_one_line_exit_2(study, capsys, flags):
-    with pytest.raises(SystemExit) as e:
-        report.main([str(study)] + flags)
+    rc = report.main([str(study)] + flags)
     out, err = capsys.readouterr()
-    assert e.value.code == 2 and out == '' and err.count('\n') == 1 and flags[0] in err, err
+    assert rc == 2 and out == '' and err.count('\n') == 1 and flags[0] in err, err
 
 
 def test_a_cut_last_line_is_skipped_saying_so(study, capsys):
@@ -558,9 +681,7 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
     with tempfile.TemporaryDirectory() as tmp, no_hang(60), monkeypatch.context() as m:
         root = Path(tmp)
         odd = odd_run_paths(root)
-        m.setattr(report, 'import_pyplot', lambda: object())
-        m.setattr(report, 'plot_formats', lambda plt: {'png': 'Portable Network Graphics'})
-        m.setattr(report, 'plot', lambda plt, rows, groups, path: path.write_bytes(b'\x89PNG whole'))
+        stand_in_for_matplotlib(m)
         study = root / 'study'
         write_run(study, 'ws-s1', [config(seed=1)] + evals_and_steps([4.0, 3.0, 2.5], 2.1))
         write_run(study, 'ws-s2', [config(seed=2)] + evals_and_steps([4.0, 3.2], 2.4))
