@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 
+import hnet  # noqa: F401  (registers boundary='hnet', before BOUNDARY_MODES is read)
 from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.
@@ -265,7 +266,7 @@ def full_forward(model, x):
 # ---------------------------------------------------------------------------------------------
 def checkpoint_state(mode="fixed", vocab=27, step=3):
     """A checkpoint dict with train.py's keys (a tiny model, Adam's state in its state_dict layout,
-    RNG states, counters); write it with operations.save_checkpoint(path, state, None)."""
+    RNG states, counters); write it with checkpoint.save_checkpoint(path, state, None)."""
     import dataclasses
     import random
 

@@ -15,8 +15,9 @@ generation, and last an optional CPU dropout.
 
 Notable features:
 - six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
-  unigram, entropy, gumbel (paper §3), and a seventh, H-Net's dynamic chunking (hnet); each is one
-  `BoundarySource` class (decision, loss, targets) with its pooling unit;
+  unigram, entropy, gumbel (paper §3); each is one `BoundarySource` class (decision, loss,
+  targets) with its pooling unit, and `register_source` adds another from a file of its own
+  (hnet.py: H-Net's dynamic chunking, boundary='hnet');
 - Transformer-XL relative attention (Dai et al. 2019), as one fused scaled_dot_product_attention
   call or in query blocks that skip the masked future (`Config.attention`);
 - pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
@@ -75,9 +76,7 @@ class Config:
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
-    ratio_target: float = 6.0          # hnet: target compression N of the ratio loss (text8: ~6)
-    ratio_weight: float = 1.0          # hnet: weight α of the ratio loss (H-Net's 0.03: see
-                                       # HNetBoundaries)
+    # ... and the fields of each registered source's Options (register_source adds them here)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -85,38 +84,36 @@ class Config:
             raise ValueError(f"unknown boundary mode {self.boundary!r}; "
                              f"choose one of {', '.join(BOUNDARY_MODES)}")
         if len(self.layers) != 3 or any(int(n) != n or n < 0 for n in self.layers):
-            raise ValueError(f"layers must be three counts (pre, shortened, post), "
-                             f"got {self.layers!r}")
+            raise ValueError(f'layers must be three counts (pre, shortened, post), '
+                             f'got {self.layers!r}')
         if self.boundary != 'none' and self.layers[1] == 0:
-            raise ValueError(f"boundary {self.boundary!r} needs shortened layers, "
-                             f"got layers={self.layers}")
+            raise ValueError(f'boundary {self.boundary!r} needs shortened layers, '
+                             f'got layers={self.layers}')
         if self.pooling not in ('mean', 'last'):
             raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
-        if self.pooling == 'last' and self.boundary in ('none', 'hnet'):
-            raise ValueError(f"pooling 'last' picks each segment's last token; boundary "
-                             f"{self.boundary!r} has no segments to pool that way (hnet pools "
-                             f"by its chunks' starts)")
+        if self.pooling == 'last' and self.boundary == 'none':
+            raise ValueError("pooling 'last' picks each segment's last token; boundary 'none' "
+                             "has no segments to pool that way")
         if self.boundary == 'whitespace' and self.whitespace_id is None:
             raise ValueError("boundary 'whitespace' needs whitespace_id "
                              "(the token id of the space)")
         if self.boundary == 'fixed' and self.fixed_factor < 1:
-            raise ValueError(f"fixed_factor must be >= 1, got {self.fixed_factor}")
+            raise ValueError(f'fixed_factor must be >= 1, got {self.fixed_factor}')
         if self.attention not in ('auto', 'sdpa', 'blocked'):
             raise ValueError(f"attention must be 'auto', 'sdpa' or 'blocked', "
                              f"got {self.attention!r}")
         if self.attn_chunk < 1 or self.seg_bucket < 0:
-            raise ValueError(f"attn_chunk must be >= 1 and seg_bucket >= 0, "
-                             f"got {self.attn_chunk} and {self.seg_bucket}")
-        if not self.ratio_target > 1 or not self.ratio_weight >= 0:
-            raise ValueError(f"ratio_target must be > 1 and ratio_weight >= 0, "
-                             f"got {self.ratio_target} and {self.ratio_weight}")
+            raise ValueError(f'attn_chunk must be >= 1 and seg_bucket >= 0, '
+                             f'got {self.attn_chunk} and {self.seg_bucket}')
         if self.double_sigmoid and self.boundary not in ('unigram', 'entropy'):
-            raise ValueError(f"double_sigmoid is a loss of the unigram and entropy predictors, "
-                             f"not of boundary {self.boundary!r}")
+            raise ValueError(f'double_sigmoid is a loss of the unigram and entropy predictors, '
+                             f'not of boundary {self.boundary!r}')
         if not 0 < self.prior < 1:
-            raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+            raise ValueError(f'prior must be in (0, 1), got {self.prior}')
         if self.vocab_size < 1 or self.d_model % 2:
-            raise ValueError("vocab_size must be positive and d_model even (sinusoidal positions)")
+            raise ValueError('vocab_size must be positive and d_model even (sinusoidal positions)')
+        if self.boundary != 'none':
+            SOURCES[self.boundary].check_config(self)
 
 
 # -----------------------------------------------------------------------------
@@ -333,7 +330,7 @@ class Stage(nn.Module):
         cache.reserve(int(at.max()) + 1)
         if cache.r is None and self.layers:  # position keys once per cache size, not per token
             emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
-            cache.r = torch.stack([l.attn.position_keys(emb.to(h.dtype)) for l in self.layers])
+            cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
         for i, layer in enumerate(self.layers):
             h = layer.step(h, content_bias, position_bias, (cache.k[i], cache.v[i]), cache.r[i], at)
         cache.length = at + (1 if advance is None else advance.long())
@@ -416,7 +413,7 @@ class MeanPooling(nn.Module):
     """Segments → their mean (or, with cfg.pooling 'last', their last token) after a learnable
     null group (down), and back to tokens so that token t sees only segments complete at t (up).
     `down` and `up` for a whole sequence, `step_down` and `step_up` for one generated token, side
-    by side; every source but hnet pools this way."""
+    by side; the pooling of every source in this file."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -528,8 +525,24 @@ class Routing:
 
 class BoundarySource(nn.Module):
     """Where segments end. A source decides in `forward`, learns through `loss`, and pools with
-    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source."""
-    Pooling = MeanPooling
+    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source, and
+    register_source it (README, "Adding a boundary source"); the hooks below with a default
+    are for sources that differ from the paper's: hnet.py uses each of them."""
+    Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
+    Options = None         # a dataclass of the source's own Config fields, with their defaults
+
+    @staticmethod
+    def check_config(cfg):
+        """Raise ValueError for a Config this source cannot be built from."""
+
+    def init_model(self, model):
+        """Re-initialise, after the model's own init, what the source's method draws its own way
+        (its weights, its pooling's, the model's)."""
+
+    @staticmethod
+    def flops_per_token(cfg):
+        """Forward FLOPs per token of the source's and its pooling's matmuls (step_flops)."""
+        return 0
 
     def forward(self, h, x, boundaries=None, offset=0):
         """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
@@ -542,8 +555,8 @@ class BoundarySource(nn.Module):
         return self(h, x, offset=state.length)
 
     def late_boundary(self, routing):
-        """[B, 1] bool: b of the token before routing's first, decided only now (hnet); None for
-        sources that decide b_t with x_t."""
+        """[B, 1] bool: b of the token before routing's first, for a source that decides b_t only
+        with x_{t+1}; None for sources that decide b_t with x_t."""
         return None
 
     def loss(self, routing, logits, x, boundaries):
@@ -611,6 +624,10 @@ class PredictedBoundaries(BoundarySource):
         self.predictor = BoundaryPredictor(cfg)
         self.threshold = cfg.threshold
         self.double_sigmoid = cfg.double_sigmoid
+
+    @staticmethod
+    def flops_per_token(cfg):
+        return 2 * (cfg.d_model * cfg.d_inner + cfg.d_inner)  # the MLP d -> d_inner -> 1
 
     def forward(self, h, x, boundaries=None, offset=0):
         logits = self.predictor(h)                       # [B, L]
@@ -680,182 +697,33 @@ class GumbelBoundaries(PredictedBoundaries):
         return binomial_prior_loss(routing.b, self.prior), spaces
 
 
-# -----------------------------------------------------------------------------
-# H-Net's dynamic chunking (Hwang, Wang, Gu 2025), boundary='hnet': a router, selection of the
-# vectors at chunk starts, an EMA over chunks with a straight-through confidence on the way back.
-#
-# Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
-# reads the pre-stage vector at each chunk start, which holds x_{<=start}, and token t reads the
-# chunk that started last at or before t: logits at t depend on x_{<=t} only. In this project's
-# boundary convention (docs/design.md) a chunk starting at t+1 is a segment ending at t, so
-# b_t = start_{t+1}: b_t is decided by x_{t+1}, one token later than the other sources decide it,
-# and it is never read by token t (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the
-# token after it is unknown. Generation reports b_t when token t+1 has decided it (late_boundary).
-
-
-def start_probability(q, k):
-    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
-    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
-    return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
-
-
-def select_starts(h, start, S):
-    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S >= the most chunks of a row."""
-    B, L, D = h.shape
-    t = torch.arange(L, device=h.device).expand(B, L)
-    where = torch.where(start, t, L).sort(1).values[:, :S]             # [B, S] starts; L: none
-    z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
-    return z * (where < L)[..., None].to(h.dtype)
-
-
-def smooth_chunks(z, P):
-    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
-    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
-    # their gradient even where masked: the log reads it as 1 − 1e-6.
-    P = P.to(torch.promote_types(P.dtype, torch.float32))
-    S = z.size(1)
-    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
-    later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
-    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
-    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
-    return weight.to(z.dtype) @ z                                       # [B, S, D]
-
-
-def ratio_loss(start, p, N):
-    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
-    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
-    frac, mean_p = start.float().mean(), p.float().mean()
-    return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
-
-
-@dataclass
-class ChunkRouting(Routing):
-    """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
-
-
-@dataclass
-class ChunkPoolingState:
-    """What ChunkPooling carries from one generated token to the next."""
-    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
-    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
-
-
-class ChunkPooling(nn.Module):
-    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
-    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
-    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.residual = nn.Linear(cfg.d_model, cfg.d_model)
-        self.bucket = cfg.seg_bucket
-
-    def init_weights(self):
-        nn.init.zeros_(self.residual.weight)  # H-Net's: the token's own path starts closed
-
-    def down(self, h, routing):
-        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
-        zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
-        return select_starts(h, routing.start, S)
-
-    def up(self, s, routing, h):
-        """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
-        z_bar = self.smooth(s, routing)
-        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
-        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
-        confidence = torch.where(routing.start, routing.p, 1 - routing.p)
-        one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
-        return out * one + self.residual(h)
-
-    def smooth(self, s, routing):
-        """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
-        return smooth_chunks(s, P[..., 0])
-
-    def rows(self, routing):
-        """[B] rows of down()'s output that the shortened stage keeps for generation."""
-        return routing.start.sum(1)
-
-    def prefill_state(self, h, s, routing):
-        """The running state after a whole prompt: h, s as in down() and up()."""
-        last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
-        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
-
-    def step_down(self, h, routing, pooling_state):
-        """One token's pre-stage output h [B, 1, D] → (the shortened stage's input [B, 1, D]: the
-        token itself, the rows where it starts a chunk [B])."""
-        pooling_state.last_h = h[:, 0]       # the router compares the next token with this one
-        return h, routing.start[:, 0]
-
-    def step_up(self, s, routing, h, pooling_state):
-        """The shortened stage's output s [B, 1, D] (None: no row started a chunk) and the token's
-        h [B, 1, D] → its post-stage input [B, 1, D]."""
-        if s is not None:
-            start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
-            z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
-            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
-        return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
-
-
-class HNetBoundaries(BoundarySource):
-    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
-    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
-    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
-    Pooling = ChunkPooling
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        # α. The ratio loss pulls the mean p_t with α·N/(N−1)·(N·F − 1), F the fraction of chunk
-        # starts: a spring that goes slack at F = 1/N. The LM pulls towards more chunks (through
-        # the confidence), so F settles above 1/N by a gap that shrinks as α grows. H-Net's
-        # α = 0.03 is set for its models; on the CPU preset (1,000 steps, seeds 1337 and 2) it
-        # settled at SF 3.69 ± 0.35 for N = 6, α = 1 at 5.95 ± 0.09 (test BPC within seed noise).
-        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
-        self.whitespace_id = cfg.whitespace_id
-
-    def init_weights(self):
-        """H-Net's: W_q = W_k = I, so the router starts by comparing the pre-stage outputs."""
-        nn.init.eye_(self.q.weight)
-        nn.init.eye_(self.k.weight)
-
-    def forward(self, h, x, boundaries=None, offset=0):
-        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
-        return self.route(F.pad(p, (1, 0), value=1.0))
-
-    def step(self, h, x, state):
-        last_h = state.pooling.last_h                                    # [B, D] h_{t-1}
-        return self.route(start_probability(self.q(last_h), self.k(h[:, 0]))[:, None])
-
-    def late_boundary(self, routing):
-        return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
-
-    @staticmethod
-    def route(p):
-        """ChunkRouting from start probabilities p [B, L]; b_{L-1} = 0: not decided yet."""
-        start = p > 0.5
-        return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
-
-    def loss(self, routing, logits, x, boundaries):
-        spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
-        return loss, spaces
-
-
 # The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
-SOURCES = {'fixed': FixedBoundaries, 'whitespace': WhitespaceBoundaries,
-           'unigram': UnigramBoundaries, 'entropy': EntropyBoundaries, 'gumbel': GumbelBoundaries,
-           'hnet': HNetBoundaries}
-BOUNDARY_MODES = ('none',) + tuple(SOURCES)
-PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
-EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
+SOURCES = {}
+
+
+def register_source(name, source):
+    """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES and the
+    mode lists, and the fields of its Options become Config fields (flags, checkpoints and
+    dataclasses.replace see them as any other). Import its module before reading the lists."""
+    global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
+    SOURCES[name] = source
+    BOUNDARY_MODES = ('none',) + tuple(SOURCES)
+    PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
+    EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
+    if source.Options is not None:
+        for f in dataclasses.fields(source.Options):
+            Config.__annotations__[f.name] = f.type
+            setattr(Config, f.name, f.default)
+        for method in ('__init__', '__repr__', '__eq__', '__match_args__'):
+            delattr(Config, method)   # dataclass() writes only the methods a class lacks
+        dataclass(Config)
+
+
+register_source('fixed', FixedBoundaries)
+register_source('whitespace', WhitespaceBoundaries)
+register_source('unigram', UnigramBoundaries)
+register_source('entropy', EntropyBoundaries)
+register_source('gumbel', GumbelBoundaries)
 
 
 # -----------------------------------------------------------------------------
@@ -910,13 +778,8 @@ class DynamicPoolingLM(nn.Module):
             self.source = source(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.apply(self._init_weights)
-        if cfg.boundary == 'hnet':
-            # H-Net's embedding init (std 1, not 0.02). Neighbouring pre-stage vectors start nearly
-            # orthogonal (p_t ≈ ½), so a small component shared by all tokens flips every decision
-            # to "no start". At std 0.02 the pre stage's first Adam steps add such a component
-            # quickly next to the tiny embeddings: on the CPU preset no chunk at all at step 20;
-            # at std 1 the router keeps chunking from the start.
-            nn.init.normal_(self.embed.weight, std=1.0)
+        if self.source is not None:
+            self.source.init_model(self)
 
     @staticmethod
     def _init_weights(module):
@@ -924,8 +787,6 @@ class DynamicPoolingLM(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        if hasattr(module, 'init_weights'):  # its own, after its children's (apply is post-order)
-            module.init_weights()
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -938,26 +799,26 @@ class DynamicPoolingLM(nn.Module):
             raise ValueError(f"x must be an integer tensor [B, L], got "
                              f"{getattr(x, 'dtype', type(x))} of shape {shape(x)}")
         if x.size(1) == 0:
-            raise ValueError("x must hold at least one token")
+            raise ValueError('x must hold at least one token')
         # Value checks read the tensor back, a host sync on GPUs: there, data is checked once
         # when it is loaded (train.py), not per forward.
         values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
         if values and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), "
-                             f"got [{int(x.min())}, {int(x.max())}]")
+            raise ValueError(f'token ids must lie in [0, {self.cfg.vocab_size}), '
+                             f'got [{int(x.min())}, {int(x.max())}]')
         if targets is not None and (not torch.is_tensor(targets) or targets.shape != x.shape):
-            raise ValueError(f"targets must have the shape of x {tuple(x.shape)}, "
-                             f"got {shape(targets)}")
+            raise ValueError(f'targets must have the shape of x {tuple(x.shape)}, '
+                             f'got {shape(targets)}')
         if boundaries is not None:
             if not torch.is_tensor(boundaries) or boundaries.shape != x.shape:
-                raise ValueError(f"boundaries must have the shape of x {tuple(x.shape)}, "
-                                 f"got {shape(boundaries)}")
+                raise ValueError(f'boundaries must have the shape of x {tuple(x.shape)}, '
+                                 f'got {shape(boundaries)}')
             dt = boundaries.dtype
             if dt.is_complex or not (dt == torch.bool or dt.is_floating_point
                                      or dt in (torch.int64, torch.int32, torch.uint8)):
-                raise ValueError(f"boundaries must be bool, integer or float 0/1, got {dt}")
+                raise ValueError(f'boundaries must be bool, integer or float 0/1, got {dt}')
             if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
-                raise ValueError("boundaries must hold only 0 and 1")
+                raise ValueError('boundaries must hold only 0 and 1')
         if n_segments is not None:
             self.check_segment_count(x, boundaries, n_segments, values)
         if self.source is not None:
@@ -972,12 +833,12 @@ class DynamicPoolingLM(nn.Module):
                              f"decides its own")
         if isinstance(n_segments, bool) or not isinstance(n_segments, numbers.Integral) \
                 or n_segments < 0:
-            raise ValueError(f"n_segments must be a non-negative integer, got {n_segments!r}")
+            raise ValueError(f'n_segments must be a non-negative integer, got {n_segments!r}')
         if values:
             most = int(self.source(None, x, boundaries).hard.sum(1).max())
             if n_segments < most:
-                raise ValueError(f"n_segments={n_segments} is below the {most} complete segments "
-                                 f"of a row of this batch")
+                raise ValueError(f'n_segments={n_segments} is below the {most} complete segments '
+                                 f'of a row of this batch')
 
     # --- forward ---------------------------------------------------------------
 
@@ -1028,7 +889,7 @@ class DynamicPoolingLM(nn.Module):
     def prefill(self, x, capacity=None):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
         if self.training:
-            raise ValueError("generation needs eval mode: call model.eval() first")
+            raise ValueError('generation needs eval mode: call model.eval() first')
         self.check_inputs(x, None, None)
         B, L = x.shape
         capacity = max(capacity or 0, L + 1)
@@ -1064,8 +925,8 @@ class DynamicPoolingLM(nn.Module):
     def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
         """Prefill the prompt x [B, L], then pick and consume n tokens (see next_token), cached:
         yields a GenerationStep for the prompt, then one per token. Needs eval mode. Each step is
-        yielded once its boundaries are final, after the next token is consumed (hnet decides b_t
-        with token t+1), so the yields run one token behind the decoding."""
+        yielded once its boundaries are final, after the next token is consumed (a source may
+        decide b_t with token t+1: late_boundary), so the yields run one token behind."""
         logits, state = self.prefill(x, capacity=x.size(1) + n)
         step = GenerationStep(x, logits, state.boundaries)
         for _ in range(n):
@@ -1096,7 +957,7 @@ def step_flops(cfg, batch, seq_len, n_short=None):
         batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
       + n*2*d*H*dh                                    position projection, once per sequence
       + batch*H*n^2*2*dh*3                            content and position scores, weights x values
-    plus batch*seq_len*2*d*V for the logits and the boundary predictor's or router's matmuls.
+    plus batch*seq_len*2*d*V for the logits and the source's own matmuls (its flops_per_token).
     Pooling (by mean or by last token alike), upsampling, norms and softmax are left out; the
     attention counts all n^2 terms (the usual MFU convention), causal kernels run about half.
     n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a
@@ -1105,13 +966,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     n_pre, n_mid, n_post = cfg.layers
     stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
               else [(n_pre + n_post, seq_len), (n_mid, n_short)])
-    fwd = batch * seq_len * 2 * d * cfg.vocab_size
-    # The boundary source's own matmuls at full length: a predictor MLP d -> d_inner -> 1, or
-    # H-Net's router (W_q, W_k) and residual projection, three d x d.
-    if cfg.boundary in PREDICTOR_MODES:
-        fwd += batch * seq_len * 2 * (d * di + di)
-    elif cfg.boundary == 'hnet':
-        fwd += batch * seq_len * 2 * 3 * d * d
+    own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
+    fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
     for layers, n in stages:
         fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
@@ -1129,7 +985,7 @@ class GenerationState:
     length: int                        # tokens consumed so far
     pooling: object = None             # the pooling unit's running state (None for vanilla)
     boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: hnet, b of the token before them
+    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Tests of the model (dynpool.py), read as the paper's claims: leakage-freedom, pooling invariants,
 gradients through the boundary matrix, boundary sources, losses, exact attention variants, learning,
-size and FLOPs, errors, determinism, cached generation, host reads and torch.compile, GPU steps, and
-H-Net's dynamic chunking.
+size and FLOPs, errors, determinism, cached generation, host reads and torch.compile, GPU steps. The
+mode lists include hnet (conftest imports hnet.py); H-Net's own mechanisms are in test_hnet.py.
 
-Run:   python -m pytest -q test_dynpool.py           (CI=1: hypothesis derandomized, the same examples)
+Run:   python -m pytest -q test_dynpool.py     (CI=1: hypothesis derandomized, the same examples)
 One part:  python -m pytest -q test_dynpool.py -k "leak or pooling"
 Also:  --slow adds the torch.compile tests (minutes on a CPU); `gpu` tests run where CUDA is.
 
@@ -26,12 +26,11 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample
-from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, PREDICTOR_MODES, SPACE, V, assert_close,
-                      draw_hnet_weights, full_forward, predictor_linear, random_tokens, tiny_config,
+from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, PREDICTOR_MODES, SPACE, V,
+                      assert_close, full_forward, predictor_linear, random_tokens, tiny_config,
                       tiny_model)
 from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss,
-                     boundary_matrix, downsample, entropy_spikes, ratio_loss, sinusoids,
-                     smooth_chunks, step_flops, upsample)
+                     boundary_matrix, downsample, entropy_spikes, sinusoids, step_flops, upsample)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,7 +115,7 @@ def paper_downsample(h, b, null):
     Bm = paper_boundary_matrix(b)                                  # [B, L, S]
     sums = Bm.sum(1)                                               # [B, S] segment lengths
     sums = torch.where(sums.detach() > 0.5, sums, torch.ones_like(sums))
-    pooled = torch.einsum("nls,nld->nsd", Bm, h) / sums.unsqueeze(-1)
+    pooled = torch.einsum('nls,nld->nsd', Bm, h) / sums.unsqueeze(-1)
     nulls = null.view(1, 1, -1).expand(h.shape[0], 1, h.shape[-1])
     return torch.cat([nulls, pooled], 1)
 
@@ -124,7 +123,7 @@ def paper_downsample(h, b, null):
 def paper_downsample_last(h, b, null):
     """Sub-sampling through the same B: each segment's tokens weighted by b, which is 1 at the
     segment's last token only (in value; its gradient is b's)."""
-    pooled = torch.einsum("nls,nld->nsd", paper_boundary_matrix(b) * b.unsqueeze(-1), h)
+    pooled = torch.einsum('nls,nld->nsd', paper_boundary_matrix(b) * b.unsqueeze(-1), h)
     nulls = null.view(1, 1, -1).expand(h.shape[0], 1, h.shape[-1])
     return torch.cat([nulls, pooled], 1)
 
@@ -147,14 +146,14 @@ def paper_upsample(s, b):
     d = j - m.unsqueeze(-1)
     U = torch.where(d.detach().round() == 0, 1 - d, torch.zeros_like(d))
     U = U / U.sum(-1, keepdim=True)
-    return torch.einsum("nls,nsd->nld", U, s)
+    return torch.einsum('nls,nsd->nld', U, s)
 
 
 # ---------------------------------------------------------------------------------------------
 # Running a model
 # ---------------------------------------------------------------------------------------------
 def forward(model, x, training, seed=1234, **kw):
-    """model(x, **kw) without grad, in train or eval mode, with the global RNG (gumbel noise) fixed."""
+    """model(x, **kw) without grad, in train or eval mode, the global RNG (gumbel noise) fixed."""
     model.train(training)
     torch.manual_seed(seed)          # fixes the gumbel noise (same shape -> same noise)
     with torch.no_grad():
@@ -172,12 +171,13 @@ def loss_and_grads(model, x, y, b=None, seed=1, **kw):
 
 def gold_for(mode, x, gen):
     """Unigram needs boundary targets to train; other modes take none."""
-    return (torch.rand(x.shape, generator=gen) < 0.3) if mode.startswith("unigram") else None
+    return (torch.rand(x.shape, generator=gen) < 0.3) if mode.startswith('unigram') else None
 
 
 @st.composite
 def leak_cases(draw, max_len=300):
-    """(batch, length, seed, space probability, per-row cut t): row i's tokens after cuts[i] change."""
+    """(batch, length, seed, space probability, per-row cut t): row i's tokens after cuts[i]
+    change."""
     n = draw(st.integers(1, 3))
     L = draw(st.integers(1, max_len))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -194,8 +194,8 @@ def leak_cases(draw, max_len=300):
 #    row's suffix (rows cut at different t) and demand identical logits up to t, position by
 #    position; the batch's max segment count S changes too, which must not matter.
 # =============================================================================================
-@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("mode", MODE_VARIANTS)
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('mode', MODE_VARIANTS)
 @settings(max_examples=40, **HYPOTHESIS_FIXTURES)
 @given(case=leak_cases())
 def test_no_leakage_from_future_tokens(tiny, mode, training, case):
@@ -210,22 +210,23 @@ def test_no_leakage_from_future_tokens(tiny, mode, training, case):
     assert out1.logits.shape == (n, L, V)
     for i, t in enumerate(cuts):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
-                     msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
+                     msg=f'[{mode} training={training}] row {i}, logits up to t={t} of L={L}:')
         if out1.boundaries is not None:     # hard decisions equal; straight-through values close
             # hnet's b_t (a chunk starts at t+1) is decided by x_{t+1}; token t never reads it.
-            upto = t if mode == "hnet" else t + 1
+            upto = t if mode == 'hnet' else t + 1
             b1, b2 = out1.boundaries[i, :upto].float(), out2.boundaries[i, :upto].float()
-            where = f"[{mode} training={training}] row {i}, boundaries up to t={t}:"
+            where = f'[{mode} training={training}] row {i}, boundaries up to t={t}:'
             assert_close(b1.round(), b2.round(), atol=0, msg=where)
             assert_close(b1, b2, atol=1e-5, msg=where)
 
 
-@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("mode", ["fixed", "whitespace"])
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('mode', ['fixed', 'whitespace'])
 @settings(**HYPOTHESIS_FIXTURES)
 @given(case=leak_cases(), density=st.sampled_from([0.0, 0.2, 0.5, 1.0]))
 def test_no_leakage_from_future_external_boundaries(tiny, mode, training, case, density):
-    """External boundaries are an input too: changing b (and x) after t leaves logits up to t alone."""
+    """External boundaries are an input too: changing b (and x) after t leaves logits up to t
+    alone."""
     n, L, seed, p_space, cuts = case
     model = tiny(mode)
     gen = torch.Generator().manual_seed(seed)
@@ -239,10 +240,10 @@ def test_no_leakage_from_future_external_boundaries(tiny, mode, training, case, 
     out2 = forward(model, x2, training, boundaries=b2)
     for i, t in enumerate(cuts):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
-                     msg=f"[{mode} training={training}] row {i}, logits up to t={t} of L={L}:")
+                     msg=f'[{mode} training={training}] row {i}, logits up to t={t} of L={L}:')
 
 
-@pytest.mark.parametrize("mode", PREDICTOR_MODES + ["hnet"])
+@pytest.mark.parametrize('mode', PREDICTOR_MODES + ['hnet'])
 def test_predictor_modes_make_mixed_boundaries(mode):
     """Guards the leakage test above: the tiny predictor models really pool (mix of 0 and 1)."""
     model = tiny_model(mode)
@@ -250,19 +251,21 @@ def test_predictor_modes_make_mixed_boundaries(mode):
     for training in (False, True):
         b = forward(model, x, training).boundaries.float()
         # {0, 1} up to float error (straight-through: hard - soft.detach() + soft)
-        assert ((b - b.round()).abs() < 1e-5).all() and set(b.round().unique().tolist()) <= {0.0, 1.0}
+        assert ((b - b.round()).abs() < 1e-5).all()
+        assert set(b.round().unique().tolist()) <= {0.0, 1.0}
         b = b.round()
         frac = b.mean().item()
-        assert 0.1 < frac < 0.6, f"{mode} training={training}: boundary fraction {frac:.2f}"
+        assert 0.1 < frac < 0.6, f'{mode} training={training}: boundary fraction {frac:.2f}'
         mixed = ((b.sum(1) > 0) & (b.sum(1) < b.shape[1])).float().mean().item()
-        assert mixed >= 0.75, f"{mode} training={training}: only {mixed:.0%} of rows mix 0/1 boundaries"
+        assert mixed >= 0.75, \
+            f'{mode} training={training}: only {mixed:.0%} of rows mix 0/1 boundaries'
 
 
-@pytest.mark.parametrize("mode", PREDICTOR_MODES + ["hnet"])
+@pytest.mark.parametrize('mode', PREDICTOR_MODES + ['hnet'])
 def test_predictor_modes_pool_with_their_own_decisions(mode):
-    """docs/design.md: unigram / entropy / gumbel pool with the predictor's rounded decisions; boundaries
-    passed in (Unigram gold: training targets only) depend on the future and must not reach the
-    logits."""
+    """docs/design.md: unigram / entropy / gumbel pool with the predictor's rounded decisions;
+    boundaries passed in (Unigram gold: training targets only) depend on the future and must not
+    reach the logits."""
     model = tiny_model(mode)
     gen = torch.Generator().manual_seed(3)
     x = random_tokens(gen, 2, 50)
@@ -271,7 +274,7 @@ def test_predictor_modes_pool_with_their_own_decisions(mode):
     for training in (False, True):
         o1 = forward(model, x, training, targets=x, boundaries=gold1)
         o2 = forward(model, x, training, targets=x, boundaries=gold2)
-        assert_close(o1.logits, o2.logits, atol=1e-6, msg=f"{mode} training={training}:")
+        assert_close(o1.logits, o2.logits, atol=1e-6, msg=f'{mode} training={training}:')
         assert torch.equal(o1.boundaries.float(), o2.boundaries.float())
 
 # =============================================================================================
@@ -290,11 +293,11 @@ def boundary_batches(draw, max_n=3, max_len=24):
     L = draw(st.integers(1, max_len))
     rows = []
     for _ in range(n):
-        kind = draw(st.sampled_from(["random", "random", "zeros", "ones"]))
-        if kind == "random":
+        kind = draw(st.sampled_from(['random', 'random', 'zeros', 'ones']))
+        if kind == 'random':
             rows.append(draw(st.lists(st.booleans(), min_size=L, max_size=L)))
         else:
-            rows.append([kind == "ones"] * L)
+            rows.append([kind == 'ones'] * L)
     return torch.tensor(rows, dtype=torch.float32)
 
 
@@ -315,15 +318,15 @@ def _hand(p):
 def _show(b, n=120):
     """A boundary pattern for failure messages, cut short."""
     text = str(b.int().tolist())
-    return text if len(text) <= n else text[:n] + "...]"
+    return text if len(text) <= n else text[:n] + '...]'
 
 
 def check_boundary_matrix(b):
     Bm = boundary_matrix(b)
     ref = ref_boundary_matrix(b)
-    assert Bm.shape == ref.shape, f"b={_show(b)}"
+    assert Bm.shape == ref.shape, f'b={_show(b)}'
     assert Bm.is_floating_point()
-    assert_close(Bm, ref, atol=1e-6, msg=f"b={_show(b)}:")
+    assert_close(Bm, ref, atol=1e-6, msg=f'b={_show(b)}:')
     # one-hot or zero per token; column sums are segment lengths; zero after the last boundary
     per_token = Bm.sum(-1)
     assert ((per_token.round() == 0) | (per_token.round() == 1)).all()
@@ -333,7 +336,7 @@ def check_boundary_matrix(b):
         assert_close(Bm[i].sum(0), torch.tensor(lengths, dtype=torch.float32), atol=1e-6)
         last = max([t for t, v in enumerate(row) if v], default=-1)
         assert_close(Bm[i, last + 1:], torch.zeros_like(Bm[i, last + 1:]), atol=0,
-                     msg=f"tokens after the last boundary must be in no pooled segment, row {row}:")
+                     msg=f'tokens after the last boundary must be in no pooled segment, row {row}:')
 
 
 def check_downsample(b, D=5, seed=0):
@@ -342,8 +345,8 @@ def check_downsample(b, D=5, seed=0):
     null = torch.randn(D, generator=g)
     out = downsample(h, b, null)
     ref = ref_downsample(h, b, null)
-    assert out.shape == ref.shape, f"b={_show(b)}"
-    assert_close(out, ref, atol=1e-5, msg=f"downsample b={_show(b)}:")
+    assert out.shape == ref.shape, f'b={_show(b)}'
+    assert_close(out, ref, atol=1e-5, msg=f'downsample b={_show(b)}:')
 
 
 def check_upsample(b, D=5, seed=0):
@@ -351,7 +354,7 @@ def check_upsample(b, D=5, seed=0):
     S = int(b.sum(1).max())
     s = torch.randn(b.shape[0], 1 + S, D, generator=g)
     out = upsample(s, b)
-    assert_close(out, ref_upsample(s, b), atol=1e-6, msg=f"upsample b={_show(b)}:")
+    assert_close(out, ref_upsample(s, b), atol=1e-6, msg=f'upsample b={_show(b)}:')
 
 
 def check_no_future_in_pooled_path(b):
@@ -365,7 +368,7 @@ def check_no_future_in_pooled_path(b):
     assert leak.max().item() == 0, f"b={_show(b)}: token receives a later token's state"
 
 
-@pytest.mark.parametrize("pattern", HAND_PICKED)
+@pytest.mark.parametrize('pattern', HAND_PICKED)
 def test_pooling_invariants_hold_on_hand_picked_boundaries(pattern):
     b = _hand(pattern)
     check_boundary_matrix(b)
@@ -381,7 +384,8 @@ def test_pooling_worked_example_by_hand():
     null = torch.tensor([-1.0])
     assert_close(downsample(h, b, null), torch.tensor([[[-1.0], [0.5], [3.0]]]), atol=1e-6)
     s = torch.tensor([[[10.0], [20.0], [30.0]]])
-    assert_close(upsample(s, b), torch.tensor([[[10.0], [20.0], [20.0], [20.0], [30.0], [30.0]]]), atol=1e-6)
+    assert_close(upsample(s, b), torch.tensor([[[10.0], [20.0], [20.0], [20.0], [30.0], [30.0]]]),
+                 atol=1e-6)
 
 
 @given(b=boundary_batches())
@@ -433,15 +437,15 @@ def test_segment_indices_stay_exact_in_bfloat16_past_256():
 def test_gumbel_training_under_bfloat16_autocast_pools_causally():
     """The boundaries the gumbel model actually pools with in AMP training: the pooled path
     up(down(.)) must follow their hard values and never hand a token a later token's state."""
-    model = tiny_model("gumbel").train()
+    model = tiny_model('gumbel').train()
     x = random_tokens(torch.Generator().manual_seed(0), 1, 1200)
     torch.manual_seed(0)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         b = model(x).boundaries
     model.eval()
     assert b.round().sum() > 300
     assert_close(boundary_matrix(b).float(), ref_boundary_matrix(b.float().round()), atol=1e-6,
-                 msg="segments of the pooled boundaries vs their hard values:")
+                 msg='segments of the pooled boundaries vs their hard values:')
     check_no_future_in_pooled_path(b)
 
 
@@ -472,7 +476,7 @@ def _grads(f, inputs, g):
     return out, [torch.zeros_like(x) if d is None else d for x, d in zip(inputs, gr)]
 
 
-def check_pooling_gradients(b_hard, seed, straight_through, pooling="mean"):
+def check_pooling_gradients(b_hard, seed, straight_through, pooling='mean'):
     n, L = b_hard.shape
     D = 4
     gen = torch.Generator().manual_seed(seed)
@@ -495,39 +499,39 @@ def check_pooling_gradients(b_hard, seed, straight_through, pooling="mean"):
     leaf_b = (soft_logit if straight_through else b_hard).clone()
     results = {}
     ours = lambda h_, b_, n_: downsample(h_, b_, n_, pooling=pooling)  # noqa: E731
-    paper = paper_downsample_last if pooling == "last" else paper_downsample
-    for name, (down, up) in {"dynpool": (ours, upsample), "paper": (paper, paper_upsample)}.items():
+    paper = paper_downsample_last if pooling == 'last' else paper_downsample
+    for name, (down, up) in {'dynpool': (ours, upsample), 'paper': (paper, paper_upsample)}.items():
         hh, nn_, ss, bb = (t.clone().requires_grad_(True) for t in (h, null, s, leaf_b))
         o_down, gr_down = _grads(lambda h_, n_, b_: down(h_, make_b(b_), n_), [hh, nn_, bb], g_down)
         o_up, gr_up = _grads(lambda s_, b_: up(s_, make_b(b_)), [ss, bb], g_up)
         results[name] = (o_down, gr_down, o_up, gr_up)
-    d, p_ = results["dynpool"], results["paper"]
-    ctx = f"b={_show(b_hard)} straight_through={straight_through}"
-    assert_close(d[0], p_[0], atol=1e-5, msg=f"downsample value {ctx}:")
-    for what, a, r in zip(["h", "null", "b"], d[1], p_[1]):
-        assert_close(a, r, atol=1e-4, rtol=1e-4, msg=f"downsample d/d{what} {ctx}:")
-    assert_close(d[2], p_[2], atol=1e-5, msg=f"upsample value {ctx}:")
-    for what, a, r in zip(["s", "b"], d[3], p_[3]):
-        assert_close(a, r, atol=1e-4, rtol=1e-4, msg=f"upsample d/d{what} {ctx}:")
+    d, p_ = results['dynpool'], results['paper']
+    ctx = f'b={_show(b_hard)} straight_through={straight_through}'
+    assert_close(d[0], p_[0], atol=1e-5, msg=f'downsample value {ctx}:')
+    for what, a, r in zip(['h', 'null', 'b'], d[1], p_[1]):
+        assert_close(a, r, atol=1e-4, rtol=1e-4, msg=f'downsample d/d{what} {ctx}:')
+    assert_close(d[2], p_[2], atol=1e-5, msg=f'upsample value {ctx}:')
+    for what, a, r in zip(['s', 'b'], d[3], p_[3]):
+        assert_close(a, r, atol=1e-4, rtol=1e-4, msg=f'upsample d/d{what} {ctx}:')
     return results
 
 
 @given(b=boundary_batches(max_len=16), seed=st.integers(0, 1000), st_=st.booleans(),
-       pooling=st.sampled_from(["mean", "last"]))
+       pooling=st.sampled_from(['mean', 'last']))
 def test_pooling_gradients_match_paper_b_matrix(b, seed, st_, pooling):
     check_pooling_gradients(b, seed, st_, pooling)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last"])
-@pytest.mark.parametrize("st_", [False, True], ids=["float-b", "straight-through"])
+@pytest.mark.parametrize('pooling', ['mean', 'last'])
+@pytest.mark.parametrize('st_', [False, True], ids=['float-b', 'straight-through'])
 def test_gradient_reaches_boundaries_through_b_matrix(st_, pooling):
     """Segments of several tokens with different states: d(pooled)/d b_i is non-zero for the
     boundaries inside a segment (moving the running sum moves tokens between segments; with
     sub-sampling, b_t also weights the token it selects)."""
     b = _hand([[0, 0, 1, 0, 0, 0, 1, 0], [0, 1, 0, 0, 1, 1, 0, 0]])
     res = check_pooling_gradients(b, seed=5, straight_through=st_, pooling=pooling)
-    grad_b = res["dynpool"][1][2]
-    assert grad_b.abs().max().item() > 1e-3, "downsample gives no gradient to the boundaries"
+    grad_b = res['dynpool'][1][2]
+    assert grad_b.abs().max().item() > 1e-3, 'downsample gives no gradient to the boundaries'
 
 
 @given(b=boundary_batches(), seed=st.integers(0, 1000))
@@ -535,22 +539,22 @@ def test_sub_sampling_takes_each_segments_last_token(b, seed):
     """Paper Table 2: with pooling='last' a segment is represented by its last token's vector."""
     g = torch.Generator().manual_seed(seed)
     h, null = torch.randn(*b.shape, 5, generator=g), torch.randn(5, generator=g)
-    assert_close(downsample(h, b, null, pooling="last"), ref_downsample_last(h, b, null),
-                 atol=1e-6, msg=f"b={_show(b)}:")
+    assert_close(downsample(h, b, null, pooling='last'), ref_downsample_last(h, b, null),
+                 atol=1e-6, msg=f'b={_show(b)}:')
 
 
 def test_pooling_is_checked_by_config():
     """Sub-sampling needs segments pooled by the boundary matrix: not vanilla, not H-Net's
     chunks; an unknown pooling is refused by name."""
-    for mode in ("none", "hnet"):
+    for mode in ('none', 'hnet'):
         with pytest.raises(ValueError, match="pooling 'last'"):
-            Config(boundary=mode, pooling="last")
-    with pytest.raises(ValueError, match="pooling must be"):
-        Config(boundary="fixed", pooling="max")
+            Config(boundary=mode, pooling='last')
+    with pytest.raises(ValueError, match='pooling must be'):
+        Config(boundary='fixed', pooling='max')
 
 
 
-@pytest.mark.parametrize("mode", MODE_VARIANTS)
+@pytest.mark.parametrize('mode', MODE_VARIANTS)
 def test_every_parameter_gets_a_gradient(mode):
     """DDP runs with find_unused_parameters=False, static_graph=True: every parameter must take part
     in every mode's training loss, and with a gradient that is not all zeros."""
@@ -559,7 +563,7 @@ def test_every_parameter_gets_a_gradient(mode):
     x = random_tokens(gen, 2, 40)
     _, grads = loss_and_grads(model.train(), x, torch.roll(x, -1, 1), gold_for(mode, x, gen))
     missing = [n for n, g in grads.items() if g is None or not g.abs().sum() > 0]
-    assert not missing, f"{mode}: no gradient for {missing}"
+    assert not missing, f'{mode}: no gradient for {missing}'
 
 
 # =============================================================================================
@@ -573,14 +577,14 @@ def test_every_parameter_gets_a_gradient(mode):
 def test_whitespace_boundaries_are_the_spaces(tiny, case):
     n, L, seed, p_space, _ = case
     x = random_tokens(torch.Generator().manual_seed(seed), n, L, p_space=p_space)
-    out = forward(tiny("whitespace"), x, training=False)
-    assert torch.equal(out.boundaries.bool(), x == SPACE), f"x={x.tolist()}"
+    out = forward(tiny('whitespace'), x, training=False)
+    assert torch.equal(out.boundaries.bool(), x == SPACE), f'x={x.tolist()}'
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize('k', [1, 2, 3, 5])
 def test_fixed_boundaries_close_every_kth_token(k):
     torch.manual_seed(0)
-    model = DynamicPoolingLM(tiny_config("fixed", fixed_factor=k)).eval()
+    model = DynamicPoolingLM(tiny_config('fixed', fixed_factor=k)).eval()
     L = 13
     x = random_tokens(torch.Generator().manual_seed(k), 2, L)
     out = forward(model, x, training=False)
@@ -593,7 +597,7 @@ def test_external_boundaries_are_used_for_pooling():
     gen = torch.Generator().manual_seed(11)
     x = random_tokens(gen, 2, 40)
     b = torch.rand(2, 40, generator=gen) < 0.3
-    for mode in ("fixed", "whitespace"):
+    for mode in ('fixed', 'whitespace'):
         model = tiny_model(mode)
         out = forward(model, x, False, boundaries=b)
         assert torch.equal(out.boundaries.bool(), b)
@@ -608,14 +612,15 @@ def test_entropy_spikes_match_loop_reference(H, k):
     Ht = torch.tensor(H, dtype=torch.float32)
     got = entropy_spikes(Ht, k)
     assert got.dtype == torch.bool and got.shape == Ht.shape
-    assert torch.equal(got, ref_entropy_spikes(Ht, k)), f"H={H} k={k}"
+    assert torch.equal(got, ref_entropy_spikes(Ht, k)), f'H={H} k={k}'
 
 
 @given(n=st.integers(1, 3), L=st.integers(1, 200), k=st.integers(1, 6), seed=st.integers(0, 10**6))
 def test_entropy_spikes_random_floats(n, L, k, seed):
     Ht = torch.rand(n, L, generator=torch.Generator().manual_seed(seed)) * 3
     got, want = entropy_spikes(Ht, k), ref_entropy_spikes(Ht, k)
-    assert torch.equal(got, want), f"k={k}: first mismatch at {tuple((got != want).nonzero()[0].tolist())}"
+    assert torch.equal(got, want), \
+        f'k={k}: first mismatch at {tuple((got != want).nonzero()[0].tolist())}'
 
 
 def test_entropy_spikes_edge_cases():
@@ -632,7 +637,7 @@ def test_entropy_spikes_edge_cases():
     assert torch.equal(entropy_spikes(H), entropy_spikes(H, 2))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_losses_targets_and_metrics_are_the_papers(mode):
     """What the model reports with targets, recomputed here: LM loss in nats/char, total = LM +
     boundary loss, the predictor's targets (gold Unigram / spikes of the model's own next-char
@@ -642,28 +647,28 @@ def test_losses_targets_and_metrics_are_the_papers(mode):
     x = random_tokens(gen, 3, 60)
     y = torch.roll(x, -1, 1)
     gold = torch.rand(3, 60, generator=gen) < 0.3
-    kw = dict(boundaries=gold) if mode == "unigram" else {}
+    kw = dict(boundaries=gold) if mode == 'unigram' else {}
     out = forward(model, x, False, targets=y, **kw)
     logp = torch.log_softmax(out.logits.double(), -1)
-    assert_close(out.lm_loss, -logp.gather(-1, y[..., None]).mean(), atol=1e-5, msg="lm_loss:")
-    assert_close(out.loss, out.lm_loss + out.boundary_loss, atol=1e-6, msg="loss:")
-    if mode == "none":
+    assert_close(out.lm_loss, -logp.gather(-1, y[..., None]).mean(), atol=1e-5, msg='lm_loss:')
+    assert_close(out.loss, out.lm_loss + out.boundary_loss, atol=1e-6, msg='loss:')
+    if mode == 'none':
         assert out.boundaries is None
         return
     b = out.boundaries.float().round().bool()
-    assert_close(out.shortening_factor, b.numel() / b.sum(), atol=1e-4, msg="shortening factor:")
-    if mode in ("unigram", "entropy"):
+    assert_close(out.shortening_factor, b.numel() / b.sum(), atol=1e-4, msg='shortening factor:')
+    if mode in ('unigram', 'entropy'):
         assert out.boundary_loss.item() > 0
-        if mode == "unigram":
+        if mode == 'unigram':
             expected = gold
         else:
-            H = -(logp.exp() * logp).sum(-1)                      # entropy of the prediction of x_{t+1}
+            H = -(logp.exp() * logp).sum(-1)          # entropy of the prediction of x_{t+1}
             expected = ref_entropy_spikes(H, model.cfg.entropy_window)
         assert torch.equal(out.boundary_targets.bool(), expected)
         tp = (b & expected).sum().item()
         assert b.sum() > 0 and expected.sum() > 0
-        assert_close(out.precision, tp / b.sum().item(), atol=1e-6, msg="precision:")
-        assert_close(out.recall, tp / expected.sum().item(), atol=1e-6, msg="recall:")
+        assert_close(out.precision, tp / b.sum().item(), atol=1e-6, msg='precision:')
+        assert_close(out.recall, tp / expected.sum().item(), atol=1e-6, msg='recall:')
 
 
 
@@ -672,22 +677,23 @@ def test_gumbel_evaluation_samples_with_fixed_noise():
     """Gumbel in eval mode pools with one fixed noise draw per position (training samples; so did
     the paper's code at evaluation): a predictor held at the prior α = 0.2 still closes ~20% of
     segments, where noiseless rounding would close none, and the same ones on every call."""
-    model = DynamicPoolingLM(tiny_config("gumbel")).eval()
+    model = DynamicPoolingLM(tiny_config('gumbel')).eval()
     lin = predictor_linear(model)
     with torch.no_grad():
         lin.weight.zero_()
         lin.bias.fill_(math.log(0.2 / 0.8))
     x = random_tokens(torch.Generator().manual_seed(0), 2, 2000)
     b1, b2 = model(x).boundaries, model(x).boundaries
-    assert torch.equal(b1, b2), "eval mode must be deterministic"
-    assert torch.equal(b1[0], b1[1]), "the noise depends on the position only, not on the row"
-    assert 0.15 < b1.mean().item() < 0.25, f"boundary rate {b1.mean().item():.3f}, expected ~0.2"
+    assert torch.equal(b1, b2), 'eval mode must be deterministic'
+    assert torch.equal(b1[0], b1[1]), 'the noise depends on the position only, not on the row'
+    assert 0.15 < b1.mean().item() < 0.25, f'boundary rate {b1.mean().item():.3f}, expected ~0.2'
 
 
-@pytest.mark.parametrize("prior", [0.05, 0.2, 0.6])
+@pytest.mark.parametrize('prior', [0.05, 0.2, 0.6])
 def test_binomial_prior_loss_is_the_binomial_log_likelihood(prior):
     """binomial_prior_loss(b, α) = -log Binomial(Σ_t b_t; L, α) / L averaged over rows, in value
-    and in its gradient through straight-through boundaries (rows with no and all boundaries too)."""
+    and in its gradient through straight-through boundaries (rows with no and all boundaries
+    too)."""
     L = 30
     z = torch.randn(4, L, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     z[2], z[3] = -1.0, 1.0                               # k = 0 and k = L
@@ -698,15 +704,15 @@ def test_binomial_prior_loss_is_the_binomial_log_likelihood(prior):
     binomial = torch.distributions.Binomial(L, probs=torch.tensor(prior, dtype=torch.float64),
                                             validate_args=False)   # k is integral only to 1e-16
     want = -(binomial.log_prob(b.sum(1)) / L).mean()
-    assert_close(got, want, atol=1e-12, msg="value:")
+    assert_close(got, want, atol=1e-12, msg='value:')
     g_got, = torch.autograd.grad(got, z, retain_graph=True)   # the graph through b is shared
     g_want, = torch.autograd.grad(want, z)
     assert g_want.abs().max() > 1e-4
-    assert_close(g_got, g_want, atol=1e-12, msg="gradient:")
+    assert_close(g_got, g_want, atol=1e-12, msg='gradient:')
 
 
 
-@pytest.mark.parametrize("mode", ["unigram", "entropy"])
+@pytest.mark.parametrize('mode', ['unigram', 'entropy'])
 def test_double_sigmoid_is_the_released_codes_predictor_loss(mode):
     """Config.double_sigmoid: BCEWithLogitsLoss of σ(logit), as the paper's released code, with its
     floors -log σ(1) (target 1) and log 2 (target 0); off: the cross-entropy of σ(logit)."""
@@ -728,8 +734,8 @@ def test_double_sigmoid_is_the_released_codes_predictor_loss(mode):
 
 
 def test_double_sigmoid_only_for_trained_predictors():
-    with pytest.raises(ValueError, match="double_sigmoid"):
-        tiny_config("gumbel", double_sigmoid=True)
+    with pytest.raises(ValueError, match='double_sigmoid'):
+        tiny_config('gumbel', double_sigmoid=True)
 
 # =============================================================================================
 # 5. The attention paths and S buckets compute the same function (docs/design.md:
@@ -737,12 +743,12 @@ def test_double_sigmoid_only_for_trained_predictors():
 #    without S rounded up to a bucket, give the same values and gradients in every mode, training
 #    and evaluation. float64, several attention blocks (attn_chunk 5).
 # =============================================================================================
-VARIANTS = [dict(attention="blocked"), dict(attention="sdpa"),
-            dict(attention="blocked", seg_bucket=16)]
+VARIANTS = [dict(attention='blocked'), dict(attention='sdpa'),
+            dict(attention='blocked', seg_bucket=16)]
 
 
-@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('mode', MODES)
 def test_attention_paths_and_buckets_agree(mode, training):
     base = tiny_model(mode, attn_chunk=5).double()
     gen = torch.Generator().manual_seed(6)
@@ -756,26 +762,26 @@ def test_attention_paths_and_buckets_agree(mode, training):
         results.append((kw, out, grads))
     _, ref, ref_grads = results[0]
     for kw, out, grads in results[1:]:
-        assert_close(out.logits, ref.logits, atol=1e-10, msg=f"{mode} {kw} logits:")
-        assert_close(out.loss, ref.loss, atol=1e-6, msg=f"{mode} {kw} loss:")  # float32 CE
+        assert_close(out.logits, ref.logits, atol=1e-10, msg=f'{mode} {kw} logits:')
+        assert_close(out.loss, ref.loss, atol=1e-6, msg=f'{mode} {kw} loss:')  # float32 CE
         for name, g in grads.items():
-            assert (g is None) == (ref_grads[name] is None), f"{mode} {kw} d/d{name}"
+            assert (g is None) == (ref_grads[name] is None), f'{mode} {kw} d/d{name}'
             if g is not None:      # None: the predictor in evaluation (gumbel: fixed noise)
-                assert_close(g, ref_grads[name], atol=1e-10, msg=f"{mode} {kw} d/d{name}:")
+                assert_close(g, ref_grads[name], atol=1e-10, msg=f'{mode} {kw} d/d{name}:')
 
 
 def test_auto_attention_is_blocked_on_cpu_and_fused_elsewhere():
     """The choice behind 'auto' (README, Performance): blocked was faster on CPU."""
-    attn = Layer(tiny_config("none", attention="auto")).attn
-    assert not attn.fused(torch.zeros(1, device="cpu"))
-    assert attn.fused(torch.zeros(1, device="meta"))
+    attn = Layer(tiny_config('none', attention='auto')).attn
+    assert not attn.fused(torch.zeros(1, device='cpu'))
+    assert attn.fused(torch.zeros(1, device='meta'))
 
 
 def test_attention_queries_stay_bfloat16_under_autocast():
     """The float32 biases u, v must not promote a bf16 q to float32 (a cast per block)."""
-    attn = Layer(tiny_config("none")).attn
+    attn = Layer(tiny_config('none')).attn
     q = torch.randn(2, 2, 5, 16, dtype=torch.bfloat16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast('cpu', dtype=torch.bfloat16):
         q_content, q_pos = attn.queries(q, torch.randn(2, 16), torch.randn(2, 16))
     assert q_content.dtype == q_pos.dtype == torch.bfloat16
 # =============================================================================================
@@ -792,49 +798,49 @@ town it passes on the way.
 
 def english_snippet(n):
     """The first n characters of ENGLISH in text8's alphabet: lower case, spaces, nothing else."""
-    text = " ".join(re.sub(r"[^a-z]+", " ", ENGLISH.lower()).split())
+    text = ' '.join(re.sub(r'[^a-z]+', ' ', ENGLISH.lower()).split())
     assert len(text) >= n
     return text[:n]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_each_mode_overfits_a_short_string(mode):
     text = english_snippet(65)
-    ids = torch.tensor([[0 if c == " " else ord(c) - ord("a") + 1 for c in text]])
+    ids = torch.tensor([[0 if c == ' ' else ord(c) - ord('a') + 1 for c in text]])
     assert 0 <= ids.min() and ids.max() < 27
     x, y = ids[:, :-1], ids[:, 1:]
-    gold = x == 0                                    # words as Unigram targets (each space ends a piece)
+    gold = x == 0                          # words as Unigram targets (each space ends a piece)
     torch.manual_seed(0)
-    model = DynamicPoolingLM(tiny_config(mode, vocab=27, whitespace_id=0 if mode in ("whitespace", "gumbel")
-                                         else None)).train()
+    space = 0 if mode in ('whitespace', 'gumbel') else None
+    model = DynamicPoolingLM(tiny_config(mode, vocab=27, whitespace_id=space)).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    kw = dict(boundaries=gold) if mode == "unigram" else {}
+    kw = dict(boundaries=gold) if mode == 'unigram' else {}
     losses = []
     for step in range(40):
         torch.manual_seed(step)
         out = model(x, targets=y, **kw)
-        assert torch.isfinite(out.loss), f"{mode}: loss {out.loss} at step {step}"
+        assert torch.isfinite(out.loss), f'{mode}: loss {out.loss} at step {step}'
         losses.append(out.lm_loss.item())
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-    assert losses[-1] < 0.5 * losses[0], f"{mode}: lm loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    assert losses[-1] < 0.5 * losses[0], f'{mode}: lm loss {losses[0]:.3f} -> {losses[-1]:.3f}'
 
 
 # =============================================================================================
 # 7. Size and cost: the defaults are the paper's character-level model (12 layers, d_model 512,
 #    ~41M), and step_flops counts what the model computes.
 # =============================================================================================
-@pytest.mark.parametrize("mode", ["none", "gumbel"])
+@pytest.mark.parametrize('mode', ['none', 'gumbel'])
 def test_default_config_is_the_papers_41M_model(mode):
     cfg = Config(vocab_size=27, boundary=mode)
     try:
-        with torch.device("meta"):
+        with torch.device('meta'):
             model = DynamicPoolingLM(cfg)
-    except Exception:                                # meta device unsupported by some init: build for real
+    except Exception:                      # meta device unsupported by some init: build for real
         model = DynamicPoolingLM(cfg)
     n = sum(p.numel() for p in model.parameters())
-    assert 39e6 <= n <= 43e6, f"{mode}: {n / 1e6:.2f}M parameters"
+    assert 39e6 <= n <= 43e6, f'{mode}: {n / 1e6:.2f}M parameters'
 
 
 def independent_step_flops(model, batch, seq_len, n_short):
@@ -843,18 +849,18 @@ def independent_step_flops(model, batch, seq_len, n_short):
     2·B·H·n²·d_head per attention layer (content scores, position scores, weights × values), all
     times 3 (backward = 2 × forward)."""
     cfg, fwd = model.cfg, 0
-    n_of = {"shortened": n_short}
+    n_of = {'shortened': n_short}
     for name, module in model.named_modules():
-        n = n_of.get(name.split(".")[0], seq_len)
+        n = n_of.get(name.split('.')[0], seq_len)
         if isinstance(module, torch.nn.Linear):
-            rows = n if name.endswith("r_net") else batch * n
+            rows = n if name.endswith('r_net') else batch * n
             fwd += 2 * rows * module.in_features * module.out_features
         if isinstance(module, Layer):
             fwd += 3 * 2 * batch * cfg.n_head * n * n * cfg.d_head
     return 3 * fwd
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_step_flops_counts_every_matmul_of_the_model(mode):
     """dynpool.step_flops (train.py's FLOP budget, README's MFU) = the count over the model's own
     modules, with d_model != n_head·d_head so that no two terms can stand in for each other."""
@@ -862,7 +868,7 @@ def test_step_flops_counts_every_matmul_of_the_model(mode):
                  boundary=mode, whitespace_id=0)
     model = DynamicPoolingLM(cfg)
     batch, L, n_short = 3, 40, 1 + 40 / 3.5
-    want = independent_step_flops(model, batch, L, L if mode == "none" else n_short)
+    want = independent_step_flops(model, batch, L, L if mode == 'none' else n_short)
     assert math.isclose(step_flops(cfg, batch, L, n_short), want, rel_tol=1e-12)
     # n_short=None: every layer at full length
     assert math.isclose(step_flops(cfg, batch, L), independent_step_flops(model, batch, L, L),
@@ -873,17 +879,17 @@ def test_step_flops_counts_every_matmul_of_the_model(mode):
 # 8. Bad arguments fail early with a ValueError that says what is wrong.
 # =============================================================================================
 def test_unknown_mode_raises():
-    with pytest.raises(ValueError, match="(?i)boundary|mode"):
-        DynamicPoolingLM(Config(vocab_size=V, boundary="wordpiece"))
+    with pytest.raises(ValueError, match='(?i)boundary|mode'):
+        DynamicPoolingLM(Config(vocab_size=V, boundary='wordpiece'))
 
 
 def test_whitespace_without_whitespace_id_raises():
-    with pytest.raises(ValueError, match="(?i)whitespace"):
-        DynamicPoolingLM(Config(vocab_size=V, boundary="whitespace", layers=(1, 1, 1), d_model=32,
+    with pytest.raises(ValueError, match='(?i)whitespace'):
+        DynamicPoolingLM(Config(vocab_size=V, boundary='whitespace', layers=(1, 1, 1), d_model=32,
                                 n_head=2, d_head=16, d_inner=64))
 
 
-@pytest.mark.parametrize("mode", ["fixed", "whitespace", "unigram"])
+@pytest.mark.parametrize('mode', ['fixed', 'whitespace', 'unigram'])
 def test_bad_boundaries_raise(mode):
     model = tiny_model(mode)
     x = torch.randint(0, V, (2, 10))
@@ -892,18 +898,18 @@ def test_bad_boundaries_raise(mode):
                 torch.zeros(3, 10, dtype=torch.bool),           # wrong batch
                 torch.zeros(2, 10, dtype=torch.complex64),      # wrong dtype
                 torch.full((2, 10), 0.5)):                      # not 0/1
-        with pytest.raises(ValueError, match="(?i)boundar"):
+        with pytest.raises(ValueError, match='(?i)boundar'):
             model(x, targets=x, boundaries=bad)
 
 
 def test_unigram_targets_without_boundaries_raise():
-    model = tiny_model("unigram").train()
+    model = tiny_model('unigram').train()
     x = torch.randint(0, V, (2, 10))
-    with pytest.raises(ValueError, match="(?i)boundar"):
+    with pytest.raises(ValueError, match='(?i)boundar'):
         model(x, targets=x)
 
 
-@pytest.mark.parametrize("mode", ["none", "gumbel"])
+@pytest.mark.parametrize('mode', ['none', 'gumbel'])
 def test_x_not_2d_raises(mode):
     model = tiny_model(mode)
     for bad in (torch.randint(0, V, (10,)), torch.randint(0, V, (2, 3, 4))):
@@ -912,10 +918,10 @@ def test_x_not_2d_raises(mode):
 
 
 def test_bad_attention_and_bucket_raise():
-    with pytest.raises(ValueError, match="attention"):
-        tiny_config("none", attention="flash")
-    with pytest.raises(ValueError, match="seg_bucket"):
-        tiny_config("fixed", seg_bucket=-1)
+    with pytest.raises(ValueError, match='attention'):
+        tiny_config('none', attention='flash')
+    with pytest.raises(ValueError, match='seg_bucket'):
+        tiny_config('fixed', seg_bucket=-1)
 
 
 def test_bad_segment_counts_raise():
@@ -923,12 +929,12 @@ def test_bad_segment_counts_raise():
     complete segments (that would drop segments); more only pads, like the bucket."""
     x = random_tokens(torch.Generator().manual_seed(1), 2, 30)
     S = int((x == SPACE).sum(1).max())
-    model = tiny_model("whitespace")
-    for bad, words in ((S - 1, "below"), (-1, "non-negative"), (2.0, "integer"), (True, "integer")):
+    model = tiny_model('whitespace')
+    for bad, words in ((S - 1, 'below'), (-1, 'non-negative'), (2.0, 'integer'), (True, 'integer')):
         with pytest.raises(ValueError, match=words):
             model(x, n_segments=bad)
     for mode in [m for m in MODES if m not in EXTERNAL_MODES]:
-        with pytest.raises(ValueError, match="n_segments is for boundaries known"):
+        with pytest.raises(ValueError, match='n_segments is for boundaries known'):
             tiny_model(mode)(x, n_segments=S)
 
 
@@ -937,13 +943,13 @@ def test_bad_segment_counts_raise():
 # 9. Eval mode is deterministic (docs/design.md), with dropout > 0 in the config: no dropout and
 #    no fresh Gumbel noise in evaluation, so a different global RNG state changes nothing.
 # =============================================================================================
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_eval_is_deterministic_with_dropout(mode):
     model = tiny_model(mode, dropout=0.3)
     x = random_tokens(torch.Generator().manual_seed(5), 3, 57)
     a, b = forward(model, x, False, seed=1), forward(model, x, False, seed=2)
     assert torch.equal(a.logits, b.logits)
-    assert (a.boundaries is None) == (mode == "none")
+    assert (a.boundaries is None) == (mode == 'none')
     if a.boundaries is not None:
         assert torch.equal(a.boundaries, b.boundaries)
     # ... while the same model in training mode does drop (so the test above means something)
@@ -969,7 +975,7 @@ def no_threshold_ties(model, bp_logits):
 
 
 def must_hold(ok):
-    assert ok, "a predictor logit sits on the threshold: pick another seed"
+    assert ok, 'a predictor logit sits on the threshold: pick another seed'
 
 
 def settle(model, seen, state):
@@ -977,7 +983,7 @@ def settle(model, seen, state):
     reports apart instead of rewriting the [B, 1] it handed out; put it in place in `seen`. The
     other sources decide b_t with x_t and report no late boundary."""
     late = state.late_boundary
-    assert (late is None) == (model.cfg.boundary != "hnet")
+    assert (late is None) == (model.cfg.boundary != 'hnet')
     if late is not None:
         seen[-1] = torch.cat([seen[-1][:, :-1], late], 1)
 
@@ -988,10 +994,10 @@ def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
     full, full_b, bp = full_forward(model, x)
     skip_ties(no_threshold_ties(model, bp))
     logits, state = model.prefill(x[:, :L])
-    assert_close(logits, full[:, :L], atol=atol, msg="prefill:")
+    assert_close(logits, full[:, :L], atol=atol, msg='prefill:')
     seen = [state.boundaries]
     for t in range(L, x.size(1)):
-        assert_close(model.decode(x[:, t], state), full[:, t], atol=atol, msg=f"decode at t={t}:")
+        assert_close(model.decode(x[:, t], state), full[:, t], atol=atol, msg=f'decode at t={t}:')
         settle(model, seen, state)
         seen.append(state.boundaries)
     assert state.length == x.size(1)
@@ -999,7 +1005,7 @@ def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
         assert all(b is None for b in seen)
         return 0
     got = torch.cat(seen, 1)
-    assert torch.equal(got, full_b.bool()), f"decoded {got.int()} != forward {full_b.int()}"
+    assert torch.equal(got, full_b.bool()), f'decoded {got.int()} != forward {full_b.int()}'
     return int(full_b.sum())
 
 
@@ -1013,7 +1019,7 @@ def parity_cases(draw):
     return torch.tensor(rows, dtype=torch.long), L
 
 
-@pytest.mark.parametrize("mode", MODE_VARIANTS)
+@pytest.mark.parametrize('mode', MODE_VARIANTS)
 @settings(max_examples=10, **HYPOTHESIS_FIXTURES)
 @given(case=parity_cases())
 def test_cache_parity_with_full_forward(tiny, mode, case):
@@ -1021,7 +1027,7 @@ def test_cache_parity_with_full_forward(tiny, mode, case):
     check_cache_parity(tiny(mode), x, L)
 
 
-@pytest.mark.parametrize("mode", MODE_VARIANTS)
+@pytest.mark.parametrize('mode', MODE_VARIANTS)
 def test_cache_parity_short_prompt_many_segments(mode):
     """A one-character prompt that closes no segment, then 80 characters that close many; rows
     that close segments at different times (and a row that closes none in the prompt while
@@ -1031,20 +1037,20 @@ def test_cache_parity_short_prompt_many_segments(mode):
     # Pick first characters that do not close a segment on their own (in every mode).
     _, b, _ = full_forward(model, torch.arange(V)[:, None])
     opening = [t for t in range(V) if b is None or not b[t, 0]]
-    assert opening, "every single character closes a segment: the test model is degenerate"
+    assert opening, 'every single character closes a segment: the test model is degenerate'
     x[:, 0] = opening[-1]
     n_closed = check_cache_parity(model, x, 1, must_hold)
-    if mode != "none":
-        assert n_closed >= 3 * 10, f"only {n_closed} segments closed: pooling not exercised"
+    if mode != 'none':
+        assert n_closed >= 3 * 10, f'only {n_closed} segments closed: pooling not exercised'
     for L in (4, 17):     # prompts longer than one segment too
         check_cache_parity(model, x, L, must_hold)
 
 
-@pytest.mark.parametrize("mode, extra", [
-    ("none", dict(attn_chunk=5)), ("whitespace", dict(attn_chunk=5)),
-    ("entropy", dict(attn_chunk=5)),
-    ("whitespace", dict(attn_chunk=5, seg_bucket=8)), ("entropy", dict(attention="sdpa"))],
-    ids=["none", "whitespace", "entropy", "whitespace-bucket", "entropy-sdpa"])
+@pytest.mark.parametrize('mode, extra', [
+    ('none', dict(attn_chunk=5)), ('whitespace', dict(attn_chunk=5)),
+    ('entropy', dict(attn_chunk=5)),
+    ('whitespace', dict(attn_chunk=5, seg_bucket=8)), ('entropy', dict(attention='sdpa'))],
+    ids=['none', 'whitespace', 'entropy', 'whitespace-bucket', 'entropy-sdpa'])
 def test_cache_parity_long_prompts(mode, extra):
     """Prompts several attention blocks long (attn_chunk 5), S rounded up to a bucket, or one
     fused call: the prefill and the cache it leaves agree with decode and the full forward."""
@@ -1056,13 +1062,13 @@ def test_cache_parity_long_prompts(mode, extra):
 
 def test_cache_parity_cache_growth():
     """decode beyond the capacity prefill reserved must grow the caches without changing results."""
-    model = tiny_model("entropy")
+    model = tiny_model('entropy')
     x = random_tokens(torch.Generator().manual_seed(3), 2, 70, p_space=0.3)
     full, full_b, _ = full_forward(model, x)
     logits, state = model.prefill(x[:, :3], capacity=4)
     seen = [state.boundaries]
     for t in range(3, 70):
-        assert_close(model.decode(x[:, t], state), full[:, t], atol=1e-5, msg=f"t={t}:")
+        assert_close(model.decode(x[:, t], state), full[:, t], atol=1e-5, msg=f't={t}:')
         settle(model, seen, state)
         seen.append(state.boundaries)
     assert torch.equal(torch.cat(seen, 1), full_b.bool())
@@ -1078,8 +1084,8 @@ def cyclic_model(mode):
     return model
 
 
-@pytest.mark.parametrize("prompt_len", [1, 7])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('prompt_len', [1, 7])
+@pytest.mark.parametrize('mode', MODES)
 def test_greedy_generation_matches_full_forward(mode, prompt_len):
     model = cyclic_model(mode).train()          # generate() evaluates, then restores the mode
     n = 40
@@ -1093,15 +1099,15 @@ def test_greedy_generation_matches_full_forward(mode, prompt_len):
         for _ in range(n):
             logits = model(seq).logits[:, -1]
             top2 = logits.topk(2).values
-            assert bool((top2[:, 0] - top2[:, 1] > 1e-4).all()), "argmax tie: pick another seed"
+            assert bool((top2[:, 0] - top2[:, 1] > 1e-4).all()), 'argmax tie: pick another seed'
             seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
         out = model(seq)
-    assert torch.equal(got, seq), f"{mode}: generate {got.tolist()} vs full forward {seq.tolist()}"
+    assert torch.equal(got, seq), f'{mode}: generate {got.tolist()} vs full forward {seq.tolist()}'
     if out.boundaries is not None:      # the decoding crossed segment ends (and stayed in sync)
-        assert out.boundaries[:, prompt_len:].sum() >= 3, f"{mode}: too few boundaries"
+        assert out.boundaries[:, prompt_len:].sum() >= 3, f'{mode}: too few boundaries'
 
 
-@pytest.mark.parametrize("mode", ["none", "whitespace", "gumbel", "hnet"])
+@pytest.mark.parametrize('mode', ['none', 'whitespace', 'gumbel', 'hnet'])
 def test_sample_is_generate_plus_what_the_model_did(mode):
     """sample.sample (a thin wrapper of model.steps) = model.generate for the same generator seed,
     plus boundaries and entropies that match the full forward of the generated text."""
@@ -1113,13 +1119,13 @@ def test_sample_is_generate_plus_what_the_model_did(mode):
     assert torch.equal(tokens, want)
     full, full_b, _ = full_forward(model, tokens)
     logp = torch.log_softmax(full, -1)
-    assert_close(ent, -(logp.exp() * logp).sum(-1) / math.log(2), atol=1e-4, msg="entropy:")
+    assert_close(ent, -(logp.exp() * logp).sum(-1) / math.log(2), atol=1e-4, msg='entropy:')
     assert (b is None) == (full_b is None)
     if b is not None:
         assert torch.equal(b, full_b.bool())
 
 
-@pytest.mark.parametrize("mode", ["whitespace", "hnet"])
+@pytest.mark.parametrize('mode', ['whitespace', 'hnet'])
 def test_generation_never_rewrites_what_it_yielded(mode):
     """Each GenerationStep's boundaries are final when yielded: nothing changes them afterwards
     (hnet decides b_t with token t+1, so its steps come one token late), and together they are the
@@ -1129,7 +1135,7 @@ def test_generation_never_rewrites_what_it_yielded(mode):
     yielded = [(step.boundaries, step.boundaries.clone())
                for step in model.steps(x, 40, greedy=True)]
     for i, (now, then) in enumerate(yielded):
-        assert torch.equal(now, then), f"step {i}: boundaries changed after they were yielded"
+        assert torch.equal(now, then), f'step {i}: boundaries changed after they were yielded'
     tokens = model.generate(x, 40, greedy=True)
     _, full_b, _ = full_forward(model, tokens)
     assert full_b.sum() >= 10
@@ -1137,7 +1143,7 @@ def test_generation_never_rewrites_what_it_yielded(mode):
 
 
 def test_generation_never_picks_ids_beyond_n_valid():
-    model = tiny_model("whitespace")
+    model = tiny_model('whitespace')
     x = torch.zeros(4, 1, dtype=torch.long)
     tokens, _, _ = sample.sample(model, x, 60, temperature=5.0, n_valid=3,
                                  generator=torch.Generator().manual_seed(0))
@@ -1163,8 +1169,8 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
-            self.reads.append([f"{f.name}:{f.lineno}" for f in traceback.extract_stack()
-                               if f.filename.endswith("dynpool.py")])
+            self.reads.append([f'{f.name}:{f.lineno}' for f in traceback.extract_stack()
+                               if f.filename.endswith('dynpool.py')])
         return func(*args, **(kwargs or {}))
 
 
@@ -1172,11 +1178,11 @@ def model_host_reads(step):
     """The host reads of step() other than input validation, which reads values on CPU only."""
     with HostReads() as seen:
         step()
-    return [stack for stack in seen.reads if not any(f.startswith("check_") for f in stack)]
+    return [stack for stack in seen.reads if not any(f.startswith('check_') for f in stack)]
 
 
-@pytest.mark.parametrize("given", [False, True], ids=["derived", "given"])
-@pytest.mark.parametrize("mode", ["fixed", "whitespace"])
+@pytest.mark.parametrize('given', [False, True], ids=['derived', 'given'])
+@pytest.mark.parametrize('mode', ['fixed', 'whitespace'])
 def test_external_boundaries_need_no_host_read_when_the_batch_counts_segments(mode, given):
     """A training step (forward + backward) reads the device once, for S, and not at all with
     n_segments; the outputs and gradients are the same, and (dropout off: padding rows draw masks
@@ -1186,7 +1192,7 @@ def test_external_boundaries_need_no_host_read_when_the_batch_counts_segments(mo
     x = random_tokens(gen, 3, 47, p_space=0.2)
     b = (torch.rand(3, 47, generator=gen) < 0.3) if given else None
     fixed = torch.tensor([[(t + 1) % 3 == 0 for t in range(47)]] * 3)      # tiny_config: k = 3
-    pattern = b if given else (x == SPACE) if mode == "whitespace" else fixed
+    pattern = b if given else (x == SPACE) if mode == 'whitespace' else fixed
     S = max(len(ref_segments(row)) for row in pattern.int().tolist())
     runs = {}
     for n_segments in (None, S, S + 5):
@@ -1194,7 +1200,7 @@ def test_external_boundaries_need_no_host_read_when_the_batch_counts_segments(mo
             runs[n_segments] = loss_and_grads(model, x, torch.roll(x, -1, 1), b,
                                               n_segments=n_segments)
         reads = model_host_reads(step)
-        assert len(reads) == (1 if n_segments is None else 0), f"n_segments={n_segments}: {reads}"
+        assert len(reads) == (1 if n_segments is None else 0), f'n_segments={n_segments}: {reads}'
     (ref, ref_grads), (out, grads) = runs[None], runs[S]
     assert torch.equal(out.logits, ref.logits) and torch.equal(out.loss, ref.loss)
     for name, g in grads.items():
@@ -1202,15 +1208,15 @@ def test_external_boundaries_need_no_host_read_when_the_batch_counts_segments(mo
     model.eval()
     (ref, ref_grads), (out, grads) = (loss_and_grads(model, x, torch.roll(x, -1, 1), b,
                                                      n_segments=n) for n in (None, S + 5))
-    assert_close(out.logits, ref.logits, atol=1e-5, msg="padded logits:")
+    assert_close(out.logits, ref.logits, atol=1e-5, msg='padded logits:')
     for name, g in grads.items():
-        assert_close(g, ref_grads[name], atol=1e-5, msg=f"padded d/d{name}:")
+        assert_close(g, ref_grads[name], atol=1e-5, msg=f'padded d/d{name}:')
 
 
 def test_whitespace_forward_is_one_graph_when_the_batch_counts_segments():
     """torch._dynamo traces a whitespace forward and loss into one graph with no break when S
     comes with the batch (without it, reading S breaks the graph in every frame on the stack)."""
-    model = tiny_model("whitespace", dropout=0.1).train()
+    model = tiny_model('whitespace', dropout=0.1).train()
     x = random_tokens(torch.Generator().manual_seed(4), 2, 24)
     S = int((x == SPACE).sum(1).max())
     torch._dynamo.reset()
@@ -1225,8 +1231,8 @@ def test_whitespace_forward_is_one_graph_when_the_batch_counts_segments():
 
 @pytest.mark.slow
 def test_layer_compiles_without_graph_breaks_in_training():
-    layer = Layer(tiny_config("none", dropout=0.1)).train()
-    compiled = torch.compile(layer, backend="eager", fullgraph=True, dynamic=True)
+    layer = Layer(tiny_config('none', dropout=0.1)).train()
+    compiled = torch.compile(layer, backend='eager', fullgraph=True, dynamic=True)
     for L in (10, 17):
         x = torch.randn(2, L, 32, requires_grad=True)
         pos = sinusoids(torch.arange(L - 1, -1, -1), 32)
@@ -1235,7 +1241,7 @@ def test_layer_compiles_without_graph_breaks_in_training():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["none", "whitespace", "entropy"])
+@pytest.mark.parametrize('mode', ['none', 'whitespace', 'entropy'])
 def test_compiled_and_eager_losses_and_gradients_agree(mode):
     model = tiny_model(mode).train()
     compiled = torch.compile(model)
@@ -1245,10 +1251,10 @@ def test_compiled_and_eager_losses_and_gradients_agree(mode):
         (eager, g_eager), (comp, g_comp) = (loss_and_grads(m, x, torch.roll(x, -1, 1))
                                             for m in (model, compiled))
         # float32, and compiled 'auto' attention is one fused call where eager CPU runs blocks
-        assert_close(comp.loss, eager.loss, atol=1e-5, msg=f"L={L} loss:")
-        g_comp = {name.removeprefix("_orig_mod."): g for name, g in g_comp.items()}
+        assert_close(comp.loss, eager.loss, atol=1e-5, msg=f'L={L} loss:')
+        g_comp = {name.removeprefix('_orig_mod.'): g for name, g in g_comp.items()}
         for name, g in g_eager.items():
-            assert_close(g_comp[name], g, atol=1e-5, rtol=1e-5, msg=f"L={L} d/d{name}:")
+            assert_close(g_comp[name], g, atol=1e-5, rtol=1e-5, msg=f'L={L} d/d{name}:')
 
 
 # =============================================================================================
@@ -1263,12 +1269,12 @@ def cuda_batch(mode, B=4, L=96, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_gpu_bf16_training_step(mode):
     model = tiny_model(mode, dropout=0.1).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y, b = cuda_batch(mode)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast('cuda', dtype=torch.bfloat16):
         out = model(x, targets=y, boundaries=b)
     out.loss.backward()
     assert torch.isfinite(out.loss)
@@ -1278,22 +1284,22 @@ def test_gpu_bf16_training_step(mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_gpu_sdpa_matches_blocked(mode):
     torch.backends.cuda.matmul.allow_tf32 = False
     x, y, b = cuda_batch(mode, L=200)
     runs = []
-    for attention in ("blocked", "sdpa"):
+    for attention in ('blocked', 'sdpa'):
         model = tiny_model(mode, attention=attention, attn_chunk=64).cuda().train()
         runs.append(loss_and_grads(model, x, y, b))
     (ref, g_ref), (out, g_out) = runs
-    assert_close(out.logits, ref.logits, atol=1e-4, msg="logits:")
+    assert_close(out.logits, ref.logits, atol=1e-4, msg='logits:')
     for name, g in g_out.items():
-        assert_close(g, g_ref[name], atol=1e-4, rtol=1e-3, msg=f"d/d{name}:")
+        assert_close(g, g_ref[name], atol=1e-4, rtol=1e-3, msg=f'd/d{name}:')
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_gpu_cached_logits_match_full(mode):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = tiny_model(mode).cuda()
@@ -1302,7 +1308,7 @@ def test_gpu_cached_logits_match_full(mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize('mode', MODES)
 def test_gpu_training_step_reads_the_device_at_most_once(mode):
     """One host sync at most (the segment count S) in a forward + backward; none for vanilla, and
     none for fixed and whitespace when S comes with the batch (n_segments)."""
@@ -1315,217 +1321,13 @@ def test_gpu_training_step_reads_the_device_at_most_once(mode):
     for n_segments in counts:
         model(x, targets=y, boundaries=b, n_segments=n_segments).loss.backward()  # warm-up
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
+        torch.cuda.set_sync_debug_mode('warn')
         try:
             with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+                warnings.simplefilter('always')
                 model(x, targets=y, boundaries=b, n_segments=n_segments).loss.backward()
         finally:
-            torch.cuda.set_sync_debug_mode("default")
-        syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-        most = 0 if mode == "none" or n_segments is not None else 1
+            torch.cuda.set_sync_debug_mode('default')
+        syncs = [str(w.message) for w in caught if 'synchroniz' in str(w.message)]
+        most = 0 if mode == 'none' or n_segments is not None else 1
         assert len(syncs) <= most, (n_segments, syncs)
-
-
-# ==================================================================================================
-# 13. H-Net's dynamic chunking (boundary='hnet'): routing, selection, EMA, confidence, ratio loss
-#     and the project's boundary convention (b_t = 1 iff a chunk starts at t+1), each against a loop
-#     or a hand computation. Leakage, cache parity and losses: the mode lists above.
-# ==================================================================================================
-def hnet_routing_of(model, x, **kw):
-    """(model output, the ChunkRouting the forward pooled with)."""
-    seen = []
-    hook = model.source.register_forward_hook(lambda m, i, o: seen.append(o))
-    try:
-        with torch.no_grad():
-            out = model(x, **kw)
-    finally:
-        hook.remove()
-    return out, seen[0]
-
-
-def ref_ema(z, P):
-    """z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, z̄_{−1} = 0, one chunk at a time."""
-    out, prev = [], torch.zeros_like(z[:, 0])
-    for j in range(z.size(1)):
-        prev = P[:, j, None] * z[:, j] + (1 - P[:, j, None]) * prev
-        out.append(prev)
-    return torch.stack(out, 1)
-
-
-@settings(max_examples=30)
-@given(S=st.integers(1, 40), seed=st.integers(0, 2**31 - 1), n_ones=st.integers(0, 3))
-def test_hnet_smoothing_matches_loop(S, seed, n_ones):
-    """The closed-form EMA equals the loop, rates of exactly 1 included (a start that turns fully
-    away, cos = −1), with finite gradients."""
-    gen = torch.Generator().manual_seed(seed)
-    z = torch.randn(2, S, 3, generator=gen, dtype=torch.float64)
-    P = 0.5 + 0.5 * torch.rand(2, S, generator=gen, dtype=torch.float64)
-    P[:, torch.randint(0, S, (n_ones,), generator=gen)] = 1.0
-    P[:, 0] = 1.0
-    P.requires_grad_(True)
-    got = smooth_chunks(z, P)
-    assert_close(got, ref_ema(z, P.detach()), atol=1e-5, msg="EMA:")
-    got.sum().backward()
-    assert torch.isfinite(P.grad).all()
-
-
-@settings(max_examples=30)
-@given(L=st.integers(1, 30), seed=st.integers(0, 2**31 - 1))
-def test_hnet_selection_and_upsampling_match_loop(L, seed):
-    """The router compares neighbours; the shortened sequence is the vectors at chunk starts; token
-    t receives z̄ of the last chunk started at or before t (confidence of value 1) plus W_r h_t."""
-    gen = torch.Generator().manual_seed(seed)
-    model = tiny_model("hnet")
-    h = torch.randn(2, L, 32, generator=gen)
-    with torch.no_grad():
-        routing = model.source(h, None)
-        s = model.pooling.down(h, routing)
-        z = torch.randn(s.shape, generator=gen)
-        y = model.pooling.up(z, routing, h)
-        q, k = model.source.q(h), model.source.k(h)
-        for n in range(2):
-            p = [1.0] + [(1 - torch.cosine_similarity(q[n, t - 1], k[n, t], 0).item()) / 2
-                         for t in range(1, L)]
-            assert_close(routing.p[n], p, atol=1e-5, msg="p:")
-            starts = [t for t in range(L) if routing.p[n, t] > 0.5]
-            assert routing.start[n].nonzero().flatten().tolist() == starts and starts[0] == 0
-            assert torch.equal(s[n, :len(starts)], h[n, starts]) and (s[n, len(starts):] == 0).all()
-            z_bar = ref_ema(z[n:n + 1, :len(starts)], routing.p[n:n + 1, starts])[0]
-            for t in range(L):
-                j = sum(1 for st_ in starts if st_ <= t) - 1
-                expect = z_bar[j] + model.pooling.residual(h[n, t])
-                assert_close(y[n, t], expect, atol=1e-5, msg=f"row {n} token {t}:")
-
-
-def test_hnet_confidence_is_straight_through():
-    """Value 1, gradient of c_t = p_t at chunk starts and 1 − p_t elsewhere. With every chunk output
-    equal, z̄ is that output whatever the rates, so p reaches the loss only through c."""
-    model = tiny_model("hnet")
-    gen = torch.Generator().manual_seed(4)
-    h = torch.randn(1, 40, 32, generator=gen)
-    routing = model.source(h, None)
-    p = routing.p.detach().requires_grad_(True)
-    routing = type(routing)(b=routing.b, p=p, start=routing.start)
-    assert 0 < routing.start.sum() < 40
-    z = torch.randn(1, 1, 32, generator=gen).expand(1, int(routing.start.sum()), 32)
-    y = model.pooling.up(z, routing, h)
-    with torch.no_grad():
-        assert_close(y - model.pooling.residual(h), z[:, :1].expand(1, 40, 32), atol=1e-6)
-    g = torch.randn(y.shape, generator=gen)
-    (y * g).sum().backward()
-    expect = torch.where(routing.start, 1.0, -1.0) * (g * z[:, :1]).sum(-1)
-    # t = 0 left out: p_0 = 1 is a constant in the model (here a leaf, and z̄_0 = p_0 z_0 uses it).
-    assert_close(p.grad[:, 1:], expect[:, 1:], atol=1e-5, msg="d loss / d p:")
-
-
-def test_hnet_ratio_loss_by_hand():
-    """L_ratio = N/(N−1)·((N−1)·F·G + (1−F)·(1−G)): a hand-computed value, its minimum 1 at
-    F = G = 1/N, and the model's boundary loss = ratio_weight × L_ratio of its own routing."""
-    start = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0]]).bool()
-    p = torch.tensor([[1.0, 0.2, 0.3, 0.7], [1.0, 0.6, 0.1, 0.4]])
-    # F = 4/8, G = 4.3/8, N = 3: 3/2 · (2 · 0.5 · 0.5375 + 0.5 · 0.4625) = 1.153125
-    assert_close(ratio_loss(start, p, 3.0), 1.153125, atol=1e-6)
-    assert_close(ratio_loss(start[:1, :3], torch.full((1, 3), 1 / 3), 3.0), 1.0, atol=1e-6)
-    model = tiny_model("hnet")
-    x = random_tokens(torch.Generator().manual_seed(5), 2, 30)
-    out, routing = hnet_routing_of(model, x, targets=x)
-    Fr, G, N = routing.start.float().mean().item(), routing.p.mean().item(), model.cfg.ratio_target
-    expect = model.cfg.ratio_weight * N / (N - 1) * ((N - 1) * Fr * G + (1 - Fr) * (1 - G))
-    assert_close(out.boundary_loss, expect, atol=1e-6, msg="boundary loss:")
-
-
-def test_hnet_boundaries_follow_the_project_convention():
-    """out.boundaries keeps the project's meaning: b_t = 1 iff a chunk starts at t+1, so
-    b_{L-1} = 0; b_t is decided by x_{t+1} and never read by token t: the forward of x_{<=t} has the
-    same b_{<t} and logits, with b_t = 0 for now. Generation hands b_t out as 0 and reports it a
-    token later, apart (state.late_boundary), never by rewriting what it handed out."""
-    model = tiny_model("hnet")
-    x = random_tokens(torch.Generator().manual_seed(6), 2, 50)
-    out, routing = hnet_routing_of(model, x)
-    assert torch.equal(out.boundaries[:, :-1].bool(), routing.start[:, 1:])
-    assert (out.boundaries[:, -1] == 0).all() and set(out.boundaries.unique().tolist()) == {0.0, 1.0}
-    assert_close(out.shortening_factor, 100 / out.boundaries.sum(), atol=1e-5)
-    with torch.no_grad():
-        for t in (0, 9, 30):
-            part = model(x[:, :t + 1])
-            assert torch.equal(part.boundaries[:, :t], out.boundaries[:, :t])
-            assert (part.boundaries[:, t] == 0).all()
-            assert_close(part.logits, out.logits[:, :t + 1], atol=1e-5)
-        n = next(t for t in range(10, 50) if out.boundaries[:, t - 1].any())  # b_{n-1} = 1 somewhere
-        _, state = model.prefill(x[:, :n])
-        prompt_b = state.boundaries
-        assert (prompt_b[:, -1] == 0).all() and state.late_boundary is None
-        model.decode(x[:, n], state)
-        assert (prompt_b[:, -1] == 0).all(), "decode rewrote the boundaries prefill handed out"
-        settled = torch.cat([prompt_b[:, :-1], state.late_boundary], 1)
-        assert torch.equal(settled, out.boundaries[:, :n].bool())
-        assert (state.boundaries == 0).all() and state.boundaries.shape == (2, 1)
-
-
-def test_hnet_every_parameter_learns_from_its_init():
-    """From H-Net's initialisation (identity router, zero residual projection) every parameter gets
-    a gradient: the router through the confidence, the EMA rates and the ratio loss."""
-    torch.manual_seed(0)
-    model = DynamicPoolingLM(tiny_config("hnet")).train()
-    eye = torch.eye(32)
-    assert torch.equal(model.source.q.weight, eye) and torch.equal(model.source.k.weight, eye)
-    assert (model.pooling.residual.weight == 0).all()
-    x = random_tokens(torch.Generator().manual_seed(8), 2, 40)
-    model(x, targets=torch.roll(x, -1, 1)).loss.backward()
-    silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not silent, f"no gradient: {silent}"
-
-
-def test_hnet_bucketed_chunks_change_nothing():
-    """Zero rows padding the chunks to a bucket (as on GPUs) leave logits and gradients alone."""
-    x = random_tokens(torch.Generator().manual_seed(9), 3, 50)
-    grads = []
-    for bucket in (1, 64):
-        torch.manual_seed(0)
-        model = DynamicPoolingLM(tiny_config("hnet", seg_bucket=bucket))
-        draw_hnet_weights(model)
-        out = model(x, targets=torch.roll(x, -1, 1))
-        out.loss.backward()
-        grads.append([out.logits.detach()] + [p.grad for p in model.parameters()])
-    assert int(out.boundaries.sum(1).max()) + 1 < 64       # padding rows were there
-    for a, b in zip(*grads):
-        assert_close(a, b, atol=1e-6)
-
-
-@pytest.mark.parametrize("bad", [dict(ratio_target=1.0), dict(ratio_weight=-0.1)])
-def test_hnet_bad_ratio_flags_raise(bad):
-    with pytest.raises(ValueError, match="ratio_target must be > 1 and ratio_weight >= 0"):
-        tiny_config("hnet", **bad)
-
-
-def test_hnet_router_keeps_chunking_early_in_training():
-    """H-Net's embedding init (std 1): in the first steps the pre stage's outputs gain a component
-    shared by all tokens; next to embeddings of std 0.02 it soon makes neighbours look alike and the
-    router stops chunking (SF far above its target N = 6). With std 1 it keeps chunking."""
-    text = english_snippet(200)
-    ids = torch.tensor([0 if c == " " else ord(c) - ord("a") + 1 for c in text])
-
-    def sf_after_warm_up_steps(embed_std):
-        torch.manual_seed(0)
-        cfg = Config(vocab_size=27, d_model=64, n_head=2, d_head=32, d_inner=256, layers=(1, 2, 1),
-                     dropout=0.0, dropatt=0.0, boundary="hnet", whitespace_id=0)
-        model = DynamicPoolingLM(cfg).train()
-        if embed_std is not None:
-            torch.nn.init.normal_(model.embed.weight, std=embed_std)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        gen = torch.Generator().manual_seed(0)
-        for step in range(20):
-            for group in opt.param_groups:
-                group["lr"] = 1e-3 * (step + 1) / 50   # the CPU preset's warm-up
-            starts = torch.randint(0, len(ids) - 65, (4,), generator=gen)
-            chunk = torch.stack([ids[s:s + 65] for s in starts])
-            out = model(chunk[:, :-1], targets=chunk[:, 1:])
-            opt.zero_grad()
-            out.loss.backward()
-            opt.step()
-        return float(out.shortening_factor)
-
-    default, small = sf_after_warm_up_steps(None), sf_after_warm_up_steps(0.02)
-    assert default < 12, "the default init stopped chunking"
-    assert small > 12, "std 0.02 no longer shows the collapse this guards"

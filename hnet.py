@@ -1,0 +1,217 @@
+"""
+hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025) as a boundary source of dynpool,
+boundary='hnet'. A router, selection of the vectors at chunk starts, an EMA over chunks with a
+straight-through confidence on the way back, and a ratio loss towards a target compression.
+
+It is added from this file exactly as README's "Adding a boundary source" says a new source is:
+a `BoundarySource` subclass with its own pooling unit (`Pooling`), its own Config fields
+(`Options`), its checks (`check_config`), its initialisation (`init_model`), its matmuls'
+FLOPs (`flops_per_token`) and a decision that arrives one token late (`late_boundary`), then
+`register_source('hnet', ...)` on import. dynpool.py stays the paper's model alone.
+
+    import hnet  # noqa: F401  (registers boundary='hnet', before reading dynpool.BOUNDARY_MODES)
+    model = DynamicPoolingLM(Config(boundary='hnet', ratio_target=6.0))
+
+Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
+reads the pre-stage vector at each chunk start, which holds x_{<=start}, and token t reads the
+chunk that started last at or before t: logits at t depend on x_{<=t} only. In the project's
+boundary convention (docs/design.md) a chunk starting at t+1 is a segment ending at t, so
+b_t = start_{t+1}: b_t is decided by x_{t+1}, one token later than the other sources decide it,
+and it is never read by token t (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the
+token after it is unknown. Generation reports b_t when token t+1 has decided it (late_boundary).
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dynpool import BoundarySource, Routing, register_source
+
+
+@dataclass
+class HNetOptions:
+    """hnet's own Config fields (register_source adds them to Config: flags, checkpoints)."""
+    ratio_target: float = 6.0          # target compression N of the ratio loss (text8: ~6)
+    ratio_weight: float = 1.0          # weight α of the ratio loss (H-Net's 0.03: see
+                                       # HNetBoundaries)
+
+
+def start_probability(q, k):
+    """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
+    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
+    return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
+
+
+def select_starts(h, start, S):
+    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
+    after a row's last chunk; S >= the most chunks of a row."""
+    B, L, D = h.shape
+    t = torch.arange(L, device=h.device).expand(B, L)
+    where = torch.where(start, t, L).sort(1).values[:, :S]             # [B, S] starts; L: none
+    z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
+    return z * (where < L)[..., None].to(h.dtype)
+
+
+def smooth_chunks(z, P):
+    """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
+    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
+    # their gradient even where masked: the log reads it as 1 − 1e-6.
+    P = P.to(torch.promote_types(P.dtype, torch.float32))
+    S = z.size(1)
+    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
+    later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
+    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
+    return weight.to(z.dtype) @ z                                       # [B, S, D]
+
+
+def ratio_loss(start, p, N):
+    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
+    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
+    frac, mean_p = start.float().mean(), p.float().mean()
+    return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
+
+
+@dataclass
+class ChunkRouting(Routing):
+    """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
+    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+
+
+@dataclass
+class ChunkPoolingState:
+    """What ChunkPooling carries from one generated token to the next."""
+    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
+
+
+class ChunkPooling(nn.Module):
+    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
+    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
+    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.residual = nn.Linear(cfg.d_model, cfg.d_model)
+        self.bucket = cfg.seg_bucket
+
+    def down(self, h, routing):
+        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
+        zero rows padding S to a bucket."""
+        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
+        return select_starts(h, routing.start, S)
+
+    def up(self, s, routing, h):
+        """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
+        z_bar = self.smooth(s, routing)
+        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
+        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        confidence = torch.where(routing.start, routing.p, 1 - routing.p)
+        one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
+        return out * one + self.residual(h)
+
+    def smooth(self, s, routing):
+        """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
+        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
+        return smooth_chunks(s, P[..., 0])
+
+    def rows(self, routing):
+        """[B] rows of down()'s output that the shortened stage keeps for generation."""
+        return routing.start.sum(1)
+
+    def prefill_state(self, h, s, routing):
+        """The running state after a whole prompt: h, s as in down() and up()."""
+        last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
+        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
+
+    def step_down(self, h, routing, pooling_state):
+        """One token's pre-stage output h [B, 1, D] → (the shortened stage's input [B, 1, D]: the
+        token itself, the rows where it starts a chunk [B])."""
+        pooling_state.last_h = h[:, 0]       # the router compares the next token with this one
+        return h, routing.start[:, 0]
+
+    def step_up(self, s, routing, h, pooling_state):
+        """The shortened stage's output s [B, 1, D] (None: no row started a chunk) and the token's
+        h [B, 1, D] → its post-stage input [B, 1, D]."""
+        if s is not None:
+            start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
+            z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
+            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
+        return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
+
+
+class HNetBoundaries(BoundarySource):
+    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
+    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
+    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
+    Pooling = ChunkPooling
+    Options = HNetOptions
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        # α. The ratio loss pulls the mean p_t with α·N/(N−1)·(N·F − 1), F the fraction of chunk
+        # starts: a spring that goes slack at F = 1/N. The LM pulls towards more chunks (through
+        # the confidence), so F settles above 1/N by a gap that shrinks as α grows. H-Net's
+        # α = 0.03 is set for its models; on the CPU preset (1,000 steps, seeds 1337 and 2) it
+        # settled at SF 3.69 ± 0.35 for N = 6, α = 1 at 5.95 ± 0.09 (test BPC within seed noise).
+        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
+        self.whitespace_id = cfg.whitespace_id
+
+    @staticmethod
+    def check_config(cfg):
+        if cfg.pooling == 'last':
+            raise ValueError("pooling 'last' picks each segment's last token; boundary 'hnet' "
+                             "pools by its chunks' starts")
+        if not cfg.ratio_target > 1 or not cfg.ratio_weight >= 0:
+            raise ValueError(f'ratio_target must be > 1 and ratio_weight >= 0, '
+                             f'got {cfg.ratio_target} and {cfg.ratio_weight}')
+
+    def init_model(self, model):
+        """H-Net's initialisation: W_q = W_k = I, so the router starts by comparing the pre-stage
+        outputs; a zero residual projection, so the token's own path starts closed; and
+        embeddings of std 1, not 0.02. Neighbouring pre-stage vectors start nearly orthogonal
+        (p_t ≈ ½), so a small component shared by all tokens flips every decision to "no start".
+        At std 0.02 the pre stage's first Adam steps add such a component quickly next to the
+        tiny embeddings: on the CPU preset no chunk at all at step 20; at std 1 the router keeps
+        chunking from the start."""
+        nn.init.eye_(self.q.weight)
+        nn.init.eye_(self.k.weight)
+        nn.init.zeros_(model.pooling.residual.weight)
+        nn.init.normal_(model.embed.weight, std=1.0)
+
+    @staticmethod
+    def flops_per_token(cfg):
+        return 2 * 3 * cfg.d_model * cfg.d_model  # the router's W_q, W_k; the residual projection
+
+    def forward(self, h, x, boundaries=None, offset=0):
+        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
+        return self.route(F.pad(p, (1, 0), value=1.0))
+
+    def step(self, h, x, state):
+        last_h = state.pooling.last_h                                    # [B, D] h_{t-1}
+        return self.route(start_probability(self.q(last_h), self.k(h[:, 0]))[:, None])
+
+    def late_boundary(self, routing):
+        return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
+
+    @staticmethod
+    def route(p):
+        """ChunkRouting from start probabilities p [B, L]; b_{L-1} = 0: not decided yet."""
+        start = p > 0.5
+        return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
+
+    def loss(self, routing, logits, x, boundaries):
+        spaces = None if self.whitespace_id is None else x == self.whitespace_id
+        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
+        return loss, spaces
+
+
+register_source('hnet', HNetBoundaries)
