@@ -37,6 +37,7 @@ import time
 import torch
 
 import common
+import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from common import UserError
 from dynpool import PREDICTOR_MODES, Config, DynamicPoolingLM, step_flops
 from runtime import pick_device
