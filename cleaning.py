@@ -50,7 +50,7 @@ def homoglyphs():
     only, as “ with ''), plus the fullwidth forms U+FF01-FF5E through their NFKC form."""
     if _HOMOGLYPHS:
         return _HOMOGLYPHS
-    from confusable_homoglyphs import confusables   # pinned in requirements.txt: its data decides
+    from confusable_homoglyphs import confusables  # pinned in requirements.txt: its data decides
     listed = {}  # the data lists confusables both ways; right-to-left ones wrapped in U+200E
     for key, protos in confusables.confusables_data.items():
         key = key.strip("\u200e")
@@ -74,7 +74,8 @@ class _CharMap(dict):
 
     def __init__(self, lang, fold_accents):
         if lang not in LANGS:
-            raise ValueError(f"unsupported language {lang!r}; supported: {', '.join(sorted(LANGS))}")
+            raise ValueError(f"unsupported language {lang!r}; "
+                             f"supported: {', '.join(sorted(LANGS))}")
         L = LANGS[lang]
         self.letters, self.fold = set(L["letters"]) | {"\n"}, fold_accents
         self.digits = {str(d): f" {w} " for d, w in enumerate(L["digits"].split())}
