@@ -1,6 +1,6 @@
 """
 Results of dynpool runs: the tables (BPC, SF, speed, cost; mean ± std over seeds; the paper's
-paired t-test against vanilla and fixed pooling) and the plots.
+paired t-test against vanilla and fixed pooling) and the plots. docs/results.md shows the views.
 
     python report.py runs/study                       # every run below the folder
     python report.py runs/a runs/b --markdown         # the same tables as Markdown (for README)
@@ -8,24 +8,11 @@ paired t-test against vanilla and fixed pooling) and the plots.
     python report.py runs/langs --by-data             # test BPC with a column per dataset
     python report.py runs/study --plot study.png      # BPC against characters, FLOPs, seconds, SF
 
-A run is a directory holding train.py's log.jsonl. Each row shows its mode, seed, steps, training
-characters, FLOPs and wall-clock seconds, the last valid BPC, the test BPC, the shortening factor
-(test, else the last valid one) and characters per second. Runs whose flags differ only in --seed
-are pooled: mean ± sample std over seeds, with the significance test of the paper's Table 1 (each
-experiment's test BPC against vanilla's and every fixed k's, paired by seed). A run without a test
-evaluation is 'running' (its <dir>/.lock is held) or 'stopped' (killed, crashed, --stop-step).
-
---at-chars / --at-flops / --at-time: each run's valid BPC at that training budget, interpolated
-between the two validations around it (--no-interp: the last one at or before it), '-' where the
-run never got that far; 'min' is the largest budget every run reached. Curves and budgets use the
-validations made during training: where those read a subset of the split (--eval-subset-chars),
-the final full-split validation measures other text and is left out of them.
-
-Logs of the older schema (no "kind": records with "split" are evaluations, others with "loss"
-training steps; no FLOPs or time) are read too. A last line cut short (a run writing it now) is
-left out with a note; any other line that is not a JSON object, or a field that holds what
-train.py never writes, is one `error:` line naming the log, the line and the field (common.main:
-exit 1, 2 for a flag, 130 on Ctrl-C). A NaN or inf (a diverged run) is shown as '-'.
+A run is a directory holding train.py's log.jsonl (either schema: with "kind", or the older one
+without). Runs whose flags differ only in --seed are pooled. A run without a test evaluation is
+'running' (its <dir>/.lock is held) or 'stopped'. A log's last line cut short (a run writing it
+now) is left out with a note; any other damage is one `error:` line naming the log, the line and
+the field (common.main: exit 1, 2 for a flag, 130 on Ctrl-C). A NaN or inf is shown as '-'.
 """
 import argparse
 import collections
@@ -92,91 +79,65 @@ def find_runs(paths):
     return runs
 
 
-def read_log(log):
-    """The bytes of a log.jsonl. Opened without blocking and refused unless a regular file: a
-    FIFO named log.jsonl would wait for a writer forever."""
+def read_records(log):
+    """[(line number, JSON object)] of a log.jsonl, opened without blocking and refused unless a
+    regular file (a FIFO named log.jsonl would wait for a writer forever). A last line cut short (a
+    run killed mid-write, or writing now) is left out with a note on stderr; any other line that is
+    not a JSON object is refused, naming it."""
     fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UserError(f'{log} is not a regular file, so no log written by train.py')
     with open(fd, 'rb') as f:
-        return f.read()
-
-
-def read_records(log):
-    """[(line number, JSON object)] of a log. A last line cut short (no line end: a run killed
-    mid-write, or writing right now) is left out with a note on stderr; any other line that is not
-    a JSON object is refused, naming it."""
-    lines = read_log(log).decode('utf-8', errors='replace').split('\n')
+        lines = f.read().decode('utf-8', errors='replace').split('\n')
     recs = []
     for i, line in enumerate(lines):
         try:
-            rec = json.loads(line) if line.strip() else None
+            rec = json.loads(line) if line.strip() else {}
         except (ValueError, RecursionError):   # RecursionError: '[[[[...' nested too deep
             if i == len(lines) - 1:   # after the last line end: cut short
                 print(f'note: {log}: skipped its last line {i + 1}, cut short (a run killed '
                       f'while writing it, or writing it now)', file=sys.stderr)
                 break
-            raise UserError(f'{log} line {i + 1} is not JSON; is this a log written by '
-                            f'train.py?') from None
-        if line.strip() and not isinstance(rec, dict):
-            raise UserError(f'{log} line {i + 1} is not a JSON object; not a train.py log')
-        if rec is not None:
-            recs.append((i + 1, rec))
+            rec = None
+        if not isinstance(rec, dict):
+            raise UserError(f'{log} line {i + 1} is not a JSON object; not a log written by '
+                            f'train.py')
+        recs += [(i + 1, rec)] if rec else []
     return recs
 
 
-def is_count(v):
-    return type(v) is int and v >= 0
-
-
-def is_number(v):
-    """An int or float (not a bool) that a float holds: NaN and inf are (a diverged run's)."""
-    try:
-        return type(v) in (int, float) and float(v) is not None
-    except OverflowError:   # an int beyond any float
-        return False
-
-
-# The fields report.py reads, and what each must be where a record has it.
-FIELDS = {
-    'step': ('a count >= 0', is_count),
-    **{k: ('a count >= 0 or null', lambda v: v is None or is_count(v))
-       for k in ('resumed_from', 'batch_size', 'seq_len', 'seed', 'max_steps')},
-    **{k: ('a number or null', lambda v: v is None or is_number(v))
-       for k in ('bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'chars_per_s',
-                 'eval_chars', 'chars', 'flop_budget')},
-}
-NEEDED = {'train': ('step',), 'eval': ('step', 'bpc')}
+# What train.py writes in the fields report.py reads, where a record has them: counts (a train or
+# eval record has its step), and numbers (NaN and inf too: a diverged run's).
+COUNTS = ('step', 'resumed_from', 'batch_size', 'seq_len', 'seed', 'max_steps')
+NUMBERS = ('bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'chars_per_s', 'eval_chars',
+           'chars', 'flop_budget')
 
 
 def check_record(rec, kind, log, line):
-    """UserError naming the line and the field where a record's field is not what train.py writes
-    (or a train/eval record lacks one report.py needs)."""
-    for k in NEEDED.get(kind, ()):
+    """UserError naming the line and the field where a field report.py reads holds what train.py
+    never writes, or a train or eval record lacks its step (an eval its BPC)."""
+    for k in ('step', 'bpc')[:{'train': 1, 'eval': 2}.get(kind, 0)]:
         if k not in rec:
             raise UserError(f'{log} line {line}: a {kind} record without {k}; not a train.py log')
-    for k, (rule, ok) in FIELDS.items():
-        if k in rec and not ok(rec[k]):
-            value = json.dumps(rec[k])
-            raise UserError(f'{log} line {line}: {k} must be {rule}, not '
-                            f'{value if len(value) <= 40 else value[:37] + "..."}')
-
-
-def kind_of(rec):
-    """'config', 'train' or 'eval'; older logs have no 'kind' and are told apart by their keys."""
-    if 'kind' in rec:
-        return rec['kind']
-    return 'eval' if 'split' in rec else 'train' if 'loss' in rec else 'config'
+    for k in (k for k in COUNTS + NUMBERS if k in rec):
+        v, count = rec[k], k in COUNTS
+        if v is None and k != 'step' or (type(v) is int and v >= 0 if count else type(v) is float
+                                         or type(v) is int and abs(v) <= sys.float_info.max):
+            continue
+        rule = ('a count >= 0' + ' or null' * (k != 'step')) if count else 'a number or null'
+        raise UserError(f'{log} line {line}: {k} must be {rule}, not {json.dumps(v)[:40]}')
 
 
 def read_run(run):
-    """config, train and eval records of one run, in the new schema's field names."""
+    """config, train and eval records of one run, in the new schema's field names; older logs have
+    no 'kind' and are told apart by their keys."""
     config, train, evals = None, [], []
     log = run / 'log.jsonl'
     records = read_records(log)
     for line, rec in records:
-        kind = kind_of(rec)
+        kind = rec['kind'] if 'kind' in rec else \
+            'eval' if 'split' in rec else 'train' if 'loss' in rec else 'config'
         if kind in ('config', 'train', 'eval'):
             check_record(rec, kind, log, line)
         if kind == 'config':
@@ -207,9 +168,8 @@ def normalise(rec, kind, config):
 
 
 def running(run):
-    """Whether train.py holds <run>/.lock (an exclusive flock, common.locked): a shared flock is
-    then refused. It is taken and dropped at once and no file is made; the alternative, parsing
-    Linux's /proc/locks, was a second mechanism for the same question."""
+    """Whether train.py holds <run>/.lock (an exclusive flock): a shared one is then refused. Taken
+    and dropped at once, and no file made; Linux's /proc/locks would be a second way to ask."""
     try:
         fd = os.open(run / '.lock', os.O_RDONLY)
     except OSError:   # no lock file: never started by this train.py
@@ -495,13 +455,6 @@ def by_data(groups, markdown):
 
 
 # ----------------------------------------------------------------------------- plots
-def plot_formats(plt):
-    """The file formats matplotlib writes."""
-    kinds = plt.gcf().canvas.get_supported_filetypes()
-    plt.close('all')
-    return kinds
-
-
 def mode_rank(b):
     """Position of a boundary mode in MODES (unknown ones last)."""
     return MODES.index(b) if b in MODES else len(MODES)
@@ -565,7 +518,7 @@ def save_figure(plt, fig, path, flag, tight=True):
     try:
         common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(),
                                                           dpi=120))
-    except (ValueError, RuntimeError) as e:   # matplotlib's own refusals (OSError: common.main)
+    except (ValueError, RuntimeError) as e:   # matplotlib's: a format it lacks (OSError: main's)
         raise UserError(f'cannot write {flag} {path}: {str(e).strip() or type(e).__name__}')
     finally:
         plt.close(fig)
@@ -668,21 +621,14 @@ def resolve_budgets(args, rows):
 
 
 def draw(args, rows, groups):
-    """The plots asked for, before any table is printed: a plot that cannot be drawn fails first."""
-    asked = [(flag, path) for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf))
-             if path]
-    if asked:
-        plt = common.import_pyplot(asked[0][0])
-        kinds = plot_formats(plt)
-        for flag, path in asked:
-            if path.suffix[1:].lower() not in kinds:
-                raise UserError(f'{flag} {path}: name it .png (or one of '
-                                f'{", ".join(sorted(kinds))})')
+    """The plots asked for, drawn before any table is printed: one that cannot be written fails
+    with nothing on stdout."""
+    if args.plot or args.plot_sf:
+        plt = common.import_pyplot('--plot' if args.plot else '--plot-sf')
         if args.plot:
             plot(plt, rows, groups, args.plot)
         if args.plot_sf:
             plot_sf(plt, groups, args.plot_sf)
-    return [path for _, path in asked]
 
 
 def run(argv):
@@ -700,7 +646,7 @@ def run(argv):
     notes = significance(groups)
     baselines = sorted({b for g in groups for b in g.get('p', {})},
                        key=lambda b: (mode_rank(b.split()[0]), len(b), b))
-    drawn = draw(args, rows, groups)
+    draw(args, rows, groups)
     md = args.markdown
     title = '### ' if md else ''
     caption = '\n\n' + '\n'.join([SIGNIFICANCE] + [('- ' if md else 'note: ') + n for n in notes])
@@ -711,8 +657,8 @@ def run(argv):
     if args.by_data:
         print(f'\n{title}Test BPC (SF, seeds) by dataset\n\n' + by_data(groups, md)
               + ('\n\n' + SIGNIFICANCE if any(g.get('star') for g in groups) else ''))
-    for path in drawn:
-        if not md:
+    for path in (args.plot, args.plot_sf):
+        if path and not md:
             print(f'\nplot: {path}')
 
 
