@@ -28,8 +28,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import operations
+import checkpoint
+import dataset
+import runtime
 import train
+from common import UserError
 from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, run_main, shared_data
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
 
@@ -96,12 +99,16 @@ def user_error(argv, capsys, code=None):
     """Run train.main in-process, expect a user error: exit code != 0 (or `code`) and exactly one line on
     stderr."""
     capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        train.main(argv)
-    assert e.value.code not in (0, None) and e.value.code == (code or e.value.code)
+    got = train.main(argv)
+    assert got != 0 and got == (code or got)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: '), err
     return err[0]
+
+
+def trained(argv):
+    """train.main(argv) in-process, which must succeed (exit code 0)."""
+    assert train.main(argv) == 0
 
 
 def run_cli(args, **kw):
@@ -184,11 +191,11 @@ def test_train_stop_and_resume_is_bit_identical(synth, tmp_path, capsys):
     # gumbel with dropout: the run uses the RNG for noise and dropout, all of which must be restored
     common = tiny_args(synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '3',
                                                         '--dropout', '0.1', '--dropatt', '0.1']
-    train.main(common + ['--out', str(tmp_path / 'a')])
-    train.main(common + ['--out', str(tmp_path / 'b'), '--stop-step', '4'])
+    trained(common + ['--out', str(tmp_path / 'a')])
+    trained(common + ['--out', str(tmp_path / 'b'), '--stop-step', '4'])
     assert 'stopped at step 4' in capsys.readouterr().out
     assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)['step'] == 4
-    train.main(['--out', str(tmp_path / 'b'), '--resume', '--device', 'cpu'])  # the rest comes from the checkpoint
+    trained(['--out', str(tmp_path / 'b'), '--resume', '--device', 'cpu'])  # the rest comes from the checkpoint
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     a = torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=False)
     b = torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)
@@ -206,7 +213,7 @@ def test_train_checkpoint_contents_and_data_epochs(tmp_path):
     # 6400 train chars / 65 = 98 chunks = 6 steps of 16 per epoch: step 8 is 2 steps into epoch 1
     data = write_dataset(tmp_path / 'small', random_words(8000))
     out = tmp_path / 'r'
-    train.main(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
+    trained(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
                                                     '--eval-interval', '8', '--out', str(out)])
     ck = torch.load(out / 'ckpt.pt', weights_only=False)
     for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'schedule', 'args'):
@@ -269,7 +276,7 @@ def test_train_ddp_two_processes_match_single(synth, tmp_path, accum):
     assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
     assert outs[0][0].strip().splitlines()[-1].startswith('test bpc ')
     assert outs[1][0].strip() == ''  # only rank 0 logs
-    train.main(argv + ['--out', str(tmp_path / 'one')])
+    trained(argv + ['--out', str(tmp_path / 'one')])
     ddp, one = read_log(tmp_path / 'ddp'), read_log(tmp_path / 'one')
     assert ddp[0]['world'] == 2 and one[0]['world'] == 1
     for a, b in zip([r for r in ddp if 'loss' in r], [r for r in one if 'loss' in r]):
@@ -302,8 +309,8 @@ def test_train_compile_on_cpu_trains_like_eager(synth, tmp_path):
     """--compile (inductor on CPU): the same losses as eager, within float noise; the segment count
     passed as an int changes every step (whitespace), which must not break the compiled step."""
     argv = tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--dropout', '0', '--dropatt', '0']
-    train.main(argv + ['--out', str(tmp_path / 'eager')])
-    train.main(argv + ['--compile', '--out', str(tmp_path / 'compiled')])
+    trained(argv + ['--out', str(tmp_path / 'eager')])
+    trained(argv + ['--compile', '--out', str(tmp_path / 'compiled')])
     eager, compiled = ([r['loss'] for r in read_log(tmp_path / d) if r['kind'] == 'train']
                        for d in ('eager', 'compiled'))
     assert len(eager) == 3 and compiled == pytest.approx(eager, rel=1e-3)
@@ -321,8 +328,8 @@ def test_train_ddp_with_compile_under_gloo(synth, tmp_path):
 def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
     argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
                                                       '--dropatt', '0']
-    train.main(argv + ['--out', str(tmp_path / 'one')])
-    train.main(argv + ['--out', str(tmp_path / 'acc'), '--grad-accum', '2'])
+    trained(argv + ['--out', str(tmp_path / 'one')])
+    trained(argv + ['--out', str(tmp_path / 'acc'), '--grad-accum', '2'])
     one, acc = ([r['loss'] for r in read_log(tmp_path / d) if 'loss' in r] for d in ('one', 'acc'))
     assert len(one) == 2 and one == pytest.approx(acc, rel=1e-5)
 
@@ -331,7 +338,7 @@ def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
 @pytest.mark.parametrize("boundary", BOUNDARY_MODES)
 def test_train_short_run_lowers_validation_bpc(boundary, text8, tmp_path):
     out = tmp_path / boundary
-    train.main(tiny_args(text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
+    trained(tiny_args(text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
                '--eval-interval', '30', '--eval-window', '64', '--eval-step', '32', '--log-interval', '10',
                '--out', str(out)])
     valid = [r for r in read_log(out) if r.get('split') == 'valid']
@@ -346,7 +353,7 @@ def test_train_short_run_lowers_validation_bpc(boundary, text8, tmp_path):
 def done_run(synth, tmp_path_factory):
     """A finished one-step run to resume from."""
     out = tmp_path_factory.mktemp('done') / 'run'
-    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
+    trained(tiny_args(synth, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
     return out
 
 
@@ -367,13 +374,26 @@ def test_train_error_unigram_without_labels(tmp_path, capsys):
     assert 'unigram' in msg.lower()
 
 
-def test_train_error_checkpoint_vocab_mismatch(done_run, tmp_path, capsys):
+def test_train_resume_on_other_data_is_refused(done_run, synth, tmp_path, capsys):
+    """A checkpoint records a fingerprint of its data: --resume --data OTHER is refused in one
+    line (exit 2) naming the data the run started on, whether OTHER's alphabet differs or only its
+    text; the same data under another path resumes. A checkpoint from before fingerprints is
+    checked by its vocabulary alone."""
     run = copy_run(done_run, tmp_path)
     before = (run / 'ckpt.pt').read_bytes()
-    other = write_dataset(tmp_path / 'other', random_words(5000, letters='xyz'))
-    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--data', str(other)], capsys)
-    assert 'vocabulary' in msg
-    assert (run / 'ckpt.pt').read_bytes() == before
+    resume = ['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2']
+    for other in (write_dataset(tmp_path / 'xyz', random_words(5000, letters='xyz')),
+                  write_dataset(tmp_path / 'same-letters', random_words(40_000, seed=5))):
+        msg = user_error(resume + ['--data', str(other)], capsys, code=2)
+        assert f'--data {other} is not the data' in msg and f'({synth}, ' in msg, msg
+        assert (run / 'ckpt.pt').read_bytes() == before
+    moved = shutil.copytree(synth, tmp_path / 'moved')
+    trained(resume + ['--data', str(moved)])
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    del ck['dataset']   # as written before checkpoints recorded their data
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    msg = user_error(resume + ['--max-steps', '3', '--data', str(tmp_path / 'xyz')], capsys)
+    assert 'another vocabulary' in msg, msg
 
 
 @pytest.mark.parametrize('extra, words', [
@@ -494,14 +514,11 @@ def test_train_error_unusable_out(synth, tmp_path, capsys, monkeypatch, where):
         def read_only(*a, **k):
             raise OSError(30, 'Read-only file system')
         monkeypatch.setattr(Path, 'mkdir', read_only)
-    # a file where the folder should be is a bad flag (2), caught at start; a file system that
-    # refuses the folder shows when it is made (1)
-    code = 1 if where == 'read-only' else 2
-    msg = user_error(tiny_args(synth, 'none') + ['--out', str(out)], capsys, code=code)
-    assert {'a file': f'--out {out}: is a file, not a directory',
-            'under a file': f'--out {out}: {tmp_path / "f"} is a file, not a directory',
-            'read-only': f'cannot use --out {out}: Read-only file system'}[where] in msg, msg
-    assert '--out' in msg.split(';')[-1]
+    # the operating system names what is in the way, when the folder is made, before anything
+    # is written
+    msg = user_error(tiny_args(synth, 'none') + ['--out', str(out)], capsys, code=1)
+    assert {'a file': f'{out}: File exists', 'under a file': f'{out}: Not a directory',
+            'read-only': 'Read-only file system'}[where] in msg, msg
     assert (tmp_path / 'f').read_text() == 'keep me' and not (tmp_path / 'ro').exists()
 
 
@@ -540,8 +557,8 @@ def test_train_ctrl_c_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
     path = tmp_path / 'ckpt.pt'
     saved = None
     with pytest.raises(KeyboardInterrupt):
-        with operations.interrupts_deferred():
-            operations.save_checkpoint(path, {'step': 7, 'w': torch.arange(5)}, None)
+        with runtime.interrupts_deferred():
+            checkpoint.save_checkpoint(path, {'step': 7, 'w': torch.arange(5)}, None)
             saved = 7
     monkeypatch.undo()
     assert saved == 7  # what the interrupt message reports is the step on disk
@@ -562,7 +579,7 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
         second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '99999'])
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1 and err.splitlines() == [err.strip()], err
-        assert err.startswith('error: another train.py is running on ') and 'Traceback' not in err
+        assert err.startswith(f'error: another process is using {out}') and 'Traceback' not in err
         first.send_signal(signal.SIGINT)
         rest, err = first.communicate(timeout=120)
     finally:
@@ -588,7 +605,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     """log.jsonl as the conventions fix it, and training FLOPs that add up step by step from the
     formula with each step's measured SF (a vanilla step's FLOPs are a constant)."""
     out = tmp_path / boundary
-    train.main(tiny_args(synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
+    trained(tiny_args(synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
                                                            '--eval-max-chars', '0', '--out', str(out)])
     log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
@@ -617,7 +634,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
 
 def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsys):
     out = tmp_path / 'budget'
-    train.main(tiny_args(synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9',
+    trained(tiny_args(synth, 'none') + ['--max-steps', '5', '--max-time', '1e-9',
                                            '--out', str(out)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == (f'stopped at step 1 of 5 (--max-time 1e-09s); continue with: '
@@ -625,7 +642,7 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
     assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 1
     evals = [(r['step'], r['split']) for r in read_log(out) if r['kind'] == 'eval']
     assert evals == [(0, 'valid'), (1, 'valid')]
-    train.main(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget was that run's only
+    trained(['--out', str(out), '--resume', '--device', 'cpu'])  # the budget was that run's only
     log = read_log(out)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     assert [r['resumed_from'] for r in log if r['kind'] == 'config'] == [None, 1]
@@ -634,9 +651,9 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
 
 def training(model, optimizer, cfg, args):
     """train.Training for one process on CPU, without loss scaling, logger or compile."""
-    return operations.Training(model, model, optimizer, torch.amp.GradScaler('cpu', enabled=False),
-                          nullcontext(), 'off', operations.StepStats(cfg, args), None,
-                          operations.Processes())
+    return runtime.Training(model, model, optimizer, torch.amp.GradScaler('cpu', enabled=False),
+                          nullcontext(), 'off', runtime.StepStats(cfg, args), None,
+                          runtime.Processes())
 
 
 def test_train_non_finite_step_is_skipped_on_the_device():
@@ -706,7 +723,7 @@ def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, 'wandb', type(sys)('wandb'))
     sys.modules['wandb'].init = init
     out = tmp_path / 'run'
-    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
+    trained(tiny_args(synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
                                                                '--out', str(out)])
     assert calls[:2] == [('tb', 'tensorboard'), ('wandb', 'dp', 'config')]
     assert calls[-2:] == [('tb', 'close'), ('wandb', 'finish')]
@@ -726,7 +743,7 @@ def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path)
     for k in ('train_chars', 'train_flops', 'train_time'):
         del ck[k]
     torch.save(ck, run / 'ckpt.pt')
-    train.main(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
     last = [r for r in read_log(run) if r['kind'] == 'train'][-1]
     assert (last['step'], last['train_chars'], last['train_flops']) == (2, 2 * 4 * 32, None)
 
@@ -736,7 +753,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     as a summary, not the record, and at the end the checkpoint and a sample.py command that runs."""
     import sample
     out = tmp_path / 'run'
-    train.main(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
+    trained(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
@@ -757,7 +774,7 @@ def test_train_flop_budget_schedule_and_last_step(synth, tmp_path, capsys):
                  boundary='whitespace', whitespace_id=0)
     budget = 5.5 * step_flops(cfg, 4, 32, 1 + 32 / 4.5)  # about 5 or 6 steps (SF near 4.5)
     out, lr, warmup = tmp_path / 'budget', 3e-3, 2
-    train.main(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out', str(out)])
+    trained(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out', str(out)])
     log = read_log(out)
     assert log[0]['max_steps'] == 10**9  # the budget ends the run
     trains = [r for r in log if r['kind'] == 'train']
@@ -788,7 +805,7 @@ def test_train_unigram_run_ends_with_its_labels_sf_and_ceiling(tmp_path, capsys)
     meta['unigram'].update(shortening_factor={'train': 4.4, 'valid': 4.3, 'test': 4.21},
                            left_context_ceiling={'split': 'valid', 'shortening_factor': 4.93})
     (data / 'meta.json').write_text(json.dumps(meta))
-    train.main(tiny_args(data, 'unigram') + ['--flop-budget', 'vanilla:2', '--out',
+    trained(tiny_args(data, 'unigram') + ['--flop-budget', 'vanilla:2', '--out',
                                              str(tmp_path / 'o')])
     out = capsys.readouterr().out
     test_sf = [r for r in read_log(tmp_path / 'o') if r.get('split') == 'test'][0]['sf']
@@ -847,7 +864,7 @@ def test_train_help_shows_every_default(capsys):
         train.main(['--help'])
     assert e.value.code == 0
     text = ' '.join(capsys.readouterr().out.split())
-    parser = operations.flag_parser(train.FLAGS, '', train.default)
+    parser = train.parser()
     for action in parser._actions:
         if action.dest != 'help':
             assert 'default' in action.help, action.option_strings
@@ -860,14 +877,14 @@ def test_train_help_shows_every_default(capsys):
 def test_train_fp16_resumes_a_checkpoint_saved_without_loss_scaling(done_run):
     """(issue 20.1) A bf16 or fp32 run saves its disabled GradScaler's empty state; resuming it with
     --amp fp16 (an enabled scaler) starts loss scaling afresh, where loading {} raised."""
-    ckpt = operations.read_checkpoint(done_run)
+    ckpt = checkpoint.read_checkpoint(done_run)
     assert ckpt['scaler'] == {}
     model = DynamicPoolingLM(Config(**ckpt['config']))
     optimizer = torch.optim.Adam(model.parameters(), fused=True)
     scaler = torch.amp.GradScaler('cpu', enabled=True)
     rng = random.getstate(), np.random.get_state()
     with torch.random.fork_rng():
-        operations.restore_training(ckpt, model, optimizer, scaler, 'cpu')
+        checkpoint.restore_training(ckpt, model, optimizer, scaler, 'cpu')
     random.setstate(rng[0])
     np.random.set_state(rng[1])
     assert scaler.is_enabled() and scaler.get_scale() == 2.0 ** 16
@@ -881,7 +898,7 @@ def test_train_amp_auto_takes_bf16_only_where_the_gpu_has_it(monkeypatch, native
                         lambda including_emulation=True: native or including_emulation)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # (autocast and GradScaler on 'cuda' without CUDA)
-        assert operations.setup_precision('auto', 'cuda')[0] == expected
+        assert runtime.setup_precision('auto', 'cuda')[0] == expected
 
 
 class ScalarReads(TorchDispatchMode):
@@ -904,13 +921,13 @@ def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, 
     and reads S (the counter's control)."""
     args, _ = train.resolve_args(train.parse_args(tiny_args(synth, boundary) + [
         '--flop-budget', '1e15', '--out', str(tmp_path / 'o')]))
-    meta, splits, _ = operations.load_data(args.data, args.boundary)
+    meta, splits, _ = dataset.load_data(args.data, args.boundary)
     cfg = train.model_config(args, train.check_args(args), meta)
     model = DynamicPoolingLM(cfg)
     # on CPU the model checks token values per forward (a GPU skips that: it would read the device)
     model.check_inputs = lambda *a, **k: None
     t = training(model, torch.optim.Adam(model.parameters(), fused=True), cfg, args)
-    stream = train.batches(splits['train'], None, args, cfg, train.RunState(), operations.Processes())
+    stream = train.batches(splits['train'], None, args, cfg, train.RunState(), runtime.Processes())
     train.train_step(t, next(stream), args)  # (the first step creates Adam's state)
     batch = next(stream)
     with ScalarReads() as reads:
@@ -927,9 +944,9 @@ def test_train_mem_mb_is_the_peak_since_the_last_record(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda device=None: peak[0])
     monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda device=None: peak.__setitem__(0, 0))
     peak[0] = 3 * 2**20        # e.g. training
-    assert operations.peak_mem_mb('cuda:0') == 3
+    assert runtime.peak_mem_mb('cuda:0') == 3
     peak[0] = max(peak[0], 2**20)  # then an evaluation that needs less
-    assert operations.peak_mem_mb('cuda:0') == 1
+    assert runtime.peak_mem_mb('cuda:0') == 1
 
 
 @pytest.mark.parametrize('visible, local_rank, device', [(8, 3, 'cuda:3'), (1, 3, 'cuda:0'),
@@ -940,9 +957,9 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
     and its one GPU where a scheduler shows each process only its own."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: visible)
-    argv, procs = ['--device', 'cuda', '--out', str(tmp_path / 'o')], operations.Processes(local_rank, local_rank, 8)
+    argv, procs = ['--device', 'cuda', '--out', str(tmp_path / 'o')], runtime.Processes(local_rank, local_rank, 8)
     if device is None:
-        with pytest.raises(operations.UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
+        with pytest.raises(UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
             train.resolve_args(train.parse_args(argv), procs)
     else:
         assert train.resolve_args(train.parse_args(argv), procs)[0].device == device
@@ -953,12 +970,12 @@ def test_train_warns_of_settings_that_run_but_mislead(synth, tmp_path, capsys):
     a GPU (launch-bound); a warm-up as long as the run never reaches the peak learning rate."""
     gpus = argparse.Namespace(warmup=4000, max_steps=200_000, lr=2.5e-4, batch_size=8, grad_accum=1,
                               device='cuda:0')
-    warned = operations.recipe_warnings(gpus, world=8)
+    warned = train.recipe_warnings(gpus, world=8)
     assert len(warned) == 1 and 'one sequence per process' in warned[0] and '--lr' in warned[0]
-    assert operations.recipe_warnings(gpus, world=4) == []   # two a GPU
+    assert train.recipe_warnings(gpus, world=4) == []   # two a GPU
     gpus.device = 'cpu'
-    assert operations.recipe_warnings(gpus, world=8) == []   # CPU: nothing to launch
-    train.main(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out', str(tmp_path / 'w')])
+    assert train.recipe_warnings(gpus, world=8) == []   # CPU: nothing to launch
+    trained(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out', str(tmp_path / 'w')])
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ['warning: --warmup 2 is not shorter than --max-steps 2: the learning rate never '
                    'reaches its peak --lr 0.003'], err
@@ -1016,7 +1033,7 @@ def test_train_fuzzed_flags_keep_the_contract(synth, tmp_path, capsys, monkeypat
     for run in set(runs):
         [json.loads(line) for line in (run / 'log.jsonl').read_text().splitlines()]
         if (run / 'ckpt.pt').exists():
-            operations.read_checkpoint(run / 'ckpt.pt')
+            checkpoint.read_checkpoint(run / 'ckpt.pt')
 
 
 def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path):
@@ -1030,7 +1047,7 @@ def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path)
             try:
                 args, _ = train.resolve_args(train.parse_args(argv + ['--out', str(tmp_path / 'o')]))
                 train.model_config(args, train.check_args(args), meta)
-            except operations.UserError as e:
+            except UserError as e:
                 assert e.code in (1, 2) and '\n' not in str(e), (flag, value, str(e))
 
 
@@ -1054,18 +1071,18 @@ def test_train_resume_with_nothing_left_to_train_is_refused(synth, tmp_path, cap
     (a run stopped in its final evaluation redoes it)."""
     out = tmp_path / 'run'
     argv = tiny_args(synth, 'fixed') + ['--max-steps', '4', '--eval-interval', '2', '--out', str(out)]
-    train.main(argv + ['--stop-step', '2'])
+    trained(argv + ['--stop-step', '2'])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for extra in (['--max-steps', '1'], ['--stop-step', '2'], ['--stop-step', '1']):
         msg = user_error(argv + ['--resume'] + extra, capsys, code=2)
         assert f'{extra[0]} {extra[1]} is not after the checkpoint\'s step 2' in msg, msg
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    train.main(argv + ['--resume', '--max-steps', '2'])
+    trained(argv + ['--resume', '--max-steps', '2'])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     # finished (its test evaluation logged): a second --resume would only evaluate it again
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     msg = user_error(argv + ['--resume', '--max-steps', '2'], capsys, code=2)
     assert f'the run in {out} is finished (step 2, test bpc ' in msg and 'nothing to resume' in msg
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    train.main(argv + ['--resume', '--max-steps', '3'])  # a larger budget trains on
+    trained(argv + ['--resume', '--max-steps', '3'])  # a larger budget trains on
     assert [r['step'] for r in read_log(out) if r.get('split') == 'test'] == [2, 3]

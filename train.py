@@ -11,10 +11,13 @@ Train a dynamic-pooling Transformer (Nawrot et al., ACL 2023) as a character-lev
 
 A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
 """
+import argparse
 import dataclasses
+import json
 import math
 import random
 import shlex
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,11 +27,37 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM
-import operations as ops
-from operations import (Processes, UserError, float_range, fraction, layer_counts, nonblank,
-                        non_negative_float, non_negative_int, numpy_seed, positive_float,
-                        positive_int, probability)
+import common
+import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
+import runtime as rt
+from checkpoint import (check_resumable, config_from_dict, kept, read_checkpoint,
+                        restore_training, save_checkpoint, training_state)
+from common import (UserError, float_range, fraction, int_range, nonblank, non_negative_float,
+                    non_negative_int, positive_float, positive_int, probability, seed_int)
+from dataset import dataset_defaults, fingerprint, is_number, label_set, load_data
+from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
+from runtime import Processes
+
+
+def layer_counts(s):
+    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000)."""
+    try:
+        counts = [int(n) for n in str(s).split(',')]
+    except ValueError:
+        counts = []
+    if len(counts) != 3 or not all(0 <= n <= 1000 for n in counts):
+        raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
+                                         f'got {s!r}')
+    return ','.join(map(str, counts))
+
+
+def flop_budget(s):
+    """Argument type of --flop-budget: a number of FLOPs, or vanilla:N, the FLOPs of N steps of
+    the vanilla model of the run's shape (resolved once the model's config is known)."""
+    if str(s).strip().startswith('vanilla:'):
+        return f'vanilla:{int_range(1)(str(s).strip()[8:])}'
+    return positive_float(s)
+
 
 # ------------------------------------------------------------------------------------ presets
 # The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up steps,
@@ -62,7 +91,7 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--out', nonblank, 'run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)'),
     ('--resume', None, 'continue the run in --out from its checkpoint'),
     ('--device', nonblank, 'cpu, cuda, cuda:1 or mps; sets the preset (default cuda if any)'),
-    ('--seed', numpy_seed, 'seed of initialisation, data order and dropout'),
+    ('--seed', seed_int, 'seed of initialisation, data order and dropout'),
     ('--d-model', positive_int, 'model width'),
     ('--n-head', positive_int, 'attention heads'),
     ('--d-head', positive_int, 'width of one head'),
@@ -72,10 +101,10 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--dropatt', fraction, 'attention dropout'),
     ('--pooling', ('mean', 'last'), "a segment's vector: its mean, or its last token "
      "(sub-sampling, the paper's Table 2)"),
-    ('--fixed-factor', ops.int_range(1, 2**20), 'fixed: segment length k'),
+    ('--fixed-factor', int_range(1, 2**20), 'fixed: segment length k'),
     ('--temperature', positive_float, 'gumbel: Gumbel-sigmoid temperature'),
     ('--prior', probability, "gumbel: prior boundary rate (default the dataset's, else 0.2)"),
-    ('--entropy-window', ops.int_range(1, 2**20), 'entropy: k of the spike rule'),
+    ('--entropy-window', int_range(1, 2**20), 'entropy: k of the spike rule'),
     ('--unigram', positive_int, "unigram: train on the label set of this vocabulary size V "
      "(default the dataset's default set)"),
     ('--double-sigmoid', None, "unigram/entropy: the released code's loss, BCE of sigmoid(logit)"),
@@ -86,7 +115,7 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--seq-len', positive_int, 'training sequence length in characters'),
     ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
     ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
-    ('--flop-budget', ops.flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured '
+    ('--flop-budget', flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured '
      'SF), or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs '
      'after warm-up, the first step reaching it is the last, --max-steps only caps (default none)'),
     ('--stop-step', positive_int, 'save and exit here, unfinished, for --resume (default none)'),
@@ -108,6 +137,8 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
 ]
 
 
+
+
 def default(k):
     """A flag's default for --help: the preset's (GPU and CPU where they differ), or the model's."""
     if k in GPU_PRESET and GPU_PRESET[k] != CPU_PRESET[k]:
@@ -116,36 +147,140 @@ def default(k):
     return f'default {"off" if v is False else v}'
 
 
+def parser():
+    """train.py's flags from FLAGS: type None is a switch (None, not False, when not given: a
+    resumed run can tell), a tuple the choices; the help adds each default."""
+    p = common.Parser(prog='train.py', description=__doc__.split('\n')[1])
+    for flag, kind, words in FLAGS:
+        words += '' if 'default' in words else f' ({default(flag[2:].replace("-", "_"))})'
+        if kind is None:
+            p.add_argument(flag, action='store_true', default=None, help=words)
+        else:
+            p.add_argument(flag, **{'choices' if isinstance(kind, tuple) else 'type': kind},
+                           help=words)
+    return p
+
+
 def parse_args(argv):
     """Flags → Namespace; a flag not given is None, for resolve_args to fill in."""
-    return ops.flag_parser(FLAGS, __doc__.split('\n')[1], default, 'train.py').parse_args(argv)
+    return parser().parse_args(argv)
 
 
 def resolve_args(args, procs=Processes()):
-    """Fill each flag not given, once (checkpoint, preset, model, dataset) → (args, ckpt|None)."""
-    def defaults(args):  # (after the checkpoint's flags: its dataset and budget count)
-        model = {**MODEL_DEFAULTS, **ops.dataset_defaults(args.data or COMMON['data'], MODEL_FLAGS)}
-        return {**COMMON, **(GPU_PRESET if args.device.startswith('cuda') else CPU_PRESET),
+    """Fill each flag not given, in place and once: the device (this process's GPU under
+    torchrun), --out (default out/<dataset>-<boundary>), on --resume the checkpoint's flags, then
+    the preset's, the model's and the dataset's defaults → (args, checkpoint or None)."""
+    given = {k for k, v in vars(args).items() if v is not None}
+    device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
+    if args.out is None and args.resume:
+        raise UserError('--resume needs --out, the run directory to continue', code=2)
+    out = Path(args.out or f'out/{Path(args.data or COMMON["data"]).name}-'
+                           f'{args.boundary or COMMON["boundary"]}')
+    ckpt, taken = None, {}
+    if args.resume:
+        ckpt = read_checkpoint(out / 'ckpt.pt')
+        if {'args', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'rng'} - ckpt.keys():
+            raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
+        for k in sorted(given & set(KEPT_ON_RESUME)):
+            if getattr(args, k) != ckpt['args'].get(k):
+                raise UserError(f'--{k.replace("_", "-")} {getattr(args, k)} differs from the '
+                                f'checkpoint\'s {ckpt["args"].get(k)} (a resumed run keeps its '
+                                f'model and data order)', code=2)
+        taken = {k: v for k, v in ckpt['args'].items() if k not in given | set(NOT_RESUMED)}
+    elif (out / 'ckpt.pt').exists():
+        raise UserError(f'{out / "ckpt.pt"} already exists; pass --resume to continue it or '
+                        f'choose another --out')
+    vars(args).update({**taken, 'out': str(out), 'device': device})
+    model = {**MODEL_DEFAULTS, **dataset_defaults(args.data or COMMON['data'], MODEL_FLAGS)}
+    defaults = {**COMMON, **(GPU_PRESET if device.startswith('cuda') else CPU_PRESET),
                 **({'max_steps': 10**9} if args.flop_budget is not None else {}),  # budget ends it
                 **{k: model[k] for k in MODEL_FLAGS}}
-    return ops.resolve_flags(args, procs, defaults, COMMON, KEPT_ON_RESUME, NOT_RESUMED)
+    vars(args).update({k: v for k, v in defaults.items() if getattr(args, k, None) is None})
+    return args, ckpt
 
 
 def check_args(args, procs=Processes()):
     """The rules between flags (each flag's own range is its type's) → the layer counts."""
-    ops.check_flags(args, procs.world)
+    if args.eval_step > args.eval_window:
+        raise UserError(f'--eval-step {args.eval_step} is larger than --eval-window '
+                        f'{args.eval_window}: characters between windows would never be scored',
+                        code=2)
+    if args.batch_size % (procs.world * args.grad_accum):
+        raise UserError(f'--batch-size {args.batch_size} must split evenly over {procs.world} '
+                        f'processes x {args.grad_accum} micro-steps', code=2)
+    rt.check_amp(args.amp, args.device)
     return tuple(int(n) for n in layer_counts(args.layers).split(','))
 
 
 def model_config(args, layers, meta):
-    """The model's Config from the flags and the dataset's vocabulary (exit 2 if invalid)."""
+    """The model's Config from the flags and the dataset's vocabulary (exit 2 if invalid); a
+    --flop-budget of vanilla:N becomes N x the FLOPs of a vanilla step of this shape."""
     kw = {k: getattr(args, k) for k in ('d_model', 'n_head', 'd_head', 'd_inner', 'dropout',
                                         'dropatt', 'boundary', 'attention') + MODEL_FLAGS}
     try:  # the model checks its own config (e.g. pooling modes need shortened layers)
-        return ops.config_from_dict(dict(kw, vocab_size=meta['vocab_size'], layers=layers,
-                                         whitespace_id=meta.get('space_id')))
+        cfg = config_from_dict(dict(kw, vocab_size=meta['vocab_size'], layers=layers,
+                                    whitespace_id=meta.get('space_id')))
     except UserError as e:
         raise UserError(str(e), code=2) from None
+    if isinstance(args.flop_budget, str):
+        vanilla = dataclasses.replace(cfg, boundary='none')
+        args.flop_budget = int(args.flop_budget[8:]) * step_flops(vanilla, args.batch_size,
+                                                                  args.seq_len)
+    return cfg
+
+
+def check_run(args, ckpt, cfg, source, train_tokens, procs, done=False):
+    """The last checks before anything is written: one batch of data, a model that fits in memory,
+    a checkpoint of this data and model with steps left (done: none left, finished()'s verdict);
+    then the settings that run but probably mislead, one warning line each (rank 0)."""
+    if len(train_tokens) < args.batch_size * (args.seq_len + 1):
+        raise UserError(f'{args.data}/train.bin has {len(train_tokens)} chars, fewer than one '
+                        f'batch ({args.batch_size} x {args.seq_len + 1})')
+    rt.check_model_memory(cfg, args.device)
+    if ckpt is not None:
+        check_resumable(ckpt, cfg, source, args.data)
+        # (at --max-steps exactly it resumes: a run stopped in its final evaluation redoes it)
+        for flag, at in (('--max-steps', args.max_steps), ('--stop-step', args.stop_step)):
+            if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
+                raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
+                                f'nothing would be trained', code=2)
+        test = final_test_bpc(Path(args.out) / 'log.jsonl', ckpt['step']) if done else None
+        if test is not None:  # (not yet evaluated: resumed, it evaluates again)
+            raise UserError(f'the run in {args.out} is finished (step {ckpt["step"]}, test bpc '
+                            f'{test:.4f} in its log): nothing to resume; a larger --max-steps '
+                            f'or --flop-budget trains it further', code=2)
+    for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
+        print(f'warning: {line}', file=sys.stderr, flush=True)
+
+
+def recipe_warnings(args, world):
+    """Settings that run but are probably not what was meant: one line each."""
+    warn = []
+    if args.warmup >= args.max_steps:
+        warn.append(f'--warmup {args.warmup} is not shorter than --max-steps {args.max_steps}: the '
+                    f'learning rate never reaches its peak --lr {args.lr:g}')
+    if args.batch_size == world * args.grad_accum and args.device.startswith('cuda'):
+        warn.append(f'one sequence per process and micro-step ({world} process(es), --batch-size '
+                    f'{args.batch_size}, --grad-accum {args.grad_accum}) keeps a GPU waiting on '
+                    f'kernel launches; raise --batch-size, and --lr with it')
+    return warn
+
+
+def final_test_bpc(log, step):
+    """The test BPC log.jsonl records at `step` (a finished run's final evaluation), or None."""
+    try:
+        lines = log.read_bytes().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get('kind') == 'eval' and r.get('split') == 'test' \
+                and r.get('step') == step and is_number(r.get('bpc')):
+            return r['bpc']
+    return None
 
 
 # -------------------------------------------------------------------------------- data stream
@@ -190,8 +325,8 @@ def batches(tokens, labels, args, cfg, state, procs):
             ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, micro)
             pos += args.batch_size
             chunks = get_chunks(tokens, offset, ids, L)          # [accum, world, micro, L+1]
-            chunk = ops.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
-            b = None if labels is None else ops.to_device(
+            chunk = rt.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
+            b = None if labels is None else rt.to_device(
                 get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1], args.device).bool()
             yield Batch(epoch, pos, chunk[..., :-1], chunk[..., 1:], b,
                         segment_counts(cfg, chunks[..., :-1].numpy()))
@@ -220,23 +355,47 @@ class RunState:
                       'train_flops': None, **saved, 'saved': ckpt['step']})
 
 
+
 def setup(args, cfg, ckpt, state, procs):
     """Processes, seeds, precision, model, optimizer (restored on --resume), logger → Training."""
-    ops.start_processes(args.device, procs)
+    rt.start_processes(args.device, procs)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)  # same on every rank: identical initial weights
-    amp, autocast, scaler = ops.setup_precision(args.amp, torch.device(args.device).type)
+    amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
     raw_model = DynamicPoolingLM(cfg).to(args.device)
     # fused: one kernel over all parameters, which can also skip a step on the device (train_step)
     optimizer = torch.optim.Adam(raw_model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                  fused=True)
     if ckpt is not None:
-        ops.restore_training(ckpt, raw_model, optimizer, scaler, args.device)
-    ops.reseed_rank(args.seed, procs.rank, state.step)  # rank 0 keeps the saved stream
-    logger = ops.run_logger(args, procs, amp, raw_model.num_params(), state.saved)
-    return ops.Training(ops.wrap_model(raw_model, args, procs.world), raw_model, optimizer,
-                        scaler, autocast, amp, ops.StepStats(cfg, args, procs.world), logger, procs)
+        restore_training(ckpt, raw_model, optimizer, scaler, args.device)
+    reseed_rank(args.seed, procs.rank, state.step)  # rank 0 keeps the saved stream
+    params, world = raw_model.num_params(), procs.world
+    if procs.rank == 0:
+        print(run_summary(args, params, amp, world, state.saved), flush=True)
+    logger = rt.Logger(Path(args.out), args, rank=procs.rank, resumed_from=state.saved,
+                       config_record=dict(kind='config', **{**vars(args), 'amp': amp},
+                                          params=params, device_name=rt.device_name(args.device),
+                                          world=world, torch=torch.__version__,
+                                          resumed_from=state.saved))
+    return rt.Training(rt.wrap_model(raw_model, args, world), raw_model, optimizer, scaler,
+                       autocast, amp, rt.StepStats(cfg, args, world), logger, procs)
+
+
+def reseed_rank(seed, rank, step):
+    """Ranks above 0 draw dropout masks and Gumbel noise of their own. Only rank 0's random state
+    is saved, so the others restart their streams at every checkpoint's step, as a resumed run
+    does: kill/resume stays bit-exact under DDP."""
+    if rank > 0:
+        torch.manual_seed(seed + 1000 * rank + step)
+
+
+def save_training(t, state, cfg, source, args):
+    """Rank 0 writes the run's checkpoint: the training state, with the run's counters."""
+    if t.procs.rank == 0:
+        counters = {k: v for k, v in vars(state).items() if k != 'saved'}
+        save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
+            t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args), state.saved)
 
 
 # ---------------------------------------------------------------------- schedule and step
@@ -283,20 +442,20 @@ def train_step(t, batch, args):
         t.scaler.update()
     else:
         finite = finite & torch.isfinite(norm)
-        ops.adam_step_skipping(t.optimizer, ~finite)
+        rt.adam_step_skipping(t.optimizer, ~finite)
     t.optimizer.zero_grad(set_to_none=True)
     t.stats.add_step(norm, ~finite, batch.segments)
 
 
 # ----------------------------------------------------------------------------------- the loop
-def train(args, cfg, vocab, splits, labels, state, t, started):
+def train(args, cfg, source, splits, labels, state, t, started):
     """Steps, train records, validations, checkpoints → why the run stopped early, or None."""
     stop, why = min(args.max_steps, args.stop_step or args.max_steps), None
     budget = args.flop_budget is not None
     stream = batches(splits['train'], labels and labels['train'], args, cfg, state, t.procs)
     if state.step == 0:
         eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-    batch, clock = next(stream), ops.Clock(state.step, state.budget_flops if budget else state.step)
+    batch, clock = next(stream), rt.Clock(state.step, state.budget_flops if budget else state.step)
     t.model.train()
     while state.step < stop and not finished(state, args):
         if budget and state.step >= args.warmup and state.warmup_flops is None:
@@ -317,10 +476,10 @@ def train(args, cfg, vocab, splits, labels, state, t, started):
         if save:
             if not finished(state, args):  # (a finished run is evaluated in full by finish)
                 eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-            with ops.interrupts_deferred():  # the checkpoint and the step it holds, together
-                ops.save_training(t, state, cfg, vocab, args)  # (rank 0 writes)
+            with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
+                save_training(t, state, cfg, source, args)  # (rank 0 writes)
                 state.saved = state.step
-                ops.reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
+                reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
             clock.pause_ended()  # evaluating and saving are not training time
     return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
 
@@ -332,11 +491,11 @@ def log_train(t, args, state, clock, lr, stop, started):
     if r['bad']:
         raise UserError(f'non-finite loss or gradient at a step in {state.step - steps + 1}..'
                         f'{state.step} (skipped: the weights stayed finite); stopped, '
-                        f'{ops.kept(Path(args.out) / "ckpt.pt", state.saved)}')
+                        f'{kept(Path(args.out) / "ckpt.pt", state.saved)}')
     state.train_time += dt
     if state.train_flops is not None:
         state.train_flops += r['flops']
-    ops.report_train(t, args, state, r, lr, dt, steps, clock, stop)
+    report_train(t, args, state, r, lr, dt, steps, clock, stop)
     return r['late']
 
 
@@ -362,19 +521,19 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
     wins = eval_windows(len(tokens) - 1, window, step)[rank::world]  # this process's share
     was_training = model.training
     model.eval()
-    sums = torch.zeros(5, dtype=ops.sum_dtype(device), device=device)  # nats, chars, SF sum, n, p
+    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)  # nats, chars, SF sum, n, p
     t0, shown = time.time(), 0.0
     for i in range(0, len(wins), batch_size):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
         ids = tokens[idx]  # [windows, W+1], read from the memmap once
         counts = segment_counts(model.cfg, ids[:, :-1])  # (known: no device read for S)
-        chunk = ops.to_device(torch.from_numpy(ids.astype(np.int64)), device)
+        chunk = rt.to_device(torch.from_numpy(ids.astype(np.int64)), device)
         x, y = chunk[:, :-1], chunk[:, 1:]
         with autocast:
             out = model(x, **({} if counts is None else dict(n_segments=int(counts.max()))))
         nll = F.cross_entropy(out.logits.float().transpose(1, 2), y, reduction='none')  # [B, W]
-        first = ops.to_device(torch.tensor([f - s for s, _, f in group]), device)
+        first = rt.to_device(torch.tensor([f - s for s, _, f in group]), device)
         scored = torch.arange(x.size(1), device=device)[None, :] >= first[:, None]
         sums[0] += torch.where(scored, nll, 0.0).sum()  # (not nll * scored: inf * 0 would be nan)
         sums[1] += scored.sum()
@@ -385,7 +544,9 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
             sums[4] += torch.where(scored, torch.sigmoid(out.boundary_logits.float()), 0.0).sum()
         done, spent = min(1.0, (i + batch_size) / len(wins)), time.time() - t0
         if rank == 0 and shown + 0.1 <= done < 1 and spent > 2:  # a slow evaluation shows progress
-            shown = print(ops.eval_progress(name, done, len(wins), spent), flush=True) or done
+            print(f'  {name}: {done:4.0%} of {len(wins)} windows, {rt.duration(spent)}, eta '
+                  f'{rt.duration(spent * (1 - done) / done)}', flush=True)
+            shown = done
     if world > 1:
         torch.distributed.all_reduce(sums)
     nats, chars, sf_sum, sf_n, p_sum = sums.tolist()
@@ -398,14 +559,68 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
 def eval_and_log(t, args, splits, split, max_chars, state):
     """Evaluate the first max_chars characters of a split (0: all) → its eval record, logged."""
     tokens = splits[split][:max_chars + 1] if max_chars else splits[split]
-    t0, _ = time.time(), ops.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
+    t0, _ = time.time(), rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
                  args.device, t.autocast, split, t.procs.rank, t.procs.world)
-    return ops.report_eval(t, args, state, split, r, len(tokens) < len(splits[split]),
+    return report_eval(t, args, state, split, r, len(tokens) < len(splits[split]),
                            time.time() - t0)
 
 
-# ------------------------------------------------------------------------------- final report
+
+# -------------------------------------------------------------------------- what a run prints
+def run_summary(args, params, amp, world, resumed_at=None):
+    """A training run's set-up in three lines for the terminal (log.jsonl has every flag)."""
+    resumed = f' (resumed at step {resumed_at})' if resumed_at is not None else ''
+    cap = f' (at most {args.max_steps} steps)' if args.max_steps < 10**9 else ''  # given
+    end = (f'until {args.flop_budget:.3g} FLOPs{cap}' if args.flop_budget is not None
+           else f'to step {args.max_steps}')
+    return (f'{args.boundary} on {args.data} -> {args.out}{resumed}\n'
+            f'  model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model '
+            f'{args.d_model}, {args.n_head} heads x {args.d_head}, d_inner {args.d_inner}; '
+            f'{args.device}, amp {amp}, {world} process(es)\n'
+            f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
+            f'{args.warmup} warm-up steps, then a cosine {end}')
+
+
+def report_train(t, args, state, r, lr, dt, steps, clock, stop):
+    """A train record of the statistics r read since the last one (`steps` steps in `dt` seconds
+    of training) to log.jsonl, and its line to the terminal (rank 0) with the ETA of step `stop`,
+    or of the --flop-budget."""
+    speed = steps * args.batch_size * args.seq_len / dt
+    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                      loss=r['loss'], bpc=r['lm_loss'] / math.log(2), sf=r['sf'],
+                      precision=r['precision'], recall=r['recall'], chars_per_s=round(speed),
+                      lr=lr, grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
+                      epoch=state.epoch))
+    if args.flop_budget is not None:
+        where = f'step {state.step} | {state.budget_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+        eta = clock.eta(state.budget_flops, args.flop_budget)
+    else:
+        where, eta = f'step {state.step}/{stop}', clock.eta(state.step, stop)
+    if t.procs.rank == 0:
+        print(f'{where} | loss {r["loss"]:.3f} | bpc {r["lm_loss"] / math.log(2):.3f} | sf '
+              f'{r["sf"]:.2f} | {1000 * dt / max(1, steps):.0f} ms/step | '
+              f'{rt.short_count(speed)} chars/s | eta {rt.duration(eta)}', flush=True)
+
+
+def report_eval(t, args, state, split, r, subset, seconds):
+    """An eval record (r: evaluate's result) to log.jsonl and its line to the terminal → the
+    record."""
+    p = None if r.get('boundary_p') is None else round(r['boundary_p'], 5)
+    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+               boundary_p=p, eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
+               train_flops=state.train_flops, train_time=round(state.train_time, 3),
+               mem_mb=round(rt.peak_mem_mb(args.device)))
+    t.logger.log(rec)
+    if t.procs.rank == 0:
+        print(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+              + ('' if p is None else f'mean p {p:.3f} | ') +
+              f'{rt.short_count(r["chars"])} chars{" (a subset)" if subset else ""} | '
+              f'{rt.duration(seconds)}', flush=True)
+    return rec
+
+
 def finish(t, args, splits, meta, state, why):
     """Finished: the full validation and test, and how to sample; stopped: how to continue."""
     if why is not None:
@@ -416,11 +631,21 @@ def finish(t, args, splits, meta, state, why):
         return
     eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
     r = eval_and_log(t, args, splits, 'test', args.eval_max_chars, state)
-    if t.procs.rank == 0:
-        print(f'{ops.unigram_note(args.boundary, meta, r["sf"])}'
-              f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; '
-              f'sample with: {ops.sample_command(args.out, meta["alphabet"], splits["test"])}\n'
-              f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}', flush=True)
+    if t.procs.rank != 0:
+        return
+    u = (label_set(meta, args.unigram) or {}) if args.boundary == 'unigram' else None
+    if u is not None:  # the predictor's SF beside its labels' and the left-context ceiling's
+        labels, ceiling = (u.get('shortening_factor') or {}).get('test'), \
+            u.get('left_context_ceiling') or {}
+        print(f'unigram-{u.get("vocab_size")}: the predictor pools at SF {r["sf"]:.2f} on test'
+              + (f', its labels at {labels:.2f}' if is_number(labels) else '')
+              + (f'; the left-context ceiling is SF {ceiling["shortening_factor"]:.2f} on '
+                 f'{ceiling.get("split")}' if is_number(ceiling.get('shortening_factor')) else ''))
+    text = ''.join(meta['alphabet'][i] for i in splits['test'][:40]).split('\n')[0]
+    prompt = text.rsplit(' ', 1)[0] if ' ' in text.strip() else text  # whole words
+    print(f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; sample '
+          f'with: python sample.py --ckpt {shlex.quote(args.out)} --prompt {shlex.quote(prompt)}'
+          f'\ntest bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}', flush=True)
 
 
 def run(argv, procs):
@@ -428,27 +653,31 @@ def run(argv, procs):
     started = time.time()
     args, ckpt = resolve_args(parse_args(argv), procs)
     layers = check_args(args, procs)
-    ops.check_loggers(args, procs.rank)
-    meta, splits, labels = ops.load_data(args.data, args.boundary, args.unigram)
-    vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
+    for flag, module in (('tensorboard', 'torch.utils.tensorboard'), ('wandb', 'wandb')):
+        if getattr(args, flag) and procs.rank == 0:  # (before anything is written)
+            rt.import_optional(module, module.split('.')[-1], f'--{flag}')
+    meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
+    source = dict(vocab={k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
+                  dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
     cfg = model_config(args, layers, meta)
-    ops.resolve_budget(args, cfg)
     state = RunState() if ckpt is None else RunState.resumed(ckpt, args)
-    ops.check_run(args, ckpt, cfg, vocab, splits['train'], procs, finished(state, args))
-    with ops.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
-                       f'{ops.kept(Path(args.out) / "ckpt.pt", state.saved)}'):
+    check_run(args, ckpt, cfg, source, splits['train'], procs, finished(state, args))
+    with rt.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
+                      f'{kept(Path(args.out) / "ckpt.pt", state.saved)}'):
         t = setup(args, cfg, ckpt, state, procs)
         try:
-            why = train(args, cfg, vocab, splits, labels, state, t, started)
+            why = train(args, cfg, source, splits, labels, state, t, started)
             finish(t, args, splits, meta, state, why)
         finally:
             t.logger.close()
 
 
 def main(argv=None):
-    """Train; every user mistake or fault ends as one `error: ...` line and its exit code."""
-    ops.run_cli(run, argv)
+    """Train → the exit code: every user mistake or fault ends as one `error: ...` line (rank 0
+    says it) and its code (common.main)."""
+    procs = rt.torchrun_processes()
+    return common.main(lambda: run(argv, procs), procs.rank)
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

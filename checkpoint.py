@@ -1,0 +1,290 @@
+"""
+ckpt.pt, everything about it in one place: the sealed, atomic write; the read that verifies the
+seal, loads with torch's weights_only unpickler, checks every field and refuses NaN or inf; and the
+training state it holds (weights, optimizer, loss scaler, every RNG, counters, config, vocabulary,
+flags and a fingerprint of the data), restored exactly on --resume.
+
+    model, ckpt = load_checkpoint('out/text8-entropy')    # a run folder or the file; eval mode
+"""
+import dataclasses
+import hashlib
+import io
+import os
+import pickle
+import random
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import UserError, write_atomic
+from dataset import is_number, meta_problem
+from dynpool import Config, DynamicPoolingLM
+
+# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (the archive's
+# last bytes, which torch.load and zip readers skip) is CHECKSUM_TAG and the SHA-256, in hex, of
+# every byte before the hex digits. Any flipped byte, anywhere in the file, fails the check.
+CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
+_EOCD = b'PK\x05\x06'  # zip's end-of-central-directory record: 22 bytes, then the comment
+_SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
+
+
+def write_sealed(f, data):
+    """Write torch.save's bytes `data` to file f with the checksum comment at the end."""
+    if len(data) < 22 or bytes(data[-22:-18]) != _EOCD or bytes(data[-2:]) != b'\0\0':
+        raise RuntimeError('torch.save wrote no zip archive with an empty comment')
+    h = hashlib.sha256()
+    for part in (data[:-2], _SEAL.to_bytes(2, 'little'), CHECKSUM_TAG):  # the comment's length
+        h.update(part)
+        f.write(part)
+    f.write(h.hexdigest().encode())
+
+
+def verify_checksum(path):
+    """True where the file's checksum matches its content, False for a checkpoint without one
+    (torch.save's own archive, written before checkpoints carried one); UserError otherwise."""
+    with open(path, 'rb') as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 22 - _SEAL))
+        tail = f.read()
+        if len(tail) != 22 + _SEAL or tail[:4] != _EOCD and tail[22:-64] != CHECKSUM_TAG:
+            if tail[-22:-18] == _EOCD and tail[-2:] == b'\0\0':
+                return False
+            raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint '
+                            f'(it does not end as one: cut short, or another kind of file)')
+        f.seek(0)
+        h, left = hashlib.sha256(), size - 64
+        while left > 0 and (block := f.read(min(left, 1 << 22))):
+            h.update(block)
+            left -= len(block)
+    if h.hexdigest().encode() != tail[-64:]:
+        raise UserError(f'checkpoint {path} is corrupt: its content does not match the SHA-256 '
+                        f'checksum written with it (a damaged disk or copy); use another copy')
+    return True
+
+
+def non_finite_tensor(obj, name=''):
+    """The name of the first floating tensor in obj (nested dicts, lists, tuples) that holds a NaN
+    or an inf, e.g. 'model.lm_head.weight' or 'optimizer.state.3.exp_avg'; None if all are finite."""
+    if isinstance(obj, torch.Tensor):
+        finite = not (obj.is_floating_point() or obj.is_complex()) or bool(torch.isfinite(obj).all())
+        return None if finite else name
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
+        obj, (list, tuple)) else ()
+    for k, v in items:
+        found = non_finite_tensor(v, f'{name}.{k}' if name else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def config_from_dict(d):
+    """Config from dataclasses.asdict(Config); keys that are not Config fields are ignored, missing
+    ones take their defaults (so checkpoints from before a new field was added still load)."""
+    if not isinstance(d, dict):
+        raise UserError(f'the config is a {type(d).__name__}, expected a dict')
+    names = {f.name for f in dataclasses.fields(Config)}
+    try:
+        return Config(**{k: v for k, v in d.items() if k in names})
+    except (TypeError, ValueError) as e:
+        raise UserError(f'the config is invalid: {e}') from None
+
+
+def _count(v):
+    return type(v) is int and v >= 0
+
+
+def _rng(v):
+    """train.py's RNG states: torch's and CUDA's byte tensors, numpy's and Python's state tuples."""
+    def byte_tensor(t):
+        return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+    numpy, python = v.get('numpy'), v.get('python')
+    return (byte_tensor(v.get('torch')) and (v.get('cuda') is None or byte_tensor(v['cuda']))
+            and isinstance(numpy, (tuple, list)) and len(numpy) == 5 and numpy[0] == 'MT19937'
+            and isinstance(python, (tuple, list)) and len(python) == 3)
+
+
+# The fields of a checkpoint and what each must be where present: (rule, what it must be).
+FIELDS = {
+    'step': (_count, 'a count >= 0'), 'epoch': (_count, 'a count >= 0'),
+    'pos': (_count, 'a count >= 0'), 'train_chars': (_count, 'a count >= 0'),
+    'train_flops': (lambda v: v is None or is_number(v), 'a number >= 0 or null'),
+    'train_time': (is_number, 'a number of seconds >= 0'),
+    'budget_flops': (is_number, 'a number >= 0'),
+    'warmup_flops': (lambda v: v is None or is_number(v), 'a number >= 0 or null'),
+    'args': (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+             'a dict of flags'),
+    'schedule': (lambda v: isinstance(v, dict), 'a dict'),
+    'scaler': (lambda v: isinstance(v, dict), 'a dict (the GradScaler state)'),
+    'optimizer': (lambda v: isinstance(v, dict) and isinstance(v.get('state'), dict)
+                  and isinstance(v.get('param_groups'), list),
+                  'a dict with state and param_groups'),
+    'rng': (lambda v: isinstance(v, dict) and _rng(v),
+            'a dict of torch, cuda, numpy and python RNG states'),
+    'model': (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(
+        t, torch.Tensor) for k, t in v.items()), 'a dict of named tensors'),
+    'vocab': (lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
+              'a dict of alphabet, vocab_size and space_id'),
+    'dataset': (lambda v: isinstance(v, dict) and isinstance(v.get('fingerprint'), str),
+                'a dict with the fingerprint of the data'),
+}
+
+
+def _torch_load(path, trust):
+    """torch.load, safe (tensors, containers and numpy's RNG state only) unless `trust`."""
+    core = getattr(np, '_core', None) or np.core  # numpy 2 / numpy 1
+    numpy_rng = [core.multiarray._reconstruct, np.ndarray, np.dtype] + [
+        type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64,
+                                    np.float32, np.float64, np.bool_)]
+    try:
+        with torch.serialization.safe_globals(numpy_rng):
+            return torch.load(path, map_location='cpu', weights_only=not trust)
+    except pickle.UnpicklingError as e:
+        found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
+        if found and not trust:  # a readable file that pickles more than tensors and containers
+            raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
+                            f'loading refuses; load it only if you trust the file') from None
+        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint') \
+            from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, AttributeError, ImportError,
+            TypeError, KeyError, IndexError, RecursionError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split('. ')[0]
+        raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
+                        f'{why}') from None
+
+
+def read_checkpoint(path, trust=False):
+    """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
+    verified, every field checked, weights and optimizer state finite; one UserError line for
+    every way it can be wrong. One from before checksums loads with a one-line warning (rank 0).
+    trust=True also unpickles arbitrary Python objects (only for files you trust)."""
+    path = Path(path)
+    path = path / 'ckpt.pt' if path.is_dir() else path
+    if not path.is_file():  # (a probe: opening a FIFO would hang)
+        raise UserError(f'no checkpoint at {path}')
+    verified = verify_checksum(path)
+    ckpt = _torch_load(path, trust)
+    if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
+        raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by train.py')
+    for k, (ok, rule) in FIELDS.items():
+        if k in ckpt and not ok(ckpt[k]):
+            v = ckpt[k] if isinstance(ckpt[k], (int, float, str, type(None))) else \
+                type(ckpt[k]).__name__
+            raise UserError(f'checkpoint {path}: {k} must be {rule}, not {v!r}'[:300])
+    try:
+        config_from_dict(ckpt['config'])
+    except UserError as e:
+        raise UserError(f'checkpoint {path}: {e}') from None
+    bad = non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})
+    if bad is not None:
+        raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run that '
+                        f'diverged?); use an earlier checkpoint')
+    if not verified and int(os.environ.get('RANK', 0)) == 0:
+        print(f'warning: checkpoint {path} has no checksum (written before checkpoints carried '
+              f'one), so its bytes cannot be verified; loading it as it is', file=sys.stderr,
+              flush=True)
+    return dict(ckpt, path=str(path))
+
+
+def load_weights(model, state, path):
+    """A (possibly compiled or DDP) state dict into model; UserError where they do not fit."""
+    state = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v for k, v in state.items()}
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes that disagree with the config
+        lines = str(e).splitlines() or ['']
+        detail = next((ln.strip() for ln in lines if 'size mismatch' in ln), lines[0])
+        raise UserError(f'checkpoint {path}: the weights do not fit its config: {detail}') from None
+    wrong = [f'{what} {", ".join(keys[:4])}{" ..." if len(keys) > 4 else ""}' for what, keys in
+             (('missing', result.missing_keys), ('unexpected', result.unexpected_keys)) if keys]
+    if wrong:
+        raise UserError(f'checkpoint {path}: the weights do not fit its config (boundary='
+                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {"; ".join(wrong)}')
+    return model
+
+
+def load_checkpoint(path, device='cpu', trust=False):
+    """train.py's checkpoint → (model in eval mode on device, checkpoint dict); the dict's 'vocab'
+    holds 'alphabet' (index = token id) and 'space_id'. Raises UserError with one line."""
+    ckpt = read_checkpoint(path, trust)
+    model = DynamicPoolingLM(config_from_dict(ckpt['config']))
+    return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
+
+
+def kept(path, saved_step):
+    """What a stopped run leaves behind, in words."""
+    if saved_step is None:
+        return 'no checkpoint was written yet'
+    return f'the last good checkpoint is {path} (step {saved_step}); continue with --resume'
+
+
+def save_checkpoint(path, state, saved_step):
+    """Write state atomically (common.write_atomic) and sealed (write_sealed); NaN or inf in it
+    is refused, never written. On any failure the previous checkpoint (of step saved_step, None if
+    none) stays as it was and no temporary file is left."""
+    bad = non_finite_tensor(state)
+    if bad is not None:
+        raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf values; '
+                        f'{kept(path, saved_step)}')
+    buf = io.BytesIO()  # in memory first: the checksum covers the bytes as torch.save made them
+
+    def write(tmp):
+        with open(tmp, 'wb') as f, buf.getbuffer() as data:
+            write_sealed(f, data)
+    try:
+        torch.save(state, buf)
+        write_atomic(path, write)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+        why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
+
+
+def training_state(model, optimizer, scaler, counters, cfg, source, args):
+    """Everything train.py needs to continue a run exactly: weights, optimizer, AMP scaler, every
+    RNG (this process's GPU only: all of them would not restore on a machine with fewer), the
+    run's counters, config, flags and `source` (the vocab and the dataset's fingerprint)."""
+    device = torch.device(args.device)
+    rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
+               cuda=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
+    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg), **source,
+                args=vars(args), rng=rng, schedule=dict(lr=args.lr, warmup=args.warmup,
+                                                        max_steps=args.max_steps,
+                                                        flop_budget=args.flop_budget))
+
+
+def restore_training(ckpt, model, optimizer, scaler, device):
+    """Load training_state's weights, optimizer, AMP scaler and RNG states."""
+    load_weights(model, ckpt['model'], ckpt['path'])
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt['scaler']:  # a run saved without loss scaling (bf16, off) has none: fp16 starts afresh
+        scaler.load_state_dict(ckpt['scaler'])
+    rng = ckpt['rng']
+    torch.set_rng_state(rng['torch'])
+    if torch.device(device).type == 'cuda' and rng['cuda'] is not None:
+        torch.cuda.set_rng_state(rng['cuda'], device)
+    np.random.set_state(rng['numpy'])
+    random.setstate(rng['python'])
+
+
+def check_resumable(ckpt, cfg, source, data):
+    """A resumed run keeps the checkpoint's data, vocabulary and model (speed-only fields may
+    change). A checkpoint from before data fingerprints is checked by its vocabulary alone."""
+    then = ckpt.get('dataset')
+    if then and then['fingerprint'] != source['dataset']['fingerprint']:
+        raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '
+                        f'started on ({then.get("path")}, since changed or moved?): a resumed run '
+                        f'keeps its data', code=2)
+    if ckpt['vocab'] != source['vocab']:
+        old, new = ''.join(ckpt['vocab']['alphabet']), ''.join(source['vocab']['alphabet'])
+        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary than {data} '
+                        f'(alphabet {old!r} vs {new!r})')
+    old = config_from_dict(ckpt['config'])
+    diff = [f.name for f in dataclasses.fields(Config) if f.name not in ('attention', 'attn_chunk')
+            and getattr(old, f.name) != getattr(cfg, f.name)]
+    if diff:
+        raise UserError(f'checkpoint {ckpt["path"]} has another model config than these flags and '
+                        f'data ({", ".join(diff)})')

@@ -1,0 +1,203 @@
+"""Tests of checkpoint.py: checkpoints that prove themselves (sealed, verified at every read),
+every field checked, non-finite weights never written nor loaded, a failed save that keeps the
+previous checkpoint.
+Run: python -m pytest -q test_checkpoint.py
+"""
+import copy
+import hashlib
+import io
+import random
+import zipfile
+
+import pytest
+import torch
+
+import checkpoint
+from common import UserError
+from conftest import checkpoint_state
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope='module')
+def state():
+    return checkpoint_state('fixed')
+
+
+@pytest.fixture
+def saved(state, tmp_path):
+    """A checkpoint written by save_checkpoint, and its bytes."""
+    path = tmp_path / 'ckpt.pt'
+    checkpoint.save_checkpoint(path, state, None)
+    return path, path.read_bytes()
+
+
+def refused(path, *words, capsys=None):
+    """read_checkpoint(path) ends in one UserError line holding `words` → the line."""
+    with pytest.raises(UserError) as e:
+        checkpoint.read_checkpoint(path)
+    msg = str(e.value)
+    assert '\n' not in msg and all(w in msg for w in words), msg
+    return msg
+
+
+def test_checkpoint_is_a_torch_zip_with_its_checksum_and_reads_back(saved, state, capsys):
+    path, data = saved
+    assert torch.load(path, weights_only=False)['step'] == 3      # still a plain torch checkpoint
+    assert zipfile.ZipFile(path).comment.startswith(checkpoint.CHECKSUM_TAG)
+    assert data[-64:] == hashlib.sha256(data[:-64]).hexdigest().encode()
+    ck = checkpoint.read_checkpoint(path.parent)                  # a run directory works too
+    assert checkpoint.verify_checksum(path) is True and capsys.readouterr().err == ''
+    for k in ('step', 'epoch', 'pos', 'train_chars', 'args'):
+        assert ck[k] == state[k]
+    for k, t in state['model'].items():
+        assert torch.equal(ck['model'][k], t), k
+    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']   # no temp file left
+
+
+def offsets_of(data, tensor, n=3):
+    """Byte offsets inside the stored bytes of `tensor` (first, middle, last) in a checkpoint."""
+    start = data.find(tensor.contiguous().numpy().tobytes())
+    assert start > 0, 'tensor bytes not found in the file'
+    size = tensor.numel() * tensor.element_size()
+    return [start, start + size // 2, start + size - 1][:n]
+
+
+def test_checkpoint_with_a_flipped_byte_anywhere_is_refused(saved, state, tmp_path):
+    path, data = saved
+    model_t = state['model']['lm_head.weight']
+    adam_t = state['optimizer']['state'][0]['exp_avg_sq']
+    places = {'model tensor': offsets_of(data, model_t), 'optimizer state': offsets_of(data, adam_t),
+              'pickle': [data.find(b'data.pkl') + 40], 'zip directory': [data.rfind(b'PK\x01\x02') + 20],
+              'zip end': [len(data) - checkpoint._SEAL - 10], 'tag': [len(data) - 70],
+              'digest': [len(data) - 1], 'first byte': [0]}
+    rng = random.Random(0)
+    places['anywhere'] = rng.sample(range(len(data)), 40)
+    for where, offsets in places.items():
+        for i in offsets:
+            bad = bytearray(data)
+            bad[i] ^= 0x10
+            path.write_bytes(bytes(bad))
+            msg = refused(path, str(path))
+            assert 'corrupt' in msg, (where, i, msg)
+    path.write_bytes(data)
+    assert checkpoint.read_checkpoint(path)['step'] == 3
+
+
+def test_checkpoint_cut_short_is_refused(saved):
+    path, data = saved
+    for n in (len(data) - 1, len(data) - 64, len(data) // 2, 10, 0):
+        path.write_bytes(data[:n])
+        refused(path, 'corrupt')
+
+
+def test_checkpoint_without_checksum_loads_with_one_warning(state, tmp_path, capsys):
+    """A checkpoint from before checksums: accepted, saying in one line it cannot be verified;
+    a refused one says only why it is refused."""
+    path = tmp_path / 'old.pt'
+    torch.save(state, path)
+    assert checkpoint.verify_checksum(path) is False
+    assert checkpoint.read_checkpoint(path)['step'] == 3
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('warning: ') and 'no checksum' in err, err
+    model, ck = checkpoint.load_checkpoint(path)
+    assert capsys.readouterr().err == err
+    torch.save(dict(state, step='3'), path)
+    refused(path, 'step')
+    assert capsys.readouterr().err == ''
+
+
+def nan_in(state, where):
+    """A copy of state with one NaN in the model's lm_head or in Adam's first moment."""
+    s = dict(state, model=dict(state['model']), optimizer=copy.deepcopy(state['optimizer']))
+    if where == 'model':
+        t = s['model']['lm_head.weight'].clone()
+        s['model']['lm_head.weight'] = t
+    else:
+        t = s['optimizer']['state'][2]['exp_avg']
+    t.view(-1)[5] = float('nan') if where == 'model' else float('inf')
+    return s, 'model.lm_head.weight' if where == 'model' else 'optimizer.state.2.exp_avg'
+
+
+@pytest.mark.parametrize('where', ['model', 'optimizer'])
+def test_non_finite_weights_are_never_written(saved, state, where):
+    path, before = saved
+    bad, name = nan_in(state, where)
+    with pytest.raises(UserError) as e:
+        checkpoint.save_checkpoint(path, dict(bad, step=6), 3)
+    msg = str(e.value)
+    assert '\n' not in msg and name in msg and f'{path} (step 3)' in msg, msg
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+
+
+@pytest.mark.parametrize('where', ['model', 'optimizer'])
+@pytest.mark.parametrize('sealed', [True, False])
+def test_non_finite_weights_are_refused_at_load(state, tmp_path, where, sealed):
+    bad, name = nan_in(state, where)
+    path = tmp_path / 'ckpt.pt'
+    buf = io.BytesIO()
+    torch.save(bad, buf)   # written around save_checkpoint's own check
+    with open(path, 'wb') as f:
+        checkpoint.write_sealed(f, buf.getbuffer()) if sealed else f.write(buf.getvalue())
+    refused(path, name, 'NaN or inf')
+
+
+BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None), ('pos', [4]),
+              ('train_chars', 1.5), ('train_flops', float('nan')), ('train_flops', 'x'),
+              ('train_time', float('inf')), ('train_time', -1.0), ('budget_flops', None),
+              ('args', ['--lr']), ('args', {1: 2}), ('rng', {}), ('rng', 'x'), ('optimizer', {'state': []}),
+              ('optimizer', None), ('scaler', 1), ('schedule', None), ('model', {'w': [1.0]}),
+              ('model', []), ('vocab', 'abc')]
+
+
+@pytest.mark.parametrize('field, value', BAD_FIELDS, ids=[f'{k}={v!r}' for k, v in BAD_FIELDS])
+def test_every_checkpoint_field_is_checked_where_it_is_read(state, tmp_path, field, value):
+    path = tmp_path / 'ckpt.pt'
+    checkpoint.save_checkpoint(path, dict(state, **{field: value}), None)
+    msg = refused(path, str(path), field)
+    assert msg.startswith(f'checkpoint {path}: {field}') or 'vocab' in msg, msg
+
+
+@pytest.mark.parametrize('vocab', [
+    dict(alphabet=['a', 'a', ' '], vocab_size=3, space_id=2),
+    dict(alphabet=['ab', ' '], vocab_size=2, space_id=1),
+    dict(alphabet='abc ', vocab_size=4, space_id=3),
+    dict(alphabet=[' ', 'a'], vocab_size=3, space_id=0),
+    dict(alphabet=[' ', 'a'], vocab_size=2, space_id=1),
+    dict(alphabet=[' ', 'a'], vocab_size=2, space_id='0'),
+    dict(alphabet=[' ', 1], vocab_size=2, space_id=0),
+    dict(alphabet=[' ', 'a'], space_id=0),
+])
+def test_checkpoint_vocabulary_is_checked(state, tmp_path, vocab):
+    path = tmp_path / 'ckpt.pt'
+    checkpoint.save_checkpoint(path, dict(state, vocab=vocab), None)
+    refused(path, 'vocab must be')
+
+
+def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatch):
+    """A full disk while the sealed bytes are written: the previous checkpoint stays, no temp file."""
+    path, before = saved
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, b):
+            if self.written > 1000:
+                raise OSError(28, 'No space left on device')
+            self.written += len(b)
+            return self.f.write(b)
+
+        def __getattr__(self, k):
+            return getattr(self.f, k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return self.f.__exit__(*a)
+    monkeypatch.setattr('builtins.open', lambda p, *a, **k: FullDisk(real_open(p, *a, **k)))
+    with pytest.raises(UserError, match=r'No space left on device; the last good checkpoint is .* \(step 3\)'):
+        checkpoint.save_checkpoint(path, dict(state, step=6), 3)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
