@@ -349,8 +349,8 @@ def md_table(out, title):
     """{mode (' @ budget' where a budget column is): {column head: cell}} of the Markdown table
     after `title` in report.py's output."""
     lines = out.split(title)[1].strip().split('\n\n')[0].splitlines()
-    rows = [dict(zip(*(([c.strip() for c in x.strip().strip('|').split('|')] for x in (lines[0], x)))))
-            for x in lines[2:]]
+    cells = [[c.strip() for c in x.strip().strip('|').split('|')] for x in lines]
+    rows = [dict(zip(cells[0], x)) for x in cells[2:]]
     return {' @ '.join(r[k] for k in ('mode', 'budget') if k in r): r for r in rows}
 
 
@@ -386,13 +386,15 @@ def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsy
     """Better than vanilla and fixed k=2 at p < 0.05: a star, in the seed table and --by-data.
     A fixed k=3 whose difference is not significant (or a source worse than vanilla): none."""
     close = {s: b + d for (s, b), d in zip(WS.items(), (0.10, -0.15, 0.08))}   # mean: a bit worse
-    seeded_runs(tmp_path, {'none': {1: 2.05, 2: 2.08, 3: 2.04}, 'fixed2': {1: 2.00, 2: 2.06, 3: 1.99},
+    seeded_runs(tmp_path, {'none': {1: 2.05, 2: 2.08, 3: 2.04},
+                           'fixed2': {1: 2.00, 2: 2.06, 3: 1.99},
                            'whitespace': WS, 'entropy': {1: 2.15, 2: 2.20, 3: 2.13}})
     assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
     out = capsys.readouterr().out
     seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
     assert all(significant(seeds['whitespace'][f'p vs {b}']) for b in ('none', 'fixed k=2'))
-    assert seeds['whitespace']['test BPC'].endswith(' *') and ' * (5.00, n=3)' in data['whitespace']['text8-head']
+    assert seeds['whitespace']['test BPC'].endswith(' *')
+    assert ' * (5.00, n=3)' in data['whitespace']['text8-head']
     assert significant(seeds['entropy']['p vs none']) and '*' not in seeds['entropy']['test BPC']
     assert out.count(report.SIGNIFICANCE) == 2
     seeded_runs(tmp_path, {'fixed3': close})
@@ -400,7 +402,7 @@ def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsy
     out = capsys.readouterr().out
     seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
     assert not significant(seeds['whitespace']['p vs fixed k=3'])
-    assert '*' not in seeds['whitespace']['test BPC'] and '*' not in data['whitespace']['text8-head']
+    assert '*' not in seeds['whitespace']['test BPC'] + data['whitespace']['text8-head']
     assert out.count(report.SIGNIFICANCE) == 1      # no star shown: no caption under --by-data
 
 
@@ -421,7 +423,8 @@ def test_seeds_that_do_not_pair_get_no_p_and_a_note(tmp_path, capsys):
     assert ws['p vs fixed k=2'] == '-' and '*' not in ws['test BPC']
     notes = [x for x in out.splitlines() if x.startswith('- whitespace vs ')]
     assert any('vs none' in x and 'seed 3 run on one side only, left out' in x for x in notes)
-    assert any('vs fixed k=2' in x and '1 seed(s) on both sides' in x and 'no p' in x for x in notes)
+    assert any('vs fixed k=2' in x and '1 seed(s) on both sides' in x and 'no p' in x
+               for x in notes)
     flops = seeds['whitespace @ 1e12 FLOPs']
     assert flops['p vs none'] == flops['p vs fixed k=2'] == '-'
 
@@ -445,7 +448,8 @@ def test_a_full_stdout_is_one_error_line(study):
     with open('/dev/full', 'w') as full:
         r = subprocess.run([sys.executable, str(HERE / 'report.py'), str(study)], stdout=full,
                            stderr=subprocess.PIPE, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.startswith('error: ') and r.stderr.count('\n') == 1, r.stderr
+    assert r.returncode == 1 and r.stderr.startswith('error: '), r.stderr
+    assert r.stderr.count('\n') == 1, r.stderr
     assert 'No space left' in r.stderr
 
 @pytest.mark.plots
@@ -556,10 +560,12 @@ def stand_in_for_matplotlib(monkeypatch):
                         report.common.write_atomic(path, b'\x89PNG whole'))
 
 
-@pytest.mark.parametrize('case, words', [('too-long', 'File name too long'), ('too-deep', 'No such file'),
-                                         ('through-a-file', 'Not a directory'), ('fifo', 'not a regular file'),
-                                         ('dir', 'not a regular file')])
-def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch, case, words):
+@pytest.mark.parametrize('case, words', [
+    ('too-long', 'File name too long'), ('too-deep', 'No such file'),
+    ('through-a-file', 'Not a directory'), ('fifo', 'not a regular file'),
+    ('dir', 'not a regular file')])
+def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch, case,
+                                                      words):
     """The OS names what is wrong with a --plot path; the plot is drawn before the tables print."""
     stand_in_for_matplotlib(monkeypatch)
     (tmp_path / 'odd').mkdir()
