@@ -93,16 +93,16 @@ def parser():
     a('--device', help='cpu, cuda or cuda:N (default: cuda if there is one)')
     a('--amp', choices=['auto', 'off', 'bf16'], default='auto', help='bf16 autocast (auto: cuda)')
     a('--threads', type=common.int_range(1, os.cpu_count() or 1), help='torch.set_num_threads')
-    a('--clock', choices=CLOCKS, default='wall', help='cpu: the process\'s CPU time, steady on a '
+    a('--clock', choices=CLOCKS, default='wall', help="cpu: the process's CPU time, steady on a "
       'CPU other jobs share (with --threads 1; CPU only)')
     a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation')
     a('--compile', action='store_true', help='torch.compile every configuration (as +compile)')
     a('--peak-n', type=size, help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
     a('--peak-flops', type=common.positive_float,
-      help='MFU against this FLOP/s (e.g. the GPU\'s nominal bf16 peak) instead of the measured')
+      help="MFU against this FLOP/s (e.g. the GPU's nominal bf16 peak) instead of the measured")
     a('--no-pieces', action='store_true', help='skip timing the parts of the pooled steps')
     a('--timeout', type=common.positive_float,
-      help='seconds one configuration\'s process may take (default: none; 300 on a GPU)')
+      help="seconds one configuration's process may take (default: none; 300 on a GPU)")
     a('--plot', metavar='FILE', help='PNG of step time and memory against shortening factor')
     a('--profile', metavar='CONFIG', help='print the torch.profiler table of one step of CONFIG')
     a('--generate', action='store_true', help='time cached generation against recomputation')
@@ -473,12 +473,12 @@ def print_table(args, table, peak):
               f'{args.batch * args.seq_len / row["time"]:9.0f} {speed} {row["peak"] / 2**20:14.0f} '
               f'{row["mem"] / 2**20:13.0f} {ratio} {row["flops"] / 1e9:8.1f} {fps / 1e9:8.1f} '
               f'{100 * fps / peak:5.0f}%')
-    print(f'speed-up: vanilla step time / this one; mem ratio: step mem / vanilla\'s; SF: '
+    print(f"speed-up: vanilla step time / this one; mem ratio: step mem / vanilla's; SF: "
           f'characters / complete segments; MFU against {peak / 1e9:.1f} GFLOP/s'
           + (' (--peak-flops)' if args.peak_flops else ' (the matmul peak)'))
     parts = {n: row for n, row in table.items() if row['parts']}
     if parts:
-        print('\nwhere a pooled step\'s time goes (each part alone, forward + backward; rest: '
+        print("\nwhere a pooled step's time goes (each part alone, forward + backward; rest: "
               'embedding, logits, losses, Adam, overheads):')
     for n, row in parts.items():
         shares = {p: t / row['time'] for p, t in row['parts'].items()}
