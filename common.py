@@ -142,9 +142,10 @@ probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log 
 
 
 def nonblank(s):
-    """Argument type: a string with something in it (a path, a name)."""
-    if not str(s).strip():
-        raise argparse.ArgumentTypeError('must not be empty')
+    """Argument type: a string with something in it (a path, a name) and no NUL, which no path
+    can hold (the OS call would raise ValueError, not OSError, past the error boundary)."""
+    if not str(s).strip() or '\0' in str(s):
+        raise argparse.ArgumentTypeError(f'must not be empty or hold a NUL character, got {s!r}')
     return s
 
 
