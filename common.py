@@ -68,7 +68,10 @@ def main(run, rank=0):
     rank 0 of torchrun's processes prints) and exit code 1, 2 for flags, 130 for Ctrl-C."""
     try:
         run()
-        sys.stdout.flush()   # a full or closed stdout fails here, inside the boundary
+        try:   # a full or closed stdout fails here, inside the boundary
+            sys.stdout.flush()
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, 'stdout') from None
         return 0
     except (Exception, KeyboardInterrupt) as e:
         said = error_line(e)
@@ -158,7 +161,8 @@ def write_atomic(path, data):
     if path.exists() and not path.is_file():   # /dev/null, a FIFO, a folder: never replaced
         raise UserError(f'{path} is not a regular file: write to a file')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
-    try:
+    try:   # mkstemp makes the file private (0600): give it the mode the file had, or a new one's
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         if callable(data):
             os.close(fd)
             fd = None   # closed: a failing data(tmp) must not close it again (EBADF would hide it)
@@ -168,7 +172,7 @@ def write_atomic(path, data):
             view = memoryview(data.encode() if isinstance(data, str) else data)
             while view:   # os.write may write less than it is given
                 view = view[os.write(fd, view[:1 << 30]):]
-        os.fsync(fd)   # on disk before the rename: a power cut leaves the old file, not an empty one
+        os.fsync(fd)   # on disk before the rename: a power cut leaves the old file, not none
         os.close(fd)
         fd = None
         os.replace(tmp, path)
@@ -177,6 +181,10 @@ def write_atomic(path, data):
             os.close(fd)
         if os.path.lexists(tmp):
             os.remove(tmp)
+
+
+_UMASK = os.umask(0o022)   # the only way to read the umask is to set it: put it back at once
+os.umask(_UMASK)
 
 
 @contextmanager
