@@ -176,6 +176,8 @@ def write_atomic(path, data):
         os.close(fd)
         fd = None
         os.replace(tmp, path)
+    except OSError as e:   # named by the file the caller asked for, not the temporary one
+        raise OSError(e.errno, e.strerror or _first_line(e), str(path)) from None
     finally:
         if fd is not None:
             os.close(fd)
