@@ -15,12 +15,14 @@ import argparse
 import dataclasses
 import json
 import math
+import platform
 import random
 import shlex
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import common
-import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
+import hnet  # noqa: F401  (registers boundary='hnet' before BOUNDARY_MODES is read)
 import runtime as rt
 from checkpoint import (check_resumable, config_from_dict, kept, read_checkpoint,
                         restore_training, save_checkpoint, training_state)
@@ -36,28 +38,6 @@ from common import (UserError, float_range, fraction, int_range, nonblank, non_n
                     non_negative_int, positive_float, positive_int, probability, seed_int)
 from dataset import dataset_defaults, fingerprint, is_number, label_set, load_data
 from dynpool import BOUNDARY_MODES, Config, DynamicPoolingLM, step_flops
-from runtime import Processes
-
-
-def layer_counts(s):
-    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000)."""
-    try:
-        counts = [int(n) for n in str(s).split(',')]
-    except ValueError:
-        counts = []
-    if len(counts) != 3 or not all(0 <= n <= 1000 for n in counts):
-        raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
-                                         f'got {s!r}')
-    return ','.join(map(str, counts))
-
-
-def flop_budget(s):
-    """Argument type of --flop-budget: a number of FLOPs, or vanilla:N, the FLOPs of N steps of
-    the vanilla model of the run's shape (resolved once the model's config is known)."""
-    if str(s).strip().startswith('vanilla:'):
-        return f'vanilla:{int_range(1)(str(s).strip()[8:])}'
-    return positive_float(s)
-
 
 # ------------------------------------------------------------------------------------ presets
 # The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up steps,
@@ -84,7 +64,24 @@ KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 
-# ---------------------------------------------------------------------------------- arguments
+
+# ------------------------------------------------------------------------------------- flags
+def layer_counts(s):
+    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000)."""
+    counts = str(s).split(',')
+    if len(counts) != 3 or not all(n.strip().isdigit() and int(n) <= 1000 for n in counts):
+        raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
+                                         f'got {s!r}')
+    return ','.join(str(int(n)) for n in counts)
+
+
+def flop_budget(s):
+    """Argument type: a number of FLOPs, or vanilla:N, the FLOPs of N steps of the vanilla model
+    of the run's shape (resolved in model_config)."""
+    s = str(s).strip()
+    return f'vanilla:{positive_int(s[8:])}' if s.startswith('vanilla:') else positive_float(s)
+
+
 FLAGS = [  # (flag, type or choices, help); --help adds the default where it does not say it
     ('--data', nonblank, 'dataset directory written by prepare_data.py'),
     ('--boundary', BOUNDARY_MODES, 'where segments end (none: a vanilla Transformer)'),
@@ -137,22 +134,16 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
 ]
 
 
-
-
-def default(k):
-    """A flag's default for --help: the preset's (GPU and CPU where they differ), or the model's."""
-    if k in GPU_PRESET and GPU_PRESET[k] != CPU_PRESET[k]:
-        return f'default GPU {GPU_PRESET[k]}, CPU {CPU_PRESET[k]}'
-    v = {**MODEL_DEFAULTS, **GPU_PRESET, **COMMON}.get(k, False)
-    return f'default {"off" if v is False else v}'
-
-
 def parser():
-    """train.py's flags from FLAGS: type None is a switch (None, not False, when not given: a
-    resumed run can tell), a tuple the choices; the help adds each default."""
+    """FLAGS as argparse: type None is a switch (None, not False, when not given: a resumed run
+    can tell), a tuple the choices; the help adds the preset's (GPU, CPU) or model's default."""
     p = common.Parser(prog='train.py', description=__doc__.split('\n')[1])
     for flag, kind, words in FLAGS:
-        words += '' if 'default' in words else f' ({default(flag[2:].replace("-", "_"))})'
+        k = flag[2:].replace('-', '_')
+        v = {**MODEL_DEFAULTS, **GPU_PRESET, **COMMON}.get(k, False)
+        default = (f'default GPU {v}, CPU {CPU_PRESET[k]}' if v != CPU_PRESET.get(k, v)
+                   else f'default {"off" if v is False else v}')
+        words += '' if 'default' in words else f' ({default})'
         if kind is None:
             p.add_argument(flag, action='store_true', default=None, help=words)
         else:
@@ -161,15 +152,11 @@ def parser():
     return p
 
 
-def parse_args(argv):
-    """Flags → Namespace; a flag not given is None, for resolve_args to fill in."""
-    return parser().parse_args(argv)
-
-
-def resolve_args(args, procs=Processes()):
-    """Fill each flag not given, in place and once: the device (this process's GPU under
-    torchrun), --out (default out/<dataset>-<boundary>), on --resume the checkpoint's flags, then
-    the preset's, the model's and the dataset's defaults → (args, checkpoint or None)."""
+def resolve_args(argv, procs=rt.Processes()):
+    """Flags → (args with every flag filled in, checkpoint or None): the device (this process's
+    GPU under torchrun), --out (default out/<dataset>-<boundary>), on --resume the checkpoint's
+    flags, then the preset's, the model's and the dataset's defaults."""
+    args = parser().parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
     if args.out is None and args.resume:
@@ -199,27 +186,22 @@ def resolve_args(args, procs=Processes()):
     return args, ckpt
 
 
-def check_args(args, procs=Processes()):
-    """The rules between flags (each flag's own range is its type's) → the layer counts."""
+def model_config(args, meta, world=1):
+    """The rules between flags (each flag's own range is its type's), then the model's Config from
+    the flags and the dataset's vocabulary (Config checks itself; exit 2); a --flop-budget of
+    vanilla:N becomes N x the FLOPs of a vanilla step of this shape."""
     if args.eval_step > args.eval_window:
         raise UserError(f'--eval-step {args.eval_step} is larger than --eval-window '
                         f'{args.eval_window}: characters between windows would never be scored',
                         code=2)
-    if args.batch_size % (procs.world * args.grad_accum):
-        raise UserError(f'--batch-size {args.batch_size} must split evenly over {procs.world} '
+    if args.batch_size % (world * args.grad_accum):
+        raise UserError(f'--batch-size {args.batch_size} must split evenly over {world} '
                         f'processes x {args.grad_accum} micro-steps', code=2)
-    rt.check_amp(args.amp, args.device)
-    return tuple(int(n) for n in layer_counts(args.layers).split(','))
-
-
-def model_config(args, layers, meta):
-    """The model's Config from the flags and the dataset's vocabulary (exit 2 if invalid); a
-    --flop-budget of vanilla:N becomes N x the FLOPs of a vanilla step of this shape."""
     kw = {k: getattr(args, k) for k in ('d_model', 'n_head', 'd_head', 'd_inner', 'dropout',
                                         'dropatt', 'boundary', 'attention') + MODEL_FLAGS}
-    try:  # the model checks its own config (e.g. pooling modes need shortened layers)
-        cfg = config_from_dict(dict(kw, vocab_size=meta['vocab_size'], layers=layers,
-                                    whitespace_id=meta.get('space_id')))
+    try:
+        cfg = config_from_dict(dict(kw, vocab_size=meta['vocab_size'], whitespace_id=meta.get(
+            'space_id'), layers=tuple(int(n) for n in args.layers.split(','))))
     except UserError as e:
         raise UserError(str(e), code=2) from None
     if isinstance(args.flop_budget, str):
@@ -229,28 +211,29 @@ def model_config(args, layers, meta):
     return cfg
 
 
-def check_run(args, ckpt, cfg, source, train_tokens, procs, done=False):
-    """The last checks before anything is written: one batch of data, a model that fits in memory,
-    a checkpoint of this data and model with steps left (done: none left, finished()'s verdict);
-    then the settings that run but probably mislead, one warning line each (rank 0)."""
+def check_run(args, ckpt, train_tokens, done):
+    """Before anything is written: one batch of data, and on --resume steps left to train (done:
+    finished()'s verdict on the checkpoint's state)."""
     if len(train_tokens) < args.batch_size * (args.seq_len + 1):
         raise UserError(f'{args.data}/train.bin has {len(train_tokens)} chars, fewer than one '
                         f'batch ({args.batch_size} x {args.seq_len + 1})')
-    rt.check_model_memory(cfg, args.device)
-    if ckpt is not None:
-        check_resumable(ckpt, cfg, source, args.data)
-        # (at --max-steps exactly it resumes: a run stopped in its final evaluation redoes it)
-        for flag, at in (('--max-steps', args.max_steps), ('--stop-step', args.stop_step)):
-            if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
-                raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
-                                f'nothing would be trained', code=2)
-        test = final_test_bpc(Path(args.out) / 'log.jsonl', ckpt['step']) if done else None
-        if test is not None:  # (not yet evaluated: resumed, it evaluates again)
+    if ckpt is None:
+        return
+    # (at --max-steps exactly it resumes: a run stopped in its final evaluation redoes it)
+    for flag, at in (('--max-steps', args.max_steps), ('--stop-step', args.stop_step)):
+        if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
+            raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
+                            f'nothing would be trained', code=2)
+    try:
+        lines = (Path(args.out) / 'log.jsonl').read_bytes().splitlines() if done else []
+    except FileNotFoundError:
+        lines = []
+    for line in lines:  # finished and evaluated on test (not yet evaluated: it evaluates again)
+        r = json.loads(line) if line.startswith(b'{') and line.endswith(b'}') else {}
+        if (r.get('kind'), r.get('split'), r.get('step')) == ('eval', 'test', ckpt['step']):
             raise UserError(f'the run in {args.out} is finished (step {ckpt["step"]}, test bpc '
-                            f'{test:.4f} in its log): nothing to resume; a larger --max-steps '
-                            f'or --flop-budget trains it further', code=2)
-    for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
-        print(f'warning: {line}', file=sys.stderr, flush=True)
+                            f'{r.get("bpc"):.4f} in its log): nothing to resume; a larger '
+                            f'--max-steps or --flop-budget trains it further', code=2)
 
 
 def recipe_warnings(args, world):
@@ -264,23 +247,6 @@ def recipe_warnings(args, world):
                     f'{args.batch_size}, --grad-accum {args.grad_accum}) keeps a GPU waiting on '
                     f'kernel launches; raise --batch-size, and --lr with it')
     return warn
-
-
-def final_test_bpc(log, step):
-    """The test BPC log.jsonl records at `step` (a finished run's final evaluation), or None."""
-    try:
-        lines = log.read_bytes().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and r.get('kind') == 'eval' and r.get('split') == 'test' \
-                and r.get('step') == step and is_number(r.get('bpc')):
-            return r['bpc']
-    return None
 
 
 # -------------------------------------------------------------------------------- data stream
@@ -304,27 +270,29 @@ def segment_counts(cfg, x):
 
 
 class Batch(NamedTuple):
-    """One optimizer step's data for this process and where the data stands once it is consumed."""
+    """One optimizer step's data for this process, and the data position once it is consumed.
+    x, y (next characters), b (Unigram labels or None): [grad_accum, micro, seq_len]; segments:
+    complete segments per row of the global batch, [grad_accum, world, micro], where the host
+    counts them."""
     epoch: int
     pos: int
-    x: torch.Tensor                  # [grad_accum, micro, seq_len] inputs
-    y: torch.Tensor                  # [grad_accum, micro, seq_len] next characters
-    b: Optional[torch.Tensor]        # [grad_accum, micro, seq_len] Unigram labels, or None
-    segments: Optional[np.ndarray] = None  # [grad_accum, world, micro] counted on the host
+    x: torch.Tensor
+    y: torch.Tensor
+    b: Optional[torch.Tensor]
+    segments: Optional[np.ndarray] = None
 
 
 def batches(tokens, labels, args, cfg, state, procs):
     """The training stream from the state's (epoch, pos) on: one Batch per optimizer step."""
     L, epoch, pos = args.seq_len, state.epoch, state.pos
-    n_chunks = len(tokens) // (L + 1)
     micro = args.batch_size // (procs.world * args.grad_accum)
     while True:
         offset, perm = epoch_order(len(tokens), L, args.seed, epoch)
-        while pos + args.batch_size <= n_chunks:
+        while pos + args.batch_size <= len(perm):
             # the step's global batch; this process takes its micro-batches out of it
             ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, micro)
             pos += args.batch_size
-            chunks = get_chunks(tokens, offset, ids, L)          # [accum, world, micro, L+1]
+            chunks = get_chunks(tokens, offset, ids, L)               # [accum, world, micro, L+1]
             chunk = rt.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
             b = None if labels is None else rt.to_device(
                 get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1], args.device).bool()
@@ -333,7 +301,7 @@ def batches(tokens, labels, args, cfg, state, procs):
         epoch, pos = epoch + 1, 0  # not enough chunks left for a full batch: next epoch
 
 
-# ------------------------------------------------------------------------ model and optimizer
+# ------------------------------------------------------------------------ schedule and step
 @dataclasses.dataclass
 class RunState:
     """Where the run stands; all but `saved` goes into the checkpoint."""
@@ -347,40 +315,6 @@ class RunState:
     warmup_flops: Optional[float] = None  # --flop-budget: budget_flops when warm-up ended
     saved: Optional[int] = None           # the step of the checkpoint on disk
 
-    @classmethod
-    def resumed(cls, ckpt, args):
-        """A checkpoint's; one from before the counters: characters from the steps, FLOPs None."""
-        saved = {f.name: ckpt[f.name] for f in dataclasses.fields(cls) if f.name in ckpt}
-        return cls(**{'train_chars': ckpt['step'] * args.batch_size * args.seq_len,
-                      'train_flops': None, **saved, 'saved': ckpt['step']})
-
-
-
-def setup(args, cfg, ckpt, state, procs):
-    """Processes, seeds, precision, model, optimizer (restored on --resume), logger → Training."""
-    rt.start_processes(args.device, procs)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)  # same on every rank: identical initial weights
-    amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
-    raw_model = DynamicPoolingLM(cfg).to(args.device)
-    # fused: one kernel over all parameters, which can also skip a step on the device (train_step)
-    optimizer = torch.optim.Adam(raw_model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
-                                 fused=True)
-    if ckpt is not None:
-        restore_training(ckpt, raw_model, optimizer, scaler, args.device)
-    reseed_rank(args.seed, procs.rank, state.step)  # rank 0 keeps the saved stream
-    params, world = raw_model.num_params(), procs.world
-    if procs.rank == 0:
-        print(run_summary(args, params, amp, world, state.saved), flush=True)
-    logger = rt.Logger(Path(args.out), args, rank=procs.rank, resumed_from=state.saved,
-                       config_record=dict(kind='config', **{**vars(args), 'amp': amp},
-                                          params=params, device_name=rt.device_name(args.device),
-                                          world=world, torch=torch.__version__,
-                                          resumed_from=state.saved))
-    return rt.Training(rt.wrap_model(raw_model, args, world), raw_model, optimizer, scaler,
-                       autocast, amp, rt.StepStats(cfg, args, world), logger, procs)
-
 
 def reseed_rank(seed, rank, step):
     """Ranks above 0 draw dropout masks and Gumbel noise of their own. Only rank 0's random state
@@ -390,15 +324,6 @@ def reseed_rank(seed, rank, step):
         torch.manual_seed(seed + 1000 * rank + step)
 
 
-def save_training(t, state, cfg, source, args):
-    """Rank 0 writes the run's checkpoint: the training state, with the run's counters."""
-    if t.procs.rank == 0:
-        counters = {k: v for k, v in vars(state).items() if k != 'saved'}
-        save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
-            t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args), state.saved)
-
-
-# ---------------------------------------------------------------------- schedule and step
 def finished(state, args):
     """--max-steps done, or the first step whose FLOPs reach the --flop-budget."""
     spent = args.flop_budget is not None and state.budget_flops >= args.flop_budget * (1 - 1e-9)
@@ -421,7 +346,7 @@ def lr_at(step, args, state):
 def train_step(t, batch, args):
     """Forward and backward over the step's micro-batches, clipping, and an Adam step that the
     device skips where the loss or the gradient is not finite. Nothing here waits for the device."""
-    finite = None
+    finite = torch.ones((), dtype=torch.bool, device=batch.x.device)
     for m in range(args.grad_accum):
         # gradients are all-reduced only on the last micro-step
         sync = t.model.no_sync() if t.procs.world > 1 and m < args.grad_accum - 1 else nullcontext()
@@ -434,7 +359,7 @@ def train_step(t, batch, args):
                               boundaries=None if batch.b is None else batch.b[m], **known)
             t.scaler.scale(out.loss / args.grad_accum).backward()
         t.stats.add_micro(out)
-        finite = torch.isfinite(out.loss) if finite is None else finite & torch.isfinite(out.loss)
+        finite = finite & torch.isfinite(out.loss)
     t.scaler.unscale_(t.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), args.grad_clip or float('inf'))
     if t.scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
@@ -447,71 +372,15 @@ def train_step(t, batch, args):
     t.stats.add_step(norm, ~finite, batch.segments)
 
 
-# ----------------------------------------------------------------------------------- the loop
-def train(args, cfg, source, splits, labels, state, t, started):
-    """Steps, train records, validations, checkpoints → why the run stopped early, or None."""
-    stop, why = min(args.max_steps, args.stop_step or args.max_steps), None
-    budget = args.flop_budget is not None
-    stream = batches(splits['train'], labels and labels['train'], args, cfg, state, t.procs)
-    if state.step == 0:
-        eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-    batch, clock = next(stream), rt.Clock(state.step, state.budget_flops if budget else state.step)
-    t.model.train()
-    while state.step < stop and not finished(state, args):
-        if budget and state.step >= args.warmup and state.warmup_flops is None:
-            state.warmup_flops = state.budget_flops  # the cosine decays over the FLOPs from here
-        lr = lr_at(state.step, args, state)
-        for group in t.optimizer.param_groups:
-            group['lr'] = lr
-        train_step(t, batch, args)
-        state.step, state.epoch, state.pos = state.step + 1, batch.epoch, batch.pos
-        state.train_chars += args.batch_size * args.seq_len
-        batch = next(stream)  # cut and copied on the host while the device runs the step
-        state.budget_flops += t.stats.take_step_flops() if budget else 0.0
-        end = state.step >= stop or finished(state, args)
-        save = state.step % args.eval_interval == 0 or end
-        if (state.step % args.log_interval == 0 or save) and log_train(t, args, state, clock, lr,
-                                                                       stop, started) and not end:
-            stop, why, save = state.step, f'--max-time {args.max_time:g}s', True
-        if save:
-            if not finished(state, args):  # (a finished run is evaluated in full by finish)
-                eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-            with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
-                save_training(t, state, cfg, source, args)  # (rank 0 writes)
-                state.saved = state.step
-                reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
-            clock.pause_ended()  # evaluating and saving are not training time
-    return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
-
-
-def log_train(t, args, state, clock, lr, stop, started):
-    """Read, log and show the statistics since the last record → whether --max-time is up."""
-    r = t.stats.read(args.max_time is not None and time.time() - started >= args.max_time)
-    dt, steps = clock.lap(state.step)
-    if r['bad']:
-        raise UserError(f'non-finite loss or gradient at a step in {state.step - steps + 1}..'
-                        f'{state.step} (skipped: the weights stayed finite); stopped, '
-                        f'{kept(Path(args.out) / "ckpt.pt", state.saved)}')
-    state.train_time += dt
-    if state.train_flops is not None:
-        state.train_flops += r['flops']
-    report_train(t, args, state, r, lr, dt, steps, clock, stop)
-    return r['late']
-
-
 # --------------------------------------------------------------------------------- evaluation
 def eval_windows(n, window, step):
     """Windows (start, end, first_scored) over n positions: the first scores all its positions,
     each later one its last `step` (>= window-step of context), a last one ending at n the tail."""
     if n <= window:
         return [(0, n, 0)]
-    wins, start = [(0, window, 0)], step
-    while start + window <= n:
-        wins.append((start, start + window, start + window - step))
-        start += step
-    if wins[-1][1] < n:
-        wins.append((n - window, n, wins[-1][1]))
-    return wins
+    wins = [(0, window, 0)] + [(s, s + window, s + window - step)
+                               for s in range(step, n - window + 1, step)]
+    return wins + ([(n - window, n, wins[-1][1])] if wins[-1][1] < n else [])
 
 
 @torch.inference_mode()
@@ -552,130 +421,189 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
     nats, chars, sf_sum, sf_n, p_sum = sums.tolist()
     model.train(was_training)
     return dict(bpc=nats / max(chars, 1) / math.log(2), sf=sf_sum / sf_n if sf_n else 1.0,
-                nats=nats, chars=int(chars), boundary_p=p_sum / max(chars, 1) if
+                chars=int(chars), boundary_p=p_sum / max(chars, 1) if
                 hasattr(model.source, 'predictor') else None)
 
 
 def eval_and_log(t, args, splits, split, max_chars, state):
-    """Evaluate the first max_chars characters of a split (0: all) → its eval record, logged."""
+    """Evaluate the first max_chars characters of a split (0: all); log and show it → the record."""
     tokens = splits[split][:max_chars + 1] if max_chars else splits[split]
     t0, _ = time.time(), rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
                  args.device, t.autocast, split, t.procs.rank, t.procs.world)
-    return report_eval(t, args, state, split, r, len(tokens) < len(splits[split]),
-                           time.time() - t0)
-
-
-
-# -------------------------------------------------------------------------- what a run prints
-def run_summary(args, params, amp, world, resumed_at=None):
-    """A training run's set-up in three lines for the terminal (log.jsonl has every flag)."""
-    resumed = f' (resumed at step {resumed_at})' if resumed_at is not None else ''
-    cap = f' (at most {args.max_steps} steps)' if args.max_steps < 10**9 else ''  # given
-    end = (f'until {args.flop_budget:.3g} FLOPs{cap}' if args.flop_budget is not None
-           else f'to step {args.max_steps}')
-    return (f'{args.boundary} on {args.data} -> {args.out}{resumed}\n'
-            f'  model: {params / 1e6:.2f}M parameters, layers {args.layers}, d_model '
-            f'{args.d_model}, {args.n_head} heads x {args.d_head}, d_inner {args.d_inner}; '
-            f'{args.device}, amp {amp}, {world} process(es)\n'
-            f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
-            f'{args.warmup} warm-up steps, then a cosine {end}')
-
-
-def report_train(t, args, state, r, lr, dt, steps, clock, stop):
-    """A train record of the statistics r read since the last one (`steps` steps in `dt` seconds
-    of training) to log.jsonl, and its line to the terminal (rank 0) with the ETA of step `stop`,
-    or of the --flop-budget."""
-    speed = steps * args.batch_size * args.seq_len / dt
-    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
-                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                      loss=r['loss'], bpc=r['lm_loss'] / math.log(2), sf=r['sf'],
-                      precision=r['precision'], recall=r['recall'], chars_per_s=round(speed),
-                      lr=lr, grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
-                      epoch=state.epoch))
-    if args.flop_budget is not None:
-        where = f'step {state.step} | {state.budget_flops:.3g}/{args.flop_budget:.3g} FLOPs'
-        eta = clock.eta(state.budget_flops, args.flop_budget)
-    else:
-        where, eta = f'step {state.step}/{stop}', clock.eta(state.step, stop)
-    if t.procs.rank == 0:
-        print(f'{where} | loss {r["loss"]:.3f} | bpc {r["lm_loss"] / math.log(2):.3f} | sf '
-              f'{r["sf"]:.2f} | {1000 * dt / max(1, steps):.0f} ms/step | '
-              f'{rt.short_count(speed)} chars/s | eta {rt.duration(eta)}', flush=True)
-
-
-def report_eval(t, args, state, split, r, subset, seconds):
-    """An eval record (r: evaluate's result) to log.jsonl and its line to the terminal → the
-    record."""
-    p = None if r.get('boundary_p') is None else round(r['boundary_p'], 5)
-    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
-               boundary_p=p, eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
+    p, subset = r['boundary_p'] and round(r['boundary_p'], 5), len(tokens) < len(splits[split])
+    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'], boundary_p=p,
+               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
                train_flops=state.train_flops, train_time=round(state.train_time, 3),
                mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
-    if t.procs.rank == 0:
-        print(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
-              + ('' if p is None else f'mean p {p:.3f} | ') +
-              f'{rt.short_count(r["chars"])} chars{" (a subset)" if subset else ""} | '
-              f'{rt.duration(seconds)}', flush=True)
+    t.say(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+          + ('' if p is None else f'mean p {p:.3f} | ') + f'{r["chars"]:,} chars'
+          + f'{" (a subset)" if subset else ""} | {rt.duration(time.time() - t0)}')
     return rec
+
+
+# ----------------------------------------------------------------------------------- the run
+def run(argv, procs):
+    """Check flags, data and model before anything is written; then lock the run folder, train."""
+    started = time.time()
+    args, ckpt = resolve_args(argv, procs)
+    for flag, module in (('tensorboard', 'torch.utils.tensorboard'), ('wandb', 'wandb')):
+        if getattr(args, flag) and procs.rank == 0:  # (before anything is written)
+            rt.import_optional(module, f'--{flag}')
+    meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
+    source = dict(vocab={k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
+                  dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
+    cfg = model_config(args, meta, procs.world)
+    amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
+    state = RunState()
+    if ckpt is not None:  # (one from before the counters: characters from the steps, FLOPs None)
+        state = RunState(**{'train_chars': ckpt['step'] * args.batch_size * args.seq_len,
+                            'train_flops': None, **{k: ckpt[k] for k in vars(state) if k in ckpt},
+                            'saved': ckpt['step']})
+        check_resumable(ckpt, cfg, source, args.data)
+    check_run(args, ckpt, splits['train'], finished(state, args))
+    rt.check_model_memory(cfg, args.device)
+    for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
+        print(f'warning: {line}', file=sys.stderr, flush=True)
+    say = print if procs.rank == 0 else (lambda *a, **k: None)
+    with rt.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
+                      f'{kept(Path(args.out) / "ckpt.pt", state.saved)}'):
+        rt.start_processes(args.device, procs)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)  # same on every rank: identical initial weights
+        model = DynamicPoolingLM(cfg).to(args.device)
+        # fused: one kernel over all parameters, which can also skip a step on the device
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
+        if ckpt is not None:
+            restore_training(ckpt, model, optimizer, scaler, args.device)
+        reseed_rank(args.seed, procs.rank, state.step)
+        params = model.num_params()
+        end = f'to step {args.max_steps}' if args.flop_budget is None else \
+            f'until {args.flop_budget:.3g} FLOPs' + (f' (at most {args.max_steps} steps)'
+                                                    if args.max_steps < 10**9 else '')
+        say(f'{args.boundary} on {args.data} -> {args.out}' + ('' if ckpt is None else
+            f' (resumed at step {state.step})') + f'\n  model: {params / 1e6:.2f}M parameters, '
+            f'layers {args.layers}, d_model {args.d_model}, {args.n_head} heads x {args.d_head}, '
+            f'd_inner {args.d_inner}; {args.device}, amp {amp}, {procs.world} process(es)\n'
+            f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
+            f'{args.warmup} warm-up steps, then a cosine {end}', flush=True)
+        gpu = args.device.startswith('cuda') and torch.cuda.get_device_name(args.device)
+        logger = rt.Logger(Path(args.out), args, rank=procs.rank, resumed_from=state.saved,
+                           config_record=dict(kind='config', **{**vars(args), 'amp': amp},
+                                              params=params, world=procs.world,
+                                              device_name=gpu or platform.machine(),
+                                              torch=torch.__version__, resumed_from=state.saved))
+        t = SimpleNamespace(model=rt.wrap_model(model, args, procs.world), raw_model=model,
+                            optimizer=optimizer, scaler=scaler, autocast=autocast, procs=procs,
+                            stats=rt.StepStats(cfg, args, procs.world), logger=logger,
+                            say=lambda line: say(line, flush=True))
+        try:
+            why = train(args, cfg, source, splits, labels, state, t, started)
+            finish(t, args, splits, meta, state, why)
+        finally:
+            logger.close()
+
+
+def train(args, cfg, source, splits, labels, state, t, started):
+    """Steps, train records, validations, checkpoints → why the run stopped early, or None."""
+    stop, why = min(args.max_steps, args.stop_step or args.max_steps), None
+    budget = args.flop_budget is not None
+    stream = batches(splits['train'], labels and labels['train'], args, cfg, state, t.procs)
+    if state.step == 0:
+        eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
+    batch = next(stream)  # the clock: training time (not evaluating, saving) and the pace so far
+    clock = SimpleNamespace(last=time.time(), step=state.step, spent=0.0,
+                            work=state.budget_flops if budget else state.step)
+    t.model.train()
+    while state.step < stop and not finished(state, args):
+        if budget and state.step >= args.warmup and state.warmup_flops is None:
+            state.warmup_flops = state.budget_flops  # the cosine decays over the FLOPs from here
+        lr = lr_at(state.step, args, state)
+        for group in t.optimizer.param_groups:
+            group['lr'] = lr
+        train_step(t, batch, args)
+        state.step, state.epoch, state.pos = state.step + 1, batch.epoch, batch.pos
+        state.train_chars += args.batch_size * args.seq_len
+        batch = next(stream)  # cut and copied on the host while the device runs the step
+        state.budget_flops += t.stats.take_step_flops() if budget else 0.0
+        end = state.step >= stop or finished(state, args)
+        save = state.step % args.eval_interval == 0 or end
+        if (state.step % args.log_interval == 0 or save) and log_train(
+                t, args, state, clock, lr, stop, started) and not end:
+            stop, why, save = state.step, f'--max-time {args.max_time:g}s', True
+        if save:
+            if not finished(state, args):  # (a finished run is evaluated in full by finish)
+                eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
+            with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
+                if t.procs.rank == 0:
+                    counters = {k: v for k, v in vars(state).items() if k != 'saved'}
+                    save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
+                        t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args),
+                        state.saved)
+                state.saved = state.step
+                reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
+            clock.last = time.time()  # evaluating and saving are not training time
+    return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
+
+
+def log_train(t, args, state, clock, lr, stop, started):
+    """Read the statistics since the last record, log and show them → whether --max-time is up."""
+    r = t.stats.read(args.max_time is not None and time.time() - started >= args.max_time)
+    dt, steps = time.time() - clock.last, state.step - clock.step
+    clock.last, clock.step, clock.spent = clock.last + dt, state.step, clock.spent + dt
+    if r['bad']:
+        raise UserError(f'non-finite loss or gradient at a step in {state.step - steps + 1}..'
+                        f'{state.step} (skipped: the weights stayed finite); stopped, '
+                        f'{kept(Path(args.out) / "ckpt.pt", state.saved)}')
+    state.train_time += dt
+    if state.train_flops is not None:
+        state.train_flops += r['flops']
+    speed, bpc = steps * args.batch_size * args.seq_len / dt, r['lm_loss'] / math.log(2)
+    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
+                      recall=r['recall'], chars_per_s=round(speed), lr=lr,
+                      grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
+                      epoch=state.epoch))
+    where, work, total = f'step {state.step}/{stop}', state.step, stop
+    if args.flop_budget is not None:
+        where = f'step {state.step} | {state.budget_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+        work, total = state.budget_flops, args.flop_budget
+    eta = (total - work) * clock.spent / (work - clock.work) if work > clock.work else None
+    t.say(f'{where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
+          f'{1000 * dt / max(1, steps):.0f} ms/step | {speed:,.0f} chars/s | '
+          f'eta {rt.duration(eta)}')
+    return r['late']
 
 
 def finish(t, args, splits, meta, state, why):
     """Finished: the full validation and test, and how to sample; stopped: how to continue."""
     if why is not None:
-        if t.procs.rank == 0:
-            total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
-            print(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                  f'python train.py --out {shlex.quote(args.out)} --resume', flush=True)
-        return
+        total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
+        return t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
+                     f'python train.py --out {shlex.quote(args.out)} --resume')
     eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
     r = eval_and_log(t, args, splits, 'test', args.eval_max_chars, state)
-    if t.procs.rank != 0:
-        return
-    u = (label_set(meta, args.unigram) or {}) if args.boundary == 'unigram' else None
-    if u is not None:  # the predictor's SF beside its labels' and the left-context ceiling's
-        labels, ceiling = (u.get('shortening_factor') or {}).get('test'), \
-            u.get('left_context_ceiling') or {}
-        print(f'unigram-{u.get("vocab_size")}: the predictor pools at SF {r["sf"]:.2f} on test'
+    u = label_set(meta, args.unigram) if args.boundary == 'unigram' else None
+    if u:  # the predictor's SF beside its labels' and the left-context ceiling's
+        labels = (u.get('shortening_factor') or {}).get('test')
+        ceiling = u.get('left_context_ceiling') or {}
+        t.say(f'unigram-{u["vocab_size"]}: the predictor pools at SF {r["sf"]:.2f} on test'
               + (f', its labels at {labels:.2f}' if is_number(labels) else '')
               + (f'; the left-context ceiling is SF {ceiling["shortening_factor"]:.2f} on '
                  f'{ceiling.get("split")}' if is_number(ceiling.get('shortening_factor')) else ''))
     text = ''.join(meta['alphabet'][i] for i in splits['test'][:40]).split('\n')[0]
     prompt = text.rsplit(' ', 1)[0] if ' ' in text.strip() else text  # whole words
-    print(f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; sample '
+    t.say(f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; sample '
           f'with: python sample.py --ckpt {shlex.quote(args.out)} --prompt {shlex.quote(prompt)}'
-          f'\ntest bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}', flush=True)
-
-
-def run(argv, procs):
-    """Check flags, data and model before anything is written; then lock the run folder, train."""
-    started = time.time()
-    args, ckpt = resolve_args(parse_args(argv), procs)
-    layers = check_args(args, procs)
-    for flag, module in (('tensorboard', 'torch.utils.tensorboard'), ('wandb', 'wandb')):
-        if getattr(args, flag) and procs.rank == 0:  # (before anything is written)
-            rt.import_optional(module, module.split('.')[-1], f'--{flag}')
-    meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
-    source = dict(vocab={k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
-                  dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
-    cfg = model_config(args, layers, meta)
-    state = RunState() if ckpt is None else RunState.resumed(ckpt, args)
-    check_run(args, ckpt, cfg, source, splits['train'], procs, finished(state, args))
-    with rt.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
-                      f'{kept(Path(args.out) / "ckpt.pt", state.saved)}'):
-        t = setup(args, cfg, ckpt, state, procs)
-        try:
-            why = train(args, cfg, source, splits, labels, state, t, started)
-            finish(t, args, splits, meta, state, why)
-        finally:
-            t.logger.close()
+          f'\ntest bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
 
 
 def main(argv=None):
-    """Train → the exit code: every user mistake or fault ends as one `error: ...` line (rank 0
-    says it) and its code (common.main)."""
-    procs = rt.torchrun_processes()
+    """Train → the exit code; every mistake or fault is one `error: ...` line (rank 0 says it)."""
+    procs = rt.Processes.of_torchrun()
     return common.main(lambda: run(argv, procs), procs.rank)
 
 
