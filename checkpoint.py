@@ -1,8 +1,5 @@
-"""
-ckpt.pt, everything about it in one place: the sealed, atomic write; the read that verifies the
-seal, loads with torch's weights_only unpickler, checks every field and refuses NaN or inf; and the
-training state it holds (weights, optimizer, loss scaler, every RNG, counters, config, vocabulary,
-flags and a fingerprint of the data), restored exactly on --resume.
+"""ckpt.pt: the sealed, atomic write; the read that verifies the seal, loads weights_only, checks
+every field and refuses NaN or inf; the training state it holds, restored exactly on --resume.
 
     model, ckpt = load_checkpoint('out/text8-entropy')    # a run folder or the file; eval mode
 """
@@ -67,18 +64,15 @@ def verify_checksum(path):
 
 
 def non_finite_tensor(obj, name=''):
-    """The name of the first floating tensor in obj (nested dicts, lists, tuples) that holds a NaN
-    or an inf, e.g. 'model.lm_head.weight' or 'optimizer.state.3.exp_avg'; None if all are finite."""
+    """The name of the first floating tensor in obj (nested dicts, lists, tuples) that holds NaN
+    or inf, e.g. 'model.lm_head.weight' or 'optimizer.state.3.exp_avg'; None if all are finite."""
     if isinstance(obj, torch.Tensor):
-        finite = not (obj.is_floating_point() or obj.is_complex()) or bool(torch.isfinite(obj).all())
-        return None if finite else name
+        plain = not (obj.is_floating_point() or obj.is_complex())
+        return None if plain or bool(torch.isfinite(obj).all()) else name
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
         obj, (list, tuple)) else ()
-    for k, v in items:
-        found = non_finite_tensor(v, f'{name}.{k}' if name else str(k))
-        if found is not None:
-            return found
-    return None
+    found = (non_finite_tensor(v, f'{name}.{k}' if name else str(k)) for k, v in items)
+    return next((f for f in found if f is not None), None)
 
 
 def config_from_dict(d):
@@ -93,10 +87,6 @@ def config_from_dict(d):
         raise UserError(f'the config is invalid: {e}') from None
 
 
-def _count(v):
-    return type(v) is int and v >= 0
-
-
 def _rng(v):
     """train.py's RNG states: torch's and CUDA's byte tensors, numpy's and Python's state tuples."""
     def byte_tensor(t):
@@ -107,30 +97,26 @@ def _rng(v):
             and isinstance(python, (tuple, list)) and len(python) == 3)
 
 
-# The fields of a checkpoint and what each must be where present: (rule, what it must be).
-FIELDS = {
-    'step': (_count, 'a count >= 0'), 'epoch': (_count, 'a count >= 0'),
-    'pos': (_count, 'a count >= 0'), 'train_chars': (_count, 'a count >= 0'),
-    'train_flops': (lambda v: v is None or is_number(v), 'a number >= 0 or null'),
-    'train_time': (is_number, 'a number of seconds >= 0'),
-    'budget_flops': (is_number, 'a number >= 0'),
-    'warmup_flops': (lambda v: v is None or is_number(v), 'a number >= 0 or null'),
-    'args': (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-             'a dict of flags'),
-    'schedule': (lambda v: isinstance(v, dict), 'a dict'),
-    'scaler': (lambda v: isinstance(v, dict), 'a dict (the GradScaler state)'),
-    'optimizer': (lambda v: isinstance(v, dict) and isinstance(v.get('state'), dict)
-                  and isinstance(v.get('param_groups'), list),
-                  'a dict with state and param_groups'),
-    'rng': (lambda v: isinstance(v, dict) and _rng(v),
-            'a dict of torch, cuda, numpy and python RNG states'),
-    'model': (lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(
+def _is(*types, **keys):
+    """Rule: an instance of types whose keys (a dict's) hold the given types."""
+    return lambda v: isinstance(v, types) and all(isinstance(v.get(k), t) for k, t in keys.items())
+
+
+# A checkpoint's fields and what each must be where present: {field: (rule, what it must be)}.
+COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_number, 'a number >= 0')
+FIELDS = dict(
+    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER, budget_flops=NUMBER,
+    train_flops=(lambda v: v is None or is_number(v), 'a number >= 0 or null'),
+    warmup_flops=(lambda v: v is None or is_number(v), 'a number >= 0 or null'),
+    args=(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), 'a dict of flags'),
+    schedule=(_is(dict), 'a dict'), scaler=(_is(dict), 'a dict (the GradScaler state)'),
+    optimizer=(_is(dict, state=dict, param_groups=list), 'a dict with state and param_groups'),
+    rng=(lambda v: isinstance(v, dict) and _rng(v), 'a dict of torch, cuda, numpy, python states'),
+    model=(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(
         t, torch.Tensor) for k, t in v.items()), 'a dict of named tensors'),
-    'vocab': (lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
-              'a dict of alphabet, vocab_size and space_id'),
-    'dataset': (lambda v: isinstance(v, dict) and isinstance(v.get('fingerprint'), str),
-                'a dict with the fingerprint of the data'),
-}
+    vocab=(lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
+           'a dict of alphabet, vocab_size and space_id'),
+    dataset=(_is(dict, fingerprint=str), 'a dict with the fingerprint of the data'))
 
 
 def _torch_load(path, trust):
@@ -142,18 +128,15 @@ def _torch_load(path, trust):
     try:
         with torch.serialization.safe_globals(numpy_rng):
             return torch.load(path, map_location='cpu', weights_only=not trust)
-    except pickle.UnpicklingError as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
+            AttributeError, ImportError, TypeError, KeyError, IndexError, RecursionError) as e:
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:  # a readable file that pickles more than tensors and containers
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
                             f'loading refuses; load it only if you trust the file') from None
-        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint') \
-            from None
-    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, AttributeError, ImportError,
-            TypeError, KeyError, IndexError, RecursionError) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split('. ')[0]
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
-                        f'{why}') from None
+                        f'{why}'[:300]) from None
 
 
 def read_checkpoint(path, trust=False):
@@ -171,8 +154,8 @@ def read_checkpoint(path, trust=False):
         raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by train.py')
     for k, (ok, rule) in FIELDS.items():
         if k in ckpt and not ok(ckpt[k]):
-            v = ckpt[k] if isinstance(ckpt[k], (int, float, str, type(None))) else \
-                type(ckpt[k]).__name__
+            v = ckpt[k]
+            v = v if type(v) in (int, float, str, type(None)) else type(v).__name__
             raise UserError(f'checkpoint {path}: {k} must be {rule}, not {v!r}'[:300])
     try:
         config_from_dict(ckpt['config'])
