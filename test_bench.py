@@ -36,9 +36,9 @@ def _cli(args, cwd):
                           cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 
-def _in_process_spawn(args, argv, name, pieces):
+def _in_process_spawn(args, name, pieces):
     """bench.spawn without a process: the child's command line, parsed and run here."""
-    child = bench.parse_args(argv + ['--one', name] + ([] if pieces else ['--no-pieces']))
+    child = bench.parse_args(args.argv + ['--one', name] + ([] if pieces else ['--no-pieces']))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         bench.run_one(child, name)
@@ -120,9 +120,9 @@ def test_failing_configuration_is_one_line(tmp_path, capsys, monkeypatch):
 def test_failed_configuration_is_left_out_of_the_table(monkeypatch, capsys):
     """One configuration fails (or outlives --timeout): the others are measured and tabled, then
     one line names the failed one, exit 1."""
-    def spawn(args, argv, name, pieces):
+    def spawn(args, name, pieces):
         return (None, 'took over 1 s (--timeout)') if name == 'ws4' else _in_process_spawn(
-            args, argv, name, pieces)
+            args, name, pieces)
     monkeypatch.setattr(bench, 'spawn', spawn)
     rc, out, err = run_main(bench.main, TINY + ['--configs', 'vanilla,ws4,fixed2', '--rounds', '2',
                                                 '--steps', '1', '--peak-n', '32'], capsys)
@@ -192,13 +192,15 @@ def test_flop_formula_matches_counted_matmuls(name):
     (forward + backward), with the attention computed in one block so that every n² term runs."""
     args = bench.parse_args(TINY + ['--dropout', '0', '--dropatt', '0', '--attn-chunk', '64',
                                     '--attention', 'blocked'])
-    model, (x, y, b) = bench.setup(args, name)
+    model, _, _, (x, y, b) = bench.prepared(args, name)
     with FlopCounterMode(display=False) as counter:
         out = model(x, targets=y, boundaries=b)
         out.loss.backward()
     sf = float(out.shortening_factor) if out.shortening_factor is not None else 1.0
     # r_net's input (the sinusoids) needs no gradient: its backward is 1×, not 2× — the only gap
-    assert bench.config_flops(args, name, sf) == pytest.approx(counter.get_total_flops(), rel=0.03)
+    rec = dict(times=[1.0], peak=1, step_mem=1, sf=sf, parts={})
+    flops = bench.summarise(args, {name: [rec]})[name]['flops']
+    assert flops == pytest.approx(counter.get_total_flops(), rel=0.03)
 
 
 @pytest.mark.parametrize('name', ALL + ['ws4+blocked', 'ws4+sdpa'])
@@ -235,7 +237,7 @@ def test_peak_memory_counts_from_after_the_warm_up(monkeypatch, capsys, device):
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda *a: calls.append('peak') or 300)
     monkeypatch.setattr(bench, 'resident', lambda f: calls.append(
         'base' if f == 'VmRSS' else 'peak') or (100 if f == 'VmRSS' else 300))
-    monkeypatch.setattr(bench, 'reset_peak_rss', lambda: calls.append('reset') or True)
+    monkeypatch.setattr(bench, 'reset_peak_rss', lambda: calls.append('reset'))
     bench.run_one(args, 'vanilla')
     assert calls == ['base', 'step', 'step', 'reset', 'step', 'step', 'peak']
     rec = json.loads(capsys.readouterr().out)
@@ -244,12 +246,12 @@ def test_peak_memory_counts_from_after_the_warm_up(monkeypatch, capsys, device):
 
 def test_peak_resident_set_resets_on_linux():
     """The CPU reset itself: after it the peak is the resident set of now, below an earlier peak."""
-    if not bench.reset_peak_rss():
+    if not os.access('/proc/self/clear_refs', os.W_OK):
         pytest.skip('this system cannot reset the peak resident set')
     block = torch.ones(64 * 2 ** 20 // 4)          # 64 MiB resident, then freed
     high = bench.resident('VmHWM')
     del block
-    assert bench.reset_peak_rss()
+    bench.reset_peak_rss()
     assert bench.resident('VmHWM') < high - 32 * 2 ** 20
 
 
@@ -259,6 +261,7 @@ def test_cuda_runs_with_tf32_matmuls_as_train_py(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda d: None)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda d: 'a GPU')
     seen = {}
     monkeypatch.setattr(bench, 'run_one', lambda args, name: seen.update(
         device=args.device, matmul=torch.backends.cuda.matmul.allow_tf32,
@@ -310,7 +313,7 @@ def test_plot_is_written_whole(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_cuda_step_timed_with_events_and_peak_memory(capsys):
-    """On a GPU: bf16 autocast, CUDA-event times, max_memory_allocated, a matmul peak."""
+    """On a GPU: bf16 autocast, synchronised times, max_memory_allocated, a matmul peak."""
     args = bench.parse_args(TINY + ['--device', 'cuda', '--one', 'gumbel4', '--steps', '2'])
     assert args.amp == 'bf16' and args.warmup == 3
     bench.run_one(args, 'gumbel4')
