@@ -1,9 +1,6 @@
-"""
-A dataset written by prepare_data.py, read and checked once, where it is read: meta.json, the
-memmapped token ids of each split and the Unigram boundary labels. Whatever cannot be used is one
-UserError line naming the file and the prepare_data.py command that remakes it.
-
-    meta, splits, labels = load_data('data/text8', 'unigram')   # splits: {split: uint8/16 [N]}
+"""A dataset written by prepare_data.py, checked once where it is read (meta.json, memmapped splits,
+Unigram labels): what cannot be used is one UserError line naming the file and the command that
+remakes it.   meta, splits, labels = load_data('data/text8', 'unigram')  # {split: uint8/16 [N]}
 """
 import hashlib
 import json
@@ -101,10 +98,7 @@ def meta_problem(meta, fields=None):
 
 def _clip(v, n=60):
     """A JSON value in a message, cut to n characters."""
-    try:
-        text = json.dumps(v, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(v)
+    text = json.dumps(v, ensure_ascii=False, default=repr)
     return text if len(text) <= n else text[:n - 3] + '...'
 
 
@@ -183,10 +177,9 @@ def dataset_defaults(data_dir, names):
     """meta.json's per-language defaults ("defaults", e.g. the Gumbel prior 0.37 for Finnish) of
     the flags in names; {} where there are none (a broken dataset is reported at load)."""
     try:
-        defaults = read_meta(Path(data_dir)).get('defaults', {})
+        return {k: v for k, v in read_meta(data_dir).get('defaults', {}).items() if k in names}
     except (UserError, OSError):
         return {}
-    return {k: v for k, v in defaults.items() if k in names}
 
 
 def fingerprint(splits):
