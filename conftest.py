@@ -32,11 +32,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Tests that take pytest fixtures add HYPOTHESIS_FIXTURES to their own @settings.
 _common = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=25, **_common)
-settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_common)
-settings.register_profile("explore", max_examples=25, database=None, **_common)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI")
-                                                                 else "dev"))
+settings.register_profile('dev', max_examples=25, **_common)
+settings.register_profile('ci', max_examples=25, derandomize=True, database=None, **_common)
+settings.register_profile('explore', max_examples=25, database=None, **_common)
+settings.load_profile(os.environ.get('HYPOTHESIS_PROFILE') or ('ci' if os.environ.get('CI')
+                                                                 else 'dev'))
 HYPOTHESIS_FIXTURES = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                   HealthCheck.function_scoped_fixture])
 
@@ -48,56 +48,57 @@ POOLED_LAST = [f'{m}+last' for m in MODES if m not in ('none', 'hnet')]
 MODE_VARIANTS = MODES + POOLED_LAST
 V = 8                        # tiny vocabulary of the model tests
 SPACE = 0                    # its space id (drawn often, see random_tokens)
-ALPHABET = [" "] + [chr(ord("a") + i) for i in range(26)]   # text8's, space id 0
+ALPHABET = [' '] + [chr(ord('a') + i) for i in range(26)]   # text8's, space id 0
 ROOT = Path(__file__).parent
-DATA_DIR = ROOT.parent / "shared" / "data"
+DATA_DIR = ROOT.parent / 'shared' / 'data'
 
 
 # matplotlib is the optional extra: only the tests marked plots need it (found, not imported: fast).
-_HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+_HAS_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true",
-                     help="also run tests marked slow (torch.compile)")
+    parser.addoption('--slow', action='store_true',
+                     help='also run tests marked slow (torch.compile)')
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs CUDA; skipped without it")
-    config.addinivalue_line("markers", "slow: minutes on a CPU (torch.compile, long doc commands); "
-                                       "run with --slow")
-    config.addinivalue_line("markers", "plots: draws with matplotlib (the optional extra); skipped "
-                                       "without it; `-m plots` runs only these")
-    config.addinivalue_line("markers", "property: a hypothesis test (marked by conftest); "
-                                       "`-m property` runs only these")
+    config.addinivalue_line('markers', 'gpu: needs CUDA; skipped without it')
+    config.addinivalue_line('markers', 'slow: minutes on a CPU (torch.compile, long doc commands); '
+                                       'run with --slow')
+    config.addinivalue_line('markers', 'plots: draws with matplotlib (the optional extra); skipped '
+                                       'without it; `-m plots` runs only these')
+    config.addinivalue_line('markers', 'property: a hypothesis test (marked by conftest); '
+                                       '`-m property` runs only these')
 
 
 def pytest_report_header(config):
-    seed = config.getoption("hypothesis_seed", None)
+    seed = config.getoption('hypothesis_seed', None)
     profile = settings._current_profile
     if seed is not None:
-        return (f"hypothesis profile {profile!r}, seed {seed}: replay a failure with "
-                f"HYPOTHESIS_PROFILE={profile} python -m pytest --hypothesis-seed={seed} ...")
+        return (f'hypothesis profile {profile!r}, seed {seed}: replay a failure with '
+                f'HYPOTHESIS_PROFILE={profile} python -m pytest --hypothesis-seed={seed} ...')
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if is_hypothesis_test(getattr(item, "obj", None)):
+        if is_hypothesis_test(getattr(item, 'obj', None)):
             item.add_marker(pytest.mark.property)
-        if "gpu" in item.keywords and not torch.cuda.is_available():
-            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
-        if "slow" in item.keywords and not config.getoption("--slow"):
-            item.add_marker(pytest.mark.skip(reason="slow: run with --slow"))
-        if "plots" in item.keywords and not _HAS_MATPLOTLIB:
-            item.add_marker(pytest.mark.skip(reason='needs matplotlib: pip install "matplotlib>=3.5"'))
+        if 'gpu' in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason='needs CUDA'))
+        if 'slow' in item.keywords and not config.getoption('--slow'):
+            item.add_marker(pytest.mark.skip(reason='slow: run with --slow'))
+        if 'plots' in item.keywords and not _HAS_MATPLOTLIB:
+            item.add_marker(pytest.mark.skip(
+                reason='needs matplotlib: pip install "matplotlib>=3.5"'))
 
 
-def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
+def assert_close(a, b, atol=1e-5, rtol=0.0, msg=''):
     """torch.allclose with a useful failure message: max / mean abs difference and where."""
     a = torch.as_tensor(a).detach().double()
     b = torch.as_tensor(b).detach().double()
-    assert a.shape == b.shape, f"{msg} shape {tuple(a.shape)} != {tuple(b.shape)}"
+    assert a.shape == b.shape, f'{msg} shape {tuple(a.shape)} != {tuple(b.shape)}'
     if a.numel() == 0:
         return
     diff = (a - b).abs()
@@ -105,9 +106,9 @@ def assert_close(a, b, atol=1e-5, rtol=0.0, msg=""):
     if bad.any():
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise AssertionError(
-            f"{msg} not close: max abs diff {diff.max().item():.3e}, mean abs diff "
-            f"{diff.mean().item():.3e}, {int(bad.sum())}/{a.numel()} elements over atol={atol} "
-            f"rtol={rtol}; first at {first}: {a[first].item():.6g} vs {b[first].item():.6g}")
+            f'{msg} not close: max abs diff {diff.max().item():.3e}, mean abs diff '
+            f'{diff.mean().item():.3e}, {int(bad.sum())}/{a.numel()} elements over atol={atol} '
+            f'rtol={rtol}; first at {first}: {a[first].item():.6g} vs {b[first].item():.6g}')
 
 
 def shared_data(name):
@@ -165,7 +166,8 @@ def odd_paths(root, leaf='x'):
     (root / 'a-dir').mkdir()
     os.mkfifo(root / 'a-fifo')
     return {'too-long': root / ('n' * 300), 'too-deep': root.joinpath(*['d'] * 25) / leaf,
-            'through-a-file': root / 'a-file' / leaf, 'fifo': root / 'a-fifo', 'dir': root / 'a-dir'}
+            'through-a-file': root / 'a-file' / leaf, 'fifo': root / 'a-fifo',
+            'dir': root / 'a-dir'}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def tiny_model(mode, vocab=V, seed=0, rate=0.3, **extra):
                 # Bisection ends where one calibration token sits exactly on the threshold; step
                 # off it, or that token (same id at position 0 in any input) would tie every test.
                 lin.bias.fill_((lo + hi) / 2 + 0.01)
-        if mode == "hnet":
+        if mode == 'hnet':
             draw_hnet_weights(model)
         _CALIBRATED[key] = model
     model = DynamicPoolingLM(tiny_config(mode, vocab, **extra)).eval()
@@ -256,15 +258,14 @@ def tiny():
 def full_forward(model, x):
     """Uncached forward → (logits, boundaries or None, predictor logits or None), no grad."""
     with torch.no_grad():
-        trunk = model.trunk(x)
-        r = trunk.routing
-        return model.lm_head(trunk.h), None if r is None else r.b, None if r is None else r.logits
+        h, r = model.trunk(x)
+        return model.lm_head(h), None if r is None else r.b, None if r is None else r.logits
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
-def checkpoint_state(mode="fixed", vocab=27, step=3):
+def checkpoint_state(mode='fixed', vocab=27, step=3):
     """A checkpoint dict with train.py's keys (a tiny model, Adam's state in its state_dict layout,
     RNG states, counters); write it with checkpoint.save_checkpoint(path, state, None)."""
     import dataclasses
@@ -279,12 +280,12 @@ def checkpoint_state(mode="fixed", vocab=27, step=3):
     groups = [dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False,
                    maximize=False, foreach=None, capturable=False, differentiable=False,
                    fused=None, params=list(range(len(params))))]
-    return dict(model=model.state_dict(), optimizer=dict(state=adam, param_groups=groups), scaler={},
-                step=step, epoch=0,
+    return dict(model=model.state_dict(), optimizer=dict(state=adam, param_groups=groups),
+                scaler={}, step=step, epoch=0,
                 pos=4 * step, train_chars=128 * step, train_flops=1e6 * step, train_time=0.5 * step,
                 budget_flops=0.0, warmup_flops=None, config=dataclasses.asdict(model.cfg),
                 vocab=dict(alphabet=ALPHABET[:vocab], vocab_size=vocab, space_id=0),
-                args=dict(boundary=mode, data="data/text8", layers="1,1,1", seed=1337),
+                args=dict(boundary=mode, data='data/text8', layers='1,1,1', seed=1337),
                 schedule=dict(lr=1e-3, warmup=2, max_steps=10, flop_budget=None),
                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                          python=random.getstate(), cuda=None))

@@ -9,33 +9,13 @@ and the result is upsampled back, without leaking the future, for a few final la
     tokens ─ embed ─ pre ─┬─ source ─ pooling.down ─ shortened ─ pooling.up ─┐
                           └────────────── skip connection ─────────────────── + ─ post ─ logits
 
-The file reads top to bottom: Config (what the model is), relative attention, layers and stages,
-pooling through the boundary matrix, the boundary sources, the model and its FLOP count,
-generation, and last an optional CPU dropout.
-
-Notable features:
-- six boundary sources behind one switch, `Config.boundary`: none (vanilla), fixed, whitespace,
-  unigram, entropy, gumbel (paper §3); each is one `BoundarySource` class (decision, loss,
-  targets) with its pooling unit, and `register_source` adds another from a file of its own
-  (hnet.py: H-Net's dynamic chunking, boundary='hnet');
-- Transformer-XL relative attention (Dai et al. 2019), as one fused scaled_dot_product_attention
-  call or in query blocks that skip the masked future (`Config.attention`);
-- pooling through the boundary matrix B, differentiable in the boundaries (paper §2.2);
-- upsampling that gives token t only the last segment complete at t, so nothing leaks;
-- cached, incremental generation that runs the shortened stage once per closed segment;
-- no device → host read for boundaries known when the batch is cut (fixed, whitespace): the
-  caller counts the segments there (forward's n_segments), so a step needs no sync on a GPU and
-  torch.compile traces it as one graph.
-
 Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries b are
 [B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1 starts the
 next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a boundary are pooled.
 
-    from dynpool import Config, DynamicPoolingLM
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
-    S = int((x == 0).sum(1).max())     # complete segments of the fullest row, counted on the host
-    out = model(x, targets=y, n_segments=S)   # the same, with no device read
+    out = model(x, targets=y, n_segments=int((x == 0).sum(1).max()))   # the same, no device read
 """
 
 import dataclasses
@@ -50,11 +30,18 @@ import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # Configuration: what the model is
+def require(ok, message):
+    """The one way this file refuses a Config or an input: a ValueError saying what is wrong."""
+    if not ok:
+        raise ValueError(message)
 
 
 @dataclass
 class Config:
-    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix)."""
+    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix). A source's
+    own fields (its `Options`: hnet.py's ratio_target, ratio_weight) are not written here: its
+    import runs register_source, which adds them and makes Config a dataclass again, so Config(),
+    asdict checkpoints and flags see them as any field (kept over an `options: dict` field)."""
     vocab_size: int = 27
     d_model: int = 512
     n_head: int = 8
@@ -64,8 +51,7 @@ class Config:
     dropatt: float = 0.1
     layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: sum(layers) at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
-    pooling: str = 'mean'              # a segment's vector: its mean, or its last token ('last':
-                                       # sub-sampling, the paper's Table 2)
+    pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
     whitespace_id: Optional[int] = None  # id of the space (whitespace; gumbel precision/recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
@@ -76,51 +62,37 @@ class Config:
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
-    # ... and the fields of each registered source's Options (register_source adds them here)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
-        if self.boundary not in BOUNDARY_MODES:
-            raise ValueError(f"unknown boundary mode {self.boundary!r}; "
-                             f"choose one of {', '.join(BOUNDARY_MODES)}")
-        if len(self.layers) != 3 or any(int(n) != n or n < 0 for n in self.layers):
-            raise ValueError(f'layers must be three counts (pre, shortened, post), '
-                             f'got {self.layers!r}')
-        if self.boundary != 'none' and self.layers[1] == 0:
-            raise ValueError(f'boundary {self.boundary!r} needs shortened layers, '
-                             f'got layers={self.layers}')
-        if self.pooling not in ('mean', 'last'):
-            raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
-        if self.pooling == 'last' and self.boundary == 'none':
-            raise ValueError("pooling 'last' picks each segment's last token; boundary 'none' "
-                             "has no segments to pool that way")
-        if self.boundary == 'whitespace' and self.whitespace_id is None:
-            raise ValueError("boundary 'whitespace' needs whitespace_id "
-                             "(the token id of the space)")
-        if self.boundary == 'fixed' and self.fixed_factor < 1:
-            raise ValueError(f'fixed_factor must be >= 1, got {self.fixed_factor}')
-        if self.attention not in ('auto', 'sdpa', 'blocked'):
-            raise ValueError(f"attention must be 'auto', 'sdpa' or 'blocked', "
-                             f"got {self.attention!r}")
-        if self.attn_chunk < 1 or self.seg_bucket < 0:
-            raise ValueError(f'attn_chunk must be >= 1 and seg_bucket >= 0, '
-                             f'got {self.attn_chunk} and {self.seg_bucket}')
-        if self.double_sigmoid and self.boundary not in ('unigram', 'entropy'):
-            raise ValueError(f'double_sigmoid is a loss of the unigram and entropy predictors, '
-                             f'not of boundary {self.boundary!r}')
-        if not 0 < self.prior < 1:
-            raise ValueError(f'prior must be in (0, 1), got {self.prior}')
-        if self.vocab_size < 1 or self.d_model % 2:
-            raise ValueError('vocab_size must be positive and d_model even (sinusoidal positions)')
-        if self.boundary != 'none':
-            SOURCES[self.boundary].check_config(self)
+        mode = self.boundary
+        require(mode in BOUNDARY_MODES,
+                f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
+        require(len(self.layers) == 3 and all(int(n) == n >= 0 for n in self.layers),
+                f'layers must be three counts (pre, shortened, post), got {self.layers!r}')
+        require(mode == 'none' or self.layers[1] > 0, f'boundary {mode!r} needs shortened layers')
+        require(self.pooling in ('mean', 'last'), "pooling must be 'mean' or 'last'")
+        require(mode != 'none' or self.pooling == 'mean',
+                "pooling 'last' picks each segment's last token: boundary 'none' has no segments")
+        require(mode != 'whitespace' or self.whitespace_id is not None,
+                "boundary 'whitespace' needs whitespace_id (the token id of the space)")
+        require(mode != 'fixed' or self.fixed_factor >= 1,
+                f'fixed_factor must be >= 1, got {self.fixed_factor}')
+        require(self.attention in ('auto', 'sdpa', 'blocked') and self.attn_chunk >= 1
+                and self.seg_bucket >= 0, "attention must be 'auto', 'sdpa' or 'blocked', "
+                                          "attn_chunk >= 1 and seg_bucket >= 0")
+        require(not self.double_sigmoid or mode in ('unigram', 'entropy'),
+                'double_sigmoid is a loss of the unigram and entropy predictors only')
+        require(0 < self.prior < 1, f'prior must be in (0, 1), got {self.prior}')
+        require(self.vocab_size >= 1 and self.d_model % 2 == 0,
+                'vocab_size must be positive and d_model even (sinusoidal positions)')
+        if mode != 'none':
+            SOURCES[mode].check_config(self)
 
 
 # -----------------------------------------------------------------------------
 # Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
 # and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
-
-
 def sinusoids(distances, dim):
     """Sinusoidal embeddings [N, dim] of relative distances [N]."""
     freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
@@ -139,10 +111,7 @@ def rel_shift(x):
 
 
 class RelativeAttention(nn.Module):
-    """Causal multi-head attention with learnable relative positions, post-norm residual.
-    `forward` runs a whole sequence, `step` one new position per row against a cache; both share
-    the projections (`heads`, `queries`, `position_keys`), `attend` and the output (`merge`)."""
-
+    """Causal multi-head attention with learnable relative positions, post-norm residual."""
     def __init__(self, cfg):
         super().__init__()
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
@@ -156,9 +125,8 @@ class RelativeAttention(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, h):
-        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs, and under
-        torch.compile (no loop over L, so no recompile per length); blocked on CPU, the faster
-        path there (README, the model in code)."""
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and under
+        torch.compile (no loop over L, no recompile per length); blocked on CPU, faster there."""
         if self.attention == 'auto':
             return h.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
@@ -169,8 +137,7 @@ class RelativeAttention(nn.Module):
         return self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
 
     def queries(self, q, content_bias, position_bias):
-        """Content and position queries (q + u)/√d and (q + v)/√d, [B, H, L, d_head], in q's dtype
-        (the float32 biases would promote a bf16 q)."""
+        """(q + u)/√d and (q + v)/√d [B, H, L, d_head] in q's dtype (float32 u, v promote bf16)."""
         scale = self.d_head ** -0.5
         return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
                 (q + position_bias.to(q.dtype)[:, None]) * scale)
@@ -180,8 +147,8 @@ class RelativeAttention(nn.Module):
         return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
 
     def attend(self, q, k, v, bias, fused):
-        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d], k, v [B, H, n, d],
-        bias [B, H, m, n] (-inf where masked) → [B, H, m, d]. q carries the 1/√d scale."""
+        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
+        [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
         if fused:
             dropout_p = self.dropatt.p if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
@@ -234,9 +201,8 @@ class RelativeAttention(nn.Module):
         return self.merge(h, torch.cat(ys, 2))
 
     def step(self, h, content_bias, position_bias, kv, r, at):
-        """One new position per row, h [B, 1, D], at per-row positions at [B]; writes its k, v
-        into the cache kv there and attends to cache positions 0 … at. r [H, capacity, d_head]:
-        position keys by distance."""
+        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
+        attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
         q, k, v = self.heads(h)                                            # [B, H, 1, d_head]
         rows = torch.arange(h.size(0), device=h.device)
         kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
@@ -250,12 +216,9 @@ class RelativeAttention(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# Feed-forward, layer, stage
-
-
+# Feed-forward, layer, stage (layers that share one position grid)
 class FeedForward(nn.Module):
     """Position-wise MLP with GELU, post-norm residual."""
-
     def __init__(self, cfg):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
@@ -269,7 +232,6 @@ class FeedForward(nn.Module):
 
 class Layer(nn.Module):
     """Relative attention then feed-forward."""
-
     def __init__(self, cfg):
         super().__init__()
         self.attn = RelativeAttention(cfg)
@@ -291,8 +253,7 @@ class KVCache:
     r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
 
     def reserve(self, capacity):
-        """Room for `capacity` positions; grows geometrically, so copies are amortised O(1) per
-        token."""
+        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
         C = self.k.size(3)
         if capacity > C:
             grow = max(capacity, 2 * C) - C
@@ -302,7 +263,6 @@ class KVCache:
 
 class Stage(nn.Module):
     """Layers that share one relative-position grid of their own sequence length."""
-
     def __init__(self, cfg, n_layers):
         super().__init__()
         self.d_model = cfg.d_model
@@ -324,8 +284,7 @@ class Stage(nn.Module):
         return h
 
     def step(self, h, content_bias, position_bias, cache, advance=None):
-        """One new position per row, h [B, 1, D]; the rows where `advance` [B] (default: all)
-        keep it, the others overwrite it next time."""
+        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
         if cache.r is None and self.layers:  # position keys once per cache size, not per token
@@ -337,18 +296,14 @@ class Stage(nn.Module):
         return h
 
     def empty_cache(self, B, capacity, ref):
-        """An empty KVCache for this stage, shaped by ref [n_head, d_head] (the model's u), in
-        its dtype and on its device."""
-        n_layers, n_head, d_head = len(self.layers), ref.size(0), ref.size(1)
-        shape = (n_layers, B, n_head, capacity, d_head)
+        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
+        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
         return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
 # -----------------------------------------------------------------------------
 # Pooling through the boundary matrix (paper §2.2)
-
-
 def segments(b):
     """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
     segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
@@ -359,9 +314,8 @@ def segments(b):
 
 
 def boundary_matrix(b, bucket=1, n_segments=None):
-    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b.
-    S is the most complete segments of a row (n_segments, if the caller counted them on the host,
-    else read from the device), rounded up to a multiple of `bucket`."""
+    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b. S: the
+    most complete segments of a row (n_segments if counted on the host), rounded up to `bucket`."""
     c, m = segments(b)
     count = m[:, -1:]                                    # [B, 1] complete segments per row
     if n_segments is None:
@@ -385,8 +339,8 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
         # gradient through the selected vector (d/db_t = h_t), as the mean's b does through B.
         pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
     else:
-        lengths = Bm.sum(1)                                  # [B, S] segment lengths
-        pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths.clamp(min=1)[..., None]
+        lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
+        pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
     return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), pooled], 1)
 
 
@@ -410,27 +364,22 @@ class MeanPoolingState:
 
 
 class MeanPooling(nn.Module):
-    """Segments → their mean (or, with cfg.pooling 'last', their last token) after a learnable
-    null group (down), and back to tokens so that token t sees only segments complete at t (up).
-    `down` and `up` for a whole sequence, `step_down` and `step_up` for one generated token, side
-    by side; the pooling of every source in this file."""
-
+    """The paper's pooling unit: segments → their means (or last tokens) after a learnable null
+    group (down); back to tokens, each seeing only segments complete at t (up)."""
     def __init__(self, cfg):
         super().__init__()
         self.null_group = nn.Parameter(torch.randn(cfg.d_model))
         self.norm = nn.LayerNorm(cfg.d_model)
-        self.bucket = cfg.seg_bucket
-        self.last = cfg.pooling == 'last'
+        self.cfg = cfg
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
+        bucket = self.cfg.seg_bucket or (64 if h.device.type == 'cuda' else 1)
         return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments,
-                                    'last' if self.last else 'mean'))
+                                    self.cfg.pooling))
 
     def up(self, s, routing, h):
-        """Shortened-stage output s [B, 1+S, D], pre-stage output h [B, L, D] → the post stage's
-        input [B, L, D]. Skip connection: h carries each token's own identity past pooling."""
+        """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
         return upsample(s, routing.b) + h
 
     def rows(self, routing):
@@ -445,31 +394,27 @@ class MeanPooling(nn.Module):
         return MeanPoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
                                 last=s[torch.arange(s.size(0), device=s.device), n_closed])
 
-    def step_down(self, h, routing, pooling_state):
-        """One token's pre-stage output h [B, 1, D] joins the open segment → (the shortened stage's
-        input [B, 1, D]: the segment this token closes, pooled; the rows that close one [B])."""
+    def step_down(self, h, routing, state):
+        """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
         closed = routing.hard[:, 0]
-        pooling_state.seg_sum += h[:, 0]
-        pooling_state.seg_len += 1
-        mean = h[:, 0] if self.last else \
-            pooling_state.seg_sum / pooling_state.seg_len.clamp(min=1)[:, None]
-        pooling_state.seg_sum = torch.where(closed[:, None], 0.0, pooling_state.seg_sum)
-        pooling_state.seg_len = torch.where(closed, 0, pooling_state.seg_len)
+        state.seg_sum += h[:, 0]
+        state.seg_len += 1
+        last = self.cfg.pooling == 'last'
+        mean = h[:, 0] if last else state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+        state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
+        state.seg_len = torch.where(closed, 0, state.seg_len)
         return self.norm(mean)[:, None], closed
 
-    def step_up(self, s, routing, h, pooling_state):
-        """The shortened stage's output s [B, 1, D] (None: no row closed a segment) and the token's
-        h [B, 1, D] → its post-stage input [B, 1, D]."""
+    def step_up(self, s, routing, h, state):
+        """s [B, 1, D] (None: no row closed a segment), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
-            pooling_state.last = torch.where(routing.hard[:, :1], s[:, 0], pooling_state.last)
-        return pooling_state.last[:, None] + h
+            state.last = torch.where(routing.hard[:, :1], s[:, 0], state.last)
+        return state.last[:, None] + h
 
 
 # -----------------------------------------------------------------------------
 # Boundary sources (paper §3): each decides where segments end, trains that decision (its
 # auxiliary loss) and names the targets its decisions are measured against.
-
-
 def entropy_spikes(H, k=2):
     """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
     spikes = torch.ones_like(H, dtype=torch.bool)
@@ -479,8 +424,7 @@ def entropy_spikes(H, k=2):
 
 
 def gumbel_sigmoid(logits, temperature, noise=None):
-    """Relaxed Bernoulli sample, hard straight-through decision (Jang et al. 2017; paper §3.3).
-    noise: the uniform noise (broadcast to logits), drawn fresh when None."""
+    """Relaxed Bernoulli sample, hard straight-through (Jang et al. 2017; §3.3); noise: uniform."""
     logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
     noise = (torch.rand_like(logits) if noise is None else noise.expand_as(logits))
     noise = noise.clamp(1e-6, 1 - 1e-6)
@@ -500,7 +444,6 @@ def binomial_prior_loss(b, prior):
 
 class BoundaryPredictor(nn.Module):
     """MLP d_model → d_inner → 1 on the pre stage's output: the logit of 'a segment ends here'."""
-
     def __init__(self, cfg):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
@@ -519,25 +462,26 @@ class Routing:
 
     @property
     def hard(self):
-        """[B, L] bool decisions."""
-        return self.b.detach() > 0.5
+        return self.b.detach() > 0.5       # [B, L] bool decisions
 
 
 class BoundarySource(nn.Module):
-    """Where segments end. A source decides in `forward`, learns through `loss`, and pools with
-    `Pooling`; `check` rejects inputs it cannot train on. Subclass it for a new source, and
-    register_source it (README, "Adding a boundary source"); the hooks below with a default
-    are for sources that differ from the paper's: hnet.py uses each of them."""
+    """Where segments end: a source decides in `forward`, learns through `loss` and pools with its
+    `Pooling` unit. Subclass it for a new source and register_source it (README, "Adding a
+    boundary source"); the hooks with a default are for sources unlike the paper's (hnet.py)."""
     Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
     Options = None         # a dataclass of the source's own Config fields, with their defaults
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
 
     @staticmethod
     def check_config(cfg):
         """Raise ValueError for a Config this source cannot be built from."""
 
     def init_model(self, model):
-        """Re-initialise, after the model's own init, what the source's method draws its own way
-        (its weights, its pooling's, the model's)."""
+        """Re-initialise, after the model's init, what the source's method draws its own way."""
 
     @staticmethod
     def flops_per_token(cfg):
@@ -545,27 +489,25 @@ class BoundarySource(nn.Module):
         return 0
 
     def forward(self, h, x, boundaries=None, offset=0):
-        """Routing for the pre stage's output h [B, L, D] of tokens x [B, L] at positions
-        offset …; boundaries [B, L]: given ones, where the source takes them."""
+        """Routing of tokens x [B, L] at positions offset … from the pre stage's output h
+        [B, L, D]; boundaries [B, L]: given ones, where the source takes them."""
         raise NotImplementedError
 
     def step(self, h, x, state):
-        """Routing of one new token per row during generation: h [B, 1, D], x [B, 1], state the
-        GenerationState before it."""
+        """Routing of one generated token per row (h [B, 1, D], x [B, 1]; GenerationState)."""
         return self(h, x, offset=state.length)
 
     def late_boundary(self, routing):
-        """[B, 1] bool: b of the token before routing's first, for a source that decides b_t only
-        with x_{t+1}; None for sources that decide b_t with x_t."""
+        """[B, 1] bool: b of the token before routing's first if x_{t+1} decides b_t, else None."""
         return None
 
     def loss(self, routing, logits, x, boundaries):
-        """(auxiliary loss, bool targets [B, L] the decisions are measured against, or None);
-        logits [B, L, V] are the model's predictions."""
+        """(auxiliary loss, bool targets [B, L] to measure against or None); logits [B, L, V]."""
         return torch.zeros((), device=logits.device), None
 
-    def check(self, targets, boundaries):
-        """Raise ValueError for inputs this source cannot train on."""
+    def spaces(self, x):
+        """The targets of sources measured against the spaces: bool [B, L], None without an id."""
+        return None if self.cfg.whitespace_id is None else x == self.cfg.whitespace_id
 
     @staticmethod
     def statistics(routing, targets):
@@ -580,50 +522,31 @@ class BoundarySource(nn.Module):
 
 
 class ExternalBoundaries(BoundarySource):
-    """Boundaries from outside the network: the ones given, else derived from the tokens. Known
-    when the batch is cut, so the caller may count the segments there (forward's n_segments)."""
-
+    """Boundaries given, else `derive`d from the tokens: known as the batch is cut (n_segments)."""
     def forward(self, h, x, boundaries=None, offset=0):
-        if boundaries is not None:
-            return Routing(boundaries.detach().float())
-        return Routing(self.derive(x, offset).float())
-
-    def derive(self, x, offset):
-        raise NotImplementedError
+        b = self.derive(x, offset) if boundaries is None else boundaries.detach()
+        return Routing(b.float())
 
 
 class FixedBoundaries(ExternalBoundaries):
     """b_t = 1 iff (t + 1) % k == 0: segments of k tokens."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.factor = cfg.fixed_factor
-
     def derive(self, x, offset):
         t = torch.arange(offset, offset + x.size(1), device=x.device)
-        return ((t + 1) % self.factor == 0).expand_as(x)
+        return ((t + 1) % self.cfg.fixed_factor == 0).expand_as(x)
 
 
 class WhitespaceBoundaries(ExternalBoundaries):
     """b_t = 1 iff x_t is the space: the space closes its word."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.whitespace_id = cfg.whitespace_id
-
     def derive(self, x, offset):
-        return x == self.whitespace_id
+        return self.spaces(x)
 
 
 class PredictedBoundaries(BoundarySource):
     """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
     the threshold, so a decision at t depends on x_{<=t} only."""
-
     def __init__(self, cfg):
-        super().__init__()
+        super().__init__(cfg)
         self.predictor = BoundaryPredictor(cfg)
-        self.threshold = cfg.threshold
-        self.double_sigmoid = cfg.double_sigmoid
 
     @staticmethod
     def flops_per_token(cfg):
@@ -634,7 +557,7 @@ class PredictedBoundaries(BoundarySource):
         return Routing(self.decide(logits, offset), logits)
 
     def decide(self, logits, offset):
-        return (torch.sigmoid(logits.float()) > self.threshold).float()
+        return (torch.sigmoid(logits.float()) > self.cfg.threshold).float()
 
     def bce(self, routing, targets):
         """The predictor's cross-entropy against bool targets [B, L], and the targets."""
@@ -642,69 +565,55 @@ class PredictedBoundaries(BoundarySource):
         # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
         # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
         # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
-        if self.double_sigmoid:
+        if self.cfg.double_sigmoid:
             logits = torch.sigmoid(logits)
         return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
 
 
 class UnigramBoundaries(PredictedBoundaries):
     """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
-
     def loss(self, routing, logits, x, boundaries):
+        require(boundaries is not None, "boundary 'unigram' trains its predictor towards Unigram "
+                                        "boundaries: pass boundaries= with targets")
         return self.bce(routing, boundaries.bool())
-
-    def check(self, targets, boundaries):
-        if targets is not None and boundaries is None:
-            raise ValueError("boundary 'unigram' trains its predictor towards Unigram boundaries: "
-                             "pass boundaries= with targets")
 
 
 class EntropyBoundaries(PredictedBoundaries):
     """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.window = cfg.entropy_window
-
     def loss(self, routing, logits, x, boundaries):
         logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
-        return self.bce(routing, entropy_spikes(-(logp.exp() * logp).sum(-1), self.window))
+        H = -(logp.exp() * logp).sum(-1)                   # [B, L] entropy of each prediction
+        return self.bce(routing, entropy_spikes(H, self.cfg.entropy_window))
 
 
 class GumbelBoundaries(PredictedBoundaries):
     """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
     measured against the spaces when whitespace_id is set, never trained towards them."""
-
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.temperature, self.prior = cfg.temperature, cfg.prior
-        self.whitespace_id = cfg.whitespace_id
         noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
         self.register_buffer('eval_noise', noise, persistent=False)
 
     def decide(self, logits, offset):
         if self.training:
-            return gumbel_sigmoid(logits, self.temperature)
+            return gumbel_sigmoid(logits, self.cfg.temperature)
         # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
         # a predictor held near the prior α rarely fires), but with one fixed noise value per
         # position: deterministic, and the decision at t still depends on x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
-        return gumbel_sigmoid(logits, self.temperature, noise=noise).detach()
+        return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
 
     def loss(self, routing, logits, x, boundaries):
-        spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        return binomial_prior_loss(routing.b, self.prior), spaces
+        return binomial_prior_loss(routing.b, self.cfg.prior), self.spaces(x)
 
 
-# The sources by Config.boundary; 'none' (vanilla) has no source and no pooling.
-SOURCES = {}
+SOURCES = {}  # the sources by Config.boundary; 'none' (vanilla) has no source and no pooling
 
 
 def register_source(name, source):
     """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES and the
-    mode lists, and the fields of its Options become Config fields (flags, checkpoints and
-    dataclasses.replace see them as any other). Import its module before reading the lists."""
+    mode lists (import its file before reading them), its Options' fields join Config."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
     BOUNDARY_MODES = ('none',) + tuple(SOURCES)
@@ -728,8 +637,6 @@ register_source('gumbel', GumbelBoundaries)
 
 # -----------------------------------------------------------------------------
 # The model
-
-
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
@@ -745,17 +652,8 @@ class ModelOutput:
     recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
 
 
-@dataclass
-class Trunk:
-    """The network up to the logits: the last stage's output and the boundary decisions."""
-    h: torch.Tensor                    # [B, L, D]
-    routing: Optional[Routing] = None  # None for vanilla
-
-
 class DynamicPoolingLM(nn.Module):
-    """Hourglass character LM: pre stage, pooling, shortened stage, causal upsampling, post stage;
-    vanilla ('none') is one full-length stage."""
-
+    """Hourglass LM: pre stage, pooling, shortened stage, upsampling, post; vanilla: one stage."""
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
@@ -764,18 +662,15 @@ class DynamicPoolingLM(nn.Module):
         # Transformer-XL's global content (u) and position (v) biases, shared by every layer.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
-        n_pre, n_short, n_post = cfg.layers
         self.source = None
         if cfg.boundary == 'none':
-            self.full_stack = Stage(cfg, n_pre + n_short + n_post)
+            self.full_stack = Stage(cfg, sum(cfg.layers))
             self.stage_names = ('full_stack',)
         else:
-            self.pre, self.shortened = Stage(cfg, n_pre), Stage(cfg, n_short)
-            self.post = Stage(cfg, n_post)
+            self.pre, self.shortened, self.post = (Stage(cfg, n) for n in cfg.layers)
             self.stage_names = ('pre', 'shortened', 'post')
             source = SOURCES[cfg.boundary]
-            self.pooling = source.Pooling(cfg)
-            self.source = source(cfg)
+            self.pooling, self.source = source.Pooling(cfg), source(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.apply(self._init_weights)
         if self.source is not None:
@@ -791,64 +686,40 @@ class DynamicPoolingLM(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def check_inputs(self, x, targets, boundaries, n_segments=None):
-        """Turn shape and dtype mistakes into one clear ValueError before any layer runs."""
-        def shape(t):
-            return tuple(getattr(t, 'shape', ()))
-        if not torch.is_tensor(x) or x.dim() != 2 or x.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"x must be an integer tensor [B, L], got "
-                             f"{getattr(x, 'dtype', type(x))} of shape {shape(x)}")
-        if x.size(1) == 0:
-            raise ValueError('x must hold at least one token')
-        # Value checks read the tensor back, a host sync on GPUs: there, data is checked once
-        # when it is loaded (train.py), not per forward.
+    def check_inputs(self, x, targets=None, boundaries=None, n_segments=None):
+        """A ValueError naming a mistake in forward's arguments, before any layer runs. Values are
+        read back on CPU only: on a GPU that is a sync (train.py checks the data at load)."""
+        require(torch.is_tensor(x) and x.dim() == 2 and x.size(1) > 0
+                and x.dtype in (torch.int64, torch.int32),
+                f'x must be integer token ids [B, L], L >= 1, got {getattr(x, "dtype", type(x))} '
+                f'{tuple(getattr(x, "shape", ()))}')
         values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
-        if values and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.cfg.vocab_size):
-            raise ValueError(f'token ids must lie in [0, {self.cfg.vocab_size}), '
-                             f'got [{int(x.min())}, {int(x.max())}]')
-        if targets is not None and (not torch.is_tensor(targets) or targets.shape != x.shape):
-            raise ValueError(f'targets must have the shape of x {tuple(x.shape)}, '
-                             f'got {shape(targets)}')
-        if boundaries is not None:
-            if not torch.is_tensor(boundaries) or boundaries.shape != x.shape:
-                raise ValueError(f'boundaries must have the shape of x {tuple(x.shape)}, '
-                                 f'got {shape(boundaries)}')
-            dt = boundaries.dtype
-            if dt.is_complex or not (dt == torch.bool or dt.is_floating_point
-                                     or dt in (torch.int64, torch.int32, torch.uint8)):
-                raise ValueError(f'boundaries must be bool, integer or float 0/1, got {dt}')
-            if values and dt != torch.bool and not ((boundaries == 0) | (boundaries == 1)).all():
-                raise ValueError('boundaries must hold only 0 and 1')
+        V, b = self.cfg.vocab_size, boundaries
+        require(not values or not x.numel() or 0 <= int(x.min()) <= int(x.max()) < V,
+                f'token ids must lie in [0, {V})')
+        require(targets is None or getattr(targets, 'shape', None) == x.shape,
+                f'targets must have the shape of x {tuple(x.shape)}')
+        require(b is None or torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
+                and (not values or ((b == 0) | (b == 1)).all()),
+                f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
-            self.check_segment_count(x, boundaries, n_segments, values)
-        if self.source is not None:
-            self.source.check(targets, boundaries)
-
-    def check_segment_count(self, x, boundaries, n_segments, values):
-        """n_segments: only for external boundaries, an int, and (on CPU) no fewer than the most
-        complete segments of a row (more only pads with zero rows, as seg_bucket does)."""
-        if self.cfg.boundary not in EXTERNAL_MODES:
-            raise ValueError(f"n_segments is for boundaries known when the batch is cut "
-                             f"({', '.join(EXTERNAL_MODES)}); boundary {self.cfg.boundary!r} "
-                             f"decides its own")
-        if isinstance(n_segments, bool) or not isinstance(n_segments, numbers.Integral) \
-                or n_segments < 0:
-            raise ValueError(f'n_segments must be a non-negative integer, got {n_segments!r}')
-        if values:
-            most = int(self.source(None, x, boundaries).hard.sum(1).max())
-            if n_segments < most:
-                raise ValueError(f'n_segments={n_segments} is below the {most} complete segments '
-                                 f'of a row of this batch')
-
-    # --- forward ---------------------------------------------------------------
+            require(self.cfg.boundary in EXTERNAL_MODES and isinstance(n_segments, numbers.Integral)
+                    and not isinstance(n_segments, bool) and n_segments >= 0,
+                    f"n_segments is for boundaries known when the batch is cut "
+                    f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
+                    f"with boundary {self.cfg.boundary!r}")
+            # More segments only pad with zero rows, as seg_bucket does; fewer would drop some.
+            most = int(self.source(None, x, b).hard.sum(1).max()) if values else 0
+            require(n_segments >= most,
+                    f'n_segments={n_segments} is below the {most} complete segments of a row')
 
     def trunk(self, x, boundaries=None, state=None, n_segments=None):
-        """Embedding to the last stage → Trunk; with a GenerationState, fills its caches."""
+        """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
         caches = {} if state is None else state.caches
         biases = self.u, self.v
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
-            return Trunk(self.full_stack(h, *biases, caches.get('full_stack')))
+            return self.full_stack(h, *biases, caches.get('full_stack')), None
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
         if n_segments is not None:   # counted with the batch: no device read for S
@@ -858,16 +729,15 @@ class DynamicPoolingLM(nn.Module):
         s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
         if state is not None:
             state.pooling = self.pooling.prefill_state(h, s, routing)
-        h = self.post(self.pooling.up(s, routing, h), *biases, caches.get('post'))
-        return Trunk(h, routing)
+        return self.post(self.pooling.up(s, routing, h), *biases, caches.get('post')), routing
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones;
         n_segments: fixed and whitespace only, S = the most complete segments of a row, counted
         on the host when the batch is cut, so that pooling reads nothing back from the device."""
         self.check_inputs(x, targets, boundaries, n_segments)
-        trunk = self.trunk(x, boundaries, n_segments=n_segments)
-        routing, out = trunk.routing, ModelOutput(logits=self.lm_head(trunk.h))  # [B, L, V]
+        h, routing = self.trunk(x, boundaries, n_segments=n_segments)
+        out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
             out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
             out.boundary_loss = torch.zeros((), device=x.device)
@@ -883,22 +753,18 @@ class DynamicPoolingLM(nn.Module):
             out.loss = out.lm_loss + out.boundary_loss
         return out
 
-    # --- generation: prefill the prompt with trunk, then decode one token at a time -------------
-
     @torch.no_grad()
     def prefill(self, x, capacity=None):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
-        if self.training:
-            raise ValueError('generation needs eval mode: call model.eval() first')
-        self.check_inputs(x, None, None)
+        require(not self.training, 'generation needs eval mode: call model.eval() first')
+        self.check_inputs(x)
         B, L = x.shape
-        capacity = max(capacity or 0, L + 1)
-        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
+        caches = {name: getattr(self, name).empty_cache(B, max(capacity or 0, L + 1), self.u)
                   for name in self.stage_names}
         state = GenerationState(caches=caches, length=L)
-        trunk = self.trunk(x, state=state)
-        state.boundaries = None if trunk.routing is None else trunk.routing.hard
-        return self.lm_head(trunk.h), state
+        h, routing = self.trunk(x, state=state)
+        state.boundaries = None if routing is None else routing.hard
+        return self.lm_head(h), state
 
     @torch.no_grad()
     def decode(self, token, state):
@@ -923,10 +789,8 @@ class DynamicPoolingLM(nn.Module):
 
     @torch.no_grad()
     def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-        """Prefill the prompt x [B, L], then pick and consume n tokens (see next_token), cached:
-        yields a GenerationStep for the prompt, then one per token. Needs eval mode. Each step is
-        yielded once its boundaries are final, after the next token is consumed (a source may
-        decide b_t with token t+1: late_boundary), so the yields run one token behind."""
+        """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a GenerationStep
+        for the prompt, then one per token once its b is final (late_boundary): a token behind."""
         logits, state = self.prefill(x, capacity=x.size(1) + n)
         step = GenerationStep(x, logits, state.boundaries)
         for _ in range(n):
@@ -942,26 +806,20 @@ class DynamicPoolingLM(nn.Module):
     def generate(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None):
         """Continue the prompt x [B, L] by n tokens → [B, L+n], cached and incremental."""
         was_training = self.training
-        self.eval()
         try:
-            return torch.cat([s.tokens for s in self.steps(x, n, temperature, top_k, greedy,
-                                                           generator)], 1)
+            steps = self.eval().steps(x, n, temperature, top_k, greedy, generator)
+            return torch.cat([s.tokens for s in steps], 1)
         finally:
             self.train(was_training)
 
 
 def step_flops(cfg, batch, seq_len, n_short=None):
-    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward). The forward sums,
-    over the stages (vanilla: all layers at seq_len; else pre and post at seq_len, the shortened
-    stage at n_short = 1 + segments positions, the null group included), per layer
-        batch*n*2*(3*d*H*dh + H*dh*d + 2*d*d_inner)   qkv, output and feed-forward projections
-      + n*2*d*H*dh                                    position projection, once per sequence
-      + batch*H*n^2*2*dh*3                            content and position scores, weights x values
-    plus batch*seq_len*2*d*V for the logits and the source's own matmuls (its flops_per_token).
-    Pooling (by mean or by last token alike), upsampling, norms and softmax are left out; the
-    attention counts all n^2 terms (the usual MFU convention), causal kernels run about half.
-    n_short may be a float (1 + seq_len / measured SF) or a tensor, so the sum can stay on a
-    device; n_short=None counts every layer at seq_len."""
+    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward): each layer's
+    projections, position projection (once per sequence) and all n^2 attention terms (the usual
+    MFU convention), the logits and the source's own matmuls (flops_per_token); pooling, norms and
+    softmax left out. Pre and post at seq_len, the shortened stage at n_short = 1 + segments (the
+    null group included; a float, or a tensor that stays on its device); vanilla or
+    n_short=None: every layer at seq_len."""
     d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
     n_pre, n_mid, n_post = cfg.layers
     stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
@@ -969,13 +827,10 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
     for layers, n in stages:
+        # per layer: qkv, output and feed-forward projections; position keys; scores, values
         fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
-
-
-# -----------------------------------------------------------------------------
-# Generation: what decoding carries from token to token, and how a token is picked
 
 
 @dataclass
@@ -997,8 +852,7 @@ class GenerationStep:
 
 
 def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-    """Pick the next token [B] from logits [B, V]: argmax, or a sample at temperature among the
-    top k; ids >= n_valid (padding beyond an alphabet) are never picked."""
+    """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
     if n_valid is not None and n_valid < logits.size(-1):
         logits = logits.clone()
         logits[:, n_valid:] = float('-inf')
@@ -1012,16 +866,10 @@ def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None
 
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper dropout mask on CPU. Every layer above builds its dropout as `Dropout(p)`,
-# looked up when the layer is made, so this class can sit here; plain nn.Dropout works as well
-# (replace `Dropout` by `nn.Dropout`): only the random masks, not their statistics, would change.
-
-
+# Optional: a cheaper CPU dropout; nn.Dropout works as well (only the random masks would change).
 class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU training mask comes from 16-bit slices of 64-bit random integers: one
-    draw of PyTorch's serial CPU generator then serves four elements, cheaper than bernoulli_.
-    The drop probability is rounded to a multiple of 2^-16. GPU and torch.compile: nn.Dropout."""
-
+    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one draw for
+    four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16). GPU: nn.Dropout."""
     def forward(self, x):
         if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
                 or torch.compiler.is_compiling()):

@@ -1,13 +1,9 @@
 """
 hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025) as a boundary source of dynpool,
-boundary='hnet'. A router, selection of the vectors at chunk starts, an EMA over chunks with a
-straight-through confidence on the way back, and a ratio loss towards a target compression.
-
-It is added from this file exactly as README's "Adding a boundary source" says a new source is:
-a `BoundarySource` subclass with its own pooling unit (`Pooling`), its own Config fields
-(`Options`), its checks (`check_config`), its initialisation (`init_model`), its matmuls'
-FLOPs (`flops_per_token`) and a decision that arrives one token late (`late_boundary`), then
-`register_source('hnet', ...)` on import. dynpool.py stays the paper's model alone.
+boundary='hnet': a router, selection of the vectors at chunk starts, an EMA over chunks with a
+straight-through confidence on the way back, and a ratio loss towards a target compression. It
+is added as README's "Adding a boundary source" says, through every hook of BoundarySource, so
+that dynpool.py stays the paper's model alone.
 
     import hnet  # noqa: F401  (registers boundary='hnet', before reading dynpool.BOUNDARY_MODES)
     model = DynamicPoolingLM(Config(boundary='hnet', ratio_target=6.0))
@@ -28,15 +24,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dynpool import BoundarySource, Routing, register_source
+from dynpool import BoundarySource, Routing, register_source, require
 
 
 @dataclass
 class HNetOptions:
     """hnet's own Config fields (register_source adds them to Config: flags, checkpoints)."""
     ratio_target: float = 6.0          # target compression N of the ratio loss (text8: ~6)
-    ratio_weight: float = 1.0          # weight α of the ratio loss (H-Net's 0.03: see
-                                       # HNetBoundaries)
+    # α: the ratio loss pulls the mean p_t with α·N/(N−1)·(N·F − 1), F the fraction of starts, a
+    # spring slack at F = 1/N; the LM pulls towards more chunks, so F settles above 1/N by a gap
+    # that shrinks as α grows. H-Net's α = 0.03 fits its models; on the CPU preset (1,000 steps,
+    # seeds 1337, 2) N = 6 settled at SF 3.69 ± 0.35 with it, 5.95 ± 0.09 with α = 1 (BPC alike).
+    ratio_weight: float = 1.0
 
 
 def start_probability(q, k):
@@ -101,8 +100,7 @@ class ChunkPooling(nn.Module):
         self.bucket = cfg.seg_bucket
 
     def down(self, h, routing):
-        """h [B, L, D] → [B, S, D]: the vectors at chunk starts (the first token always is one),
-        zero rows padding S to a bucket."""
+        """h [B, L, D] → [B, S, D]: the vectors at chunk starts, zero rows padding S to a bucket."""
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
         S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
         return select_starts(h, routing.start, S)
@@ -131,14 +129,12 @@ class ChunkPooling(nn.Module):
         return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
 
     def step_down(self, h, routing, pooling_state):
-        """One token's pre-stage output h [B, 1, D] → (the shortened stage's input [B, 1, D]: the
-        token itself, the rows where it starts a chunk [B])."""
+        """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
         pooling_state.last_h = h[:, 0]       # the router compares the next token with this one
         return h, routing.start[:, 0]
 
     def step_up(self, s, routing, h, pooling_state):
-        """The shortened stage's output s [B, 1, D] (None: no row started a chunk) and the token's
-        h [B, 1, D] → its post-stage input [B, 1, D]."""
+        """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
             start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
@@ -154,34 +150,22 @@ class HNetBoundaries(BoundarySource):
     Options = HNetOptions
 
     def __init__(self, cfg):
-        super().__init__()
+        super().__init__(cfg)
         self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        # α. The ratio loss pulls the mean p_t with α·N/(N−1)·(N·F − 1), F the fraction of chunk
-        # starts: a spring that goes slack at F = 1/N. The LM pulls towards more chunks (through
-        # the confidence), so F settles above 1/N by a gap that shrinks as α grows. H-Net's
-        # α = 0.03 is set for its models; on the CPU preset (1,000 steps, seeds 1337 and 2) it
-        # settled at SF 3.69 ± 0.35 for N = 6, α = 1 at 5.95 ± 0.09 (test BPC within seed noise).
-        self.ratio_target, self.ratio_weight = cfg.ratio_target, cfg.ratio_weight
-        self.whitespace_id = cfg.whitespace_id
 
     @staticmethod
     def check_config(cfg):
-        if cfg.pooling == 'last':
-            raise ValueError("pooling 'last' picks each segment's last token; boundary 'hnet' "
-                             "pools by its chunks' starts")
-        if not cfg.ratio_target > 1 or not cfg.ratio_weight >= 0:
-            raise ValueError(f'ratio_target must be > 1 and ratio_weight >= 0, '
-                             f'got {cfg.ratio_target} and {cfg.ratio_weight}')
+        require(cfg.pooling == 'mean', "boundary 'hnet' pools chunk starts: no pooling 'last'")
+        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0, f'ratio_target must be > 1 and '
+                f'ratio_weight >= 0, got {cfg.ratio_target} and {cfg.ratio_weight}')
 
     def init_model(self, model):
-        """H-Net's initialisation: W_q = W_k = I, so the router starts by comparing the pre-stage
-        outputs; a zero residual projection, so the token's own path starts closed; and
-        embeddings of std 1, not 0.02. Neighbouring pre-stage vectors start nearly orthogonal
-        (p_t ≈ ½), so a small component shared by all tokens flips every decision to "no start".
-        At std 0.02 the pre stage's first Adam steps add such a component quickly next to the
-        tiny embeddings: on the CPU preset no chunk at all at step 20; at std 1 the router keeps
-        chunking from the start."""
+        """H-Net's initialisation: W_q = W_k = I (the router compares the pre-stage outputs), a
+        zero residual projection (the token's own path starts closed), embeddings of std 1. Nearly
+        orthogonal neighbours (p_t ≈ ½) flip to "no start" with a small component shared by all
+        tokens, which the first Adam steps add quickly next to embeddings of std 0.02: on the CPU
+        preset no chunk at all at step 20; at std 1 the router keeps chunking from the start."""
         nn.init.eye_(self.q.weight)
         nn.init.eye_(self.k.weight)
         nn.init.zeros_(model.pooling.residual.weight)
@@ -196,8 +180,8 @@ class HNetBoundaries(BoundarySource):
         return self.route(F.pad(p, (1, 0), value=1.0))
 
     def step(self, h, x, state):
-        last_h = state.pooling.last_h                                    # [B, D] h_{t-1}
-        return self.route(start_probability(self.q(last_h), self.k(h[:, 0]))[:, None])
+        h_before = state.pooling.last_h                                  # [B, D] h_{t-1}
+        return self.route(start_probability(self.q(h_before), self.k(h[:, 0]))[:, None])
 
     def late_boundary(self, routing):
         return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
@@ -209,9 +193,8 @@ class HNetBoundaries(BoundarySource):
         return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
 
     def loss(self, routing, logits, x, boundaries):
-        spaces = None if self.whitespace_id is None else x == self.whitespace_id
-        loss = self.ratio_weight * ratio_loss(routing.start, routing.p, self.ratio_target)
-        return loss, spaces
+        loss = self.cfg.ratio_weight * ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
+        return loss, self.spaces(x)
 
 
 register_source('hnet', HNetBoundaries)
