@@ -29,7 +29,8 @@
 # --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
 # train faster than one two-thread run after the other); its output goes to <out>/<run>.log.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots in
-# <out>/<part>.png (languages and pareto: one of each per language too, <out>/<part>-<lang>.*).
+# <out>/<part>.png (languages, table1 and pareto: one of each per language too,
+# <out>/<part>-<lang>.*; scaling: also <out>/scaling-layers.png, test BPC against layers).
 # --dry-run prints every train.py command with its FLOPs (dynpool.step_flops at the preset's shape;
 # fixed k at SF k, the other sources at --assume-sf) and, for a GPU, an estimate of GPU-hours at
 # --mfu of --peak-tflops (assumptions, printed with the estimate: no GPU run has measured them).
@@ -295,6 +296,9 @@ if [[ $part == languages || $part == table1 || $part == pareto && $langs != text
   [ ${#dirs[@]} -gt 0 ] && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
 elif [ ${#dirs[@]} -gt 0 ]; then
   report "$part" "${dirs[@]}"
+  # the paper's scaling figure: test BPC against the total number of layers, a line per source
+  [ "$part" = scaling ] && { python report.py "${dirs[@]}" --plot-layers "$out/scaling-layers.png" \
+    > /dev/null || failed+=(report.py); }
 fi
 [ ${#failed[@]} -eq 0 ] || die "failed: ${failed[*]} (see the output above, or <run>.log in $out);" \
   "run the same command again to retry"
