@@ -14,32 +14,32 @@ data) folds é -> e instead of splitting the word there.
 import re
 import unicodedata
 
-_AZ = "abcdefghijklmnopqrstuvwxyz"
-_VI_VOWELS = "aăâeêioôơuưy"
-_VI_TONES = "\u0300\u0301\u0309\u0303\u0323"  # grave, acute, hook, tilde, dot below
+_AZ = 'abcdefghijklmnopqrstuvwxyz'
+_VI_VOWELS = 'aăâeêioôơuưy'
+_VI_TONES = '\u0300\u0301\u0309\u0303\u0323'  # grave, acute, hook, tilde, dot below
 
 # Per language: the alphabet (token ids follow '\n' and ' ' in this order), the digit names, and
 # the paper's settings that go into meta.json "defaults" for train.py: the Unigram vocabulary size
 # of the boundary labels and the Gumbel prior alpha. Alphabets and digit names are the paper's.
 LANGS = {
-    "en": dict(letters=_AZ, unigram=10000, prior=0.2,
-               digits="zero one two three four five six seven eight nine"),
-    "fi": dict(letters=_AZ + "åäö", unigram=200, prior=0.37,
-               digits="nolla yksi kaksi kolme neljä viisi kuusi seitsemän kahdeksan yhdeksän"),
+    'en': dict(letters=_AZ, unigram=10000, prior=0.2,
+               digits='zero one two three four five six seven eight nine'),
+    'fi': dict(letters=_AZ + 'åäö', unigram=200, prior=0.37,
+               digits='nolla yksi kaksi kolme neljä viisi kuusi seitsemän kahdeksan yhdeksän'),
     # 27 letters (finals included), then maqaf, geresh, gershayim (as in צה״ל)
-    "he": dict(letters="".join(chr(c) for c in range(0x5D0, 0x5EB)) + "\u05be\u05f3\u05f4",
-               unigram=200, prior=0.2, digits="אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה"),
+    'he': dict(letters=''.join(chr(c) for c in range(0x5D0, 0x5EB)) + '\u05be\u05f3\u05f4',
+               unigram=200, prior=0.2, digits='אפס אחד שנים שלשה ארבעה חמשה ששה שבעה שמונה תשעה'),
     # no f, j, w, z; the tone-marked vowels precomposed (NFC)
-    "vi": dict(letters="abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + "".join(
-        unicodedata.normalize("NFC", v + t) for v in _VI_VOWELS for t in _VI_TONES),
-               unigram=10000, prior=0.2, digits="không một hai ba bốn năm sáu bảy tám chín"),
+    'vi': dict(letters='abcdeghiklmnopqrstuvxy' + 'ăâđêôơư' + ''.join(
+        unicodedata.normalize('NFC', v + t) for v in _VI_VOWELS for t in _VI_TONES),
+               unigram=10000, prior=0.2, digits='không một hai ba bốn năm sáu bảy tám chín'),
 }
-TEXT8_ALPHABET = [" "] + list(_AZ)   # text8 is already clean: space and a-z, no newline
+TEXT8_ALPHABET = [' '] + list(_AZ)   # text8 is already clean: space and a-z, no newline
 
-MARKERS = re.compile(r"_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_")   # wiki40b's
+MARKERS = re.compile(r'_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_')   # wiki40b's
 # fold_accents only: Latin letters that no Unicode decomposition reduces to a basic letter
-_FOLD_EXTRA = {"ß": "ss", "æ": "ae", "œ": "oe", "þ": "th", "ð": "d", "đ": "d", "ı": "i",
-               "ł": "l", "ø": "o", "ŀ": "l", "ĸ": "k", "װ": "וו", "ױ": "וי", "ײ": "יי"}
+_FOLD_EXTRA = {'ß': 'ss', 'æ': 'ae', 'œ': 'oe', 'þ': 'th', 'ð': 'd', 'đ': 'd', 'ı': 'i',
+               'ł': 'l', 'ø': 'o', 'ŀ': 'l', 'ĸ': 'k', 'װ': 'וו', 'ױ': 'וי', 'ײ': 'יי'}
 _HOMOGLYPHS = {}
 _TABLES = {}
 
@@ -53,8 +53,8 @@ def homoglyphs():
     from confusable_homoglyphs import confusables  # pinned in requirements.txt: its data decides
     listed = {}  # the data lists confusables both ways; right-to-left ones wrapped in U+200E
     for key, protos in confusables.confusables_data.items():
-        key = key.strip("\u200e")
-        for p in (h["c"].strip("\u200e") for h in protos):
+        key = key.strip('\u200e')
+        for p in (h['c'].strip('\u200e') for h in protos):
             if len(key) == 1 and not key.isascii() and p.isascii() and (
                     len(p) == 1 or not any(ch.isalnum() for ch in p)):
                 _HOMOGLYPHS.setdefault(key, p)  # the character's own prototype first
@@ -63,7 +63,7 @@ def homoglyphs():
     for c, a in listed.items():
         _HOMOGLYPHS.setdefault(c, a)
     for cp in range(0xFF01, 0xFF5F):
-        a = unicodedata.normalize("NFKC", chr(cp))
+        a = unicodedata.normalize('NFKC', chr(cp))
         _HOMOGLYPHS.setdefault(chr(cp), _HOMOGLYPHS.get(a, a))
     return _HOMOGLYPHS
 
@@ -77,9 +77,9 @@ class _CharMap(dict):
             raise ValueError(f"unsupported language {lang!r}; "
                              f"supported: {', '.join(sorted(LANGS))}")
         L = LANGS[lang]
-        self.letters, self.fold = set(L["letters"]) | {"\n"}, fold_accents
-        self.digits = {str(d): f" {w} " for d, w in enumerate(L["digits"].split())}
-        self.homoglyphs = homoglyphs() if lang != "he" else {}
+        self.letters, self.fold = set(L['letters']) | {'\n'}, fold_accents
+        self.digits = {str(d): f' {w} ' for d, w in enumerate(L['digits'].split())}
+        self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
         out = self[cp] = self._map(chr(cp))
@@ -90,27 +90,27 @@ class _CharMap(dict):
             return c
         c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
-        low = "i" if c == "İ" else c.lower()
-        return "".join(self._keep(ch) for ch in low)
+        low = 'i' if c == 'İ' else c.lower()
+        return ''.join(self._keep(ch) for ch in low)
 
     def _keep(self, ch):
         if ch in self.letters:
             return ch
         if ch in self.digits:  # each digit its own word
             return self.digits[ch]
-        return self._fold(ch) if self.fold else " "
+        return self._fold(ch) if self.fold else ' '
 
     def _fold(self, ch):
         """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a space."""
         d = unicodedata.decimal(ch, None)
         if d is not None:
             return self.digits[str(d)]
-        t = "".join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize("NFKC", ch).lower())
-        base = "".join(x for x in unicodedata.normalize("NFD", t) if not unicodedata.combining(x))
-        for s in (t, unicodedata.normalize("NFC", base)):
-            if s and all(x in self.letters and x != "\n" for x in s):
+        t = ''.join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize('NFKC', ch).lower())
+        base = ''.join(x for x in unicodedata.normalize('NFD', t) if not unicodedata.combining(x))
+        for s in (t, unicodedata.normalize('NFC', base)):
+            if s and all(x in self.letters and x != '\n' for x in s):
                 return s
-        return "" if unicodedata.category(ch).startswith("M") else " "
+        return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
@@ -120,10 +120,10 @@ def clean(text: str, lang: str, fold_accents: bool = False) -> str:
     table = _TABLES.get((lang, fold_accents))
     if table is None:
         table = _TABLES[lang, fold_accents] = _CharMap(lang, fold_accents)
-    text = MARKERS.sub("\n", text)
+    text = MARKERS.sub('\n', text)
     # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
-    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
+    if not text.isascii() and not unicodedata.is_normalized('NFC', text):
+        text = unicodedata.normalize('NFC', text)
     text = text.translate(table)
-    lines = (" ".join(line.split()) for line in text.split("\n"))
-    return "\n".join(line for line in lines if line)
+    lines = (' '.join(line.split()) for line in text.split('\n'))
+    return '\n'.join(line for line in lines if line)

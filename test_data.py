@@ -1,11 +1,9 @@
-"""Tests of prepare_data.py and cleaning.py: cleaning rules, encoding and Unigram labels on real text, downloads
-against a local HTTP server, bad input.
+"""Tests of prepare_data.py and cleaning.py: cleaning rules, encoding and Unigram labels on real
+text, downloads against a local HTTP server, bad input.
 
-Run:   python -m pytest -q test_data.py   (real text from ../shared/data; those tests skip without it)
+Run:   python -m pytest -q test_data.py   (real text from ../shared/data; else those tests skip)
 """
 
-
-import errno
 import hashlib
 import http.server
 import io
@@ -42,28 +40,35 @@ from cleaning import LANGS, clean
 # (formerly test_prepare_data.py)
 # ==================================================================================================
 
-_DATA_SETTINGS = settings(deadline=None, max_examples=60, derandomize=bool(os.environ.get("CI")), database=None)
-_DATA_NIQQUD = [chr(c) for c in range(0x591, 0x5C8) if unicodedata.category(chr(c)) == "Mn"]
-_DATA_MARKERS = ["_START_ARTICLE_", "_START_SECTION_", "_START_PARAGRAPH_", "_NEWLINE_"]
+_DATA_SETTINGS = settings(
+    deadline=None, max_examples=60, derandomize=bool(os.environ.get('CI')), database=None
+)
+_DATA_NIQQUD = [chr(c) for c in range(0x591, 0x5C8) if unicodedata.category(chr(c)) == 'Mn']
+_DATA_MARKERS = ['_START_ARTICLE_', '_START_SECTION_', '_START_PARAGRAPH_', '_NEWLINE_']
 
 
 def _data_text(lang):
     """Arbitrary Unicode mixed with the language's letters (both cases), digits, marks, markers."""
-    letters = LANGS[lang]["letters"]
-    own = st.sampled_from(list(letters + letters.upper() + "0123456789 \n\t.,'-\u05be") + _DATA_NIQQUD)
-    return st.lists(st.one_of(st.text(st.one_of(st.characters(), own), max_size=30),
-                              st.sampled_from(_DATA_MARKERS))).map("".join)
+    letters = LANGS[lang]['letters']
+    own = st.sampled_from(
+        list(letters + letters.upper() + "0123456789 \n\t.,'-\u05be") + _DATA_NIQQUD
+    )
+    return st.lists(
+        st.one_of(
+            st.text(st.one_of(st.characters(), own), max_size=30), st.sampled_from(_DATA_MARKERS)
+        )
+    ).map(''.join)
 
 
 def _data_decode(d, split, meta):
-    ids = np.fromfile(d / f"{split}.bin", dtype=meta["dtype"])
-    return "".join(meta["alphabet"][i] for i in ids)
+    ids = np.fromfile(d / f'{split}.bin', dtype=meta['dtype'])
+    return ''.join(meta['alphabet'][i] for i in ids)
 
 
 def _data_segments(text, labels):
     segs, start = [], 0
     for i in np.flatnonzero(labels):
-        segs.append(text[start:i + 1])
+        segs.append(text[start : i + 1])
         start = i + 1
     return segs, text[start:]
 
@@ -74,34 +79,40 @@ def _data_fail(argv, capsys, out=None):
     code = prepare_data.main([str(a) for a in argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0
-    assert err and err[-1].startswith("error: ")
-    assert sum(line.startswith("error:") for line in err) == 1 and "Traceback" not in "\n".join(err)
+    assert err and err[-1].startswith('error: ')
+    assert sum(line.startswith('error:') for line in err) == 1 and 'Traceback' not in '\n'.join(err)
     if out is not None and Path(out).exists():
-        names = [p.name for p in Path(out).rglob("*")]
-        assert not [n for n in names if n == "meta.json" or n.endswith(".bin")], names
+        names = [p.name for p in Path(out).rglob('*')]
+        assert not [n for n in names if n == 'meta.json' or n.endswith('.bin')], names
         assert not _data_temps(out)
     return err[-1]
 
 
 def _data_temps(d):
-    """Temporary files left under d: write_atomic's hidden names (.train.x1y2.bin), .tmp or .part."""
-    return [p for p in Path(d).rglob("*") if p.name.endswith((".tmp", ".part"))
-            or p.name.startswith(".") and p.name not in (".lock", ".splits.json", ".bin")]
+    """Temporary files left under d: write_atomic's hidden names (.train.x1y2.bin), .part."""
+    return [
+        p
+        for p in Path(d).rglob('*')
+        if p.name.endswith(('.tmp', '.part'))
+        or p.name.startswith('.')
+        and p.name not in ('.lock', '.splits.json', '.bin')
+    ]
 
 
 def _data_slice(name, dst, nbytes=200_000):
     """The whole lines in the first `nbytes` of ../shared/data/`name`, written to dst."""
     raw = shared_data(name).read_bytes()[:nbytes]
-    dst.write_bytes(raw[:raw.rfind(b"\n") + 1])
+    dst.write_bytes(raw[: raw.rfind(b'\n') + 1])
     return dst
 
 
 # --- cleaning ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("lang", sorted(LANGS))
-@pytest.mark.parametrize("fold", [False, True])
+
+@pytest.mark.parametrize('lang', sorted(LANGS))
+@pytest.mark.parametrize('fold', [False, True])
 def test_data_clean_properties(lang, fold):
-    allowed = set(LANGS[lang]["letters"]) | {" ", "\n"}
+    allowed = set(LANGS[lang]['letters']) | {' ', '\n'}
 
     @_DATA_SETTINGS
     @given(_data_text(lang))
@@ -109,9 +120,10 @@ def test_data_clean_properties(lang, fold):
         out = clean(text, lang, fold)
         assert set(out) <= allowed
         assert clean(out, lang, fold) == out
-        assert "  " not in out and "\n\n" not in out
-        assert all(line and line == line.strip(" ") for line in out.split("\n")) or out == ""
+        assert '  ' not in out and '\n\n' not in out
+        assert all(line and line == line.strip(' ') for line in out.split('\n')) or out == ''
         assert not any(ch.isdigit() for ch in out)
+
     check()
 
 
@@ -119,18 +131,20 @@ def test_data_alphabets_are_the_papers():
     """The alphabets of the paper's cleaner: Vietnamese without f j w z and with 12 x 5
     precomposed tone-marked vowels; Hebrew with maqaf, geresh and gershayim."""
     for lang, L in LANGS.items():
-        letters = L["letters"]
-        assert len(set(letters)) == len(letters) and " " not in letters and "\n" not in letters
-        assert all(unicodedata.is_normalized("NFC", c) and len(c) == 1 for c in letters)
-    assert LANGS["en"]["letters"] == "abcdefghijklmnopqrstuvwxyz"
-    assert LANGS["fi"]["letters"] == LANGS["en"]["letters"] + "åäö"
-    vi = set(LANGS["vi"]["letters"])
-    assert not vi & set("fjwz") and set("ăâđêôơư") <= vi and len(vi) == 22 + 7 + 60
-    toned = ("àáảãạ ằắẳẵặ ầấẩẫậ èéẻẽẹ ềếểễệ ìíỉĩị òóỏõọ ồốổỗộ ờớởỡợ ùúủũụ ừứửữự ỳýỷỹỵ").replace(" ", "")
-    assert vi == set("abcdeghiklmnopqrstuvxy" + "ăâđêôơư" + toned)
-    he = LANGS["he"]["letters"]
-    assert len(he) == 30 and {"\u05be", "\u05f3", "\u05f4"} <= set(he)
-    assert all(unicodedata.name(c).startswith("HEBREW LETTER") for c in he[:27])
+        letters = L['letters']
+        assert len(set(letters)) == len(letters) and ' ' not in letters and '\n' not in letters
+        assert all(unicodedata.is_normalized('NFC', c) and len(c) == 1 for c in letters)
+    assert LANGS['en']['letters'] == 'abcdefghijklmnopqrstuvwxyz'
+    assert LANGS['fi']['letters'] == LANGS['en']['letters'] + 'åäö'
+    vi = set(LANGS['vi']['letters'])
+    assert not vi & set('fjwz') and set('ăâđêôơư') <= vi and len(vi) == 22 + 7 + 60
+    toned = ('àáảãạ ằắẳẵặ ầấẩẫậ èéẻẽẹ ềếểễệ ìíỉĩị òóỏõọ ồốổỗộ ờớởỡợ ùúủũụ ừứửữự ỳýỷỹỵ').replace(
+        ' ', ''
+    )
+    assert vi == set('abcdeghiklmnopqrstuvxy' + 'ăâđêôơư' + toned)
+    he = LANGS['he']['letters']
+    assert len(he) == 30 and {'\u05be', '\u05f3', '\u05f4'} <= set(he)
+    assert all(unicodedata.name(c).startswith('HEBREW LETTER') for c in he[:27])
 
 
 @_DATA_SETTINGS
@@ -139,31 +153,47 @@ def test_data_alphabet_letters_kept_others_split(lang, data):
     """Every letter of the alphabet (and its capital) survives; a character that is not a
     letter, digit or homoglyph of the alphabet splits the word, as in the paper (müller ->
     m ller), whatever the script."""
-    letters = LANGS[lang]["letters"]
+    letters = LANGS[lang]['letters']
     c = data.draw(st.sampled_from(letters))
-    assert clean(f"a{c}{c.upper()}", lang).endswith(c + c)
-    homo = cleaning.homoglyphs() if lang != "he" else {}
-    other = data.draw(st.characters(blacklist_categories=("Cs",)).filter(
-        lambda o: not set((homo.get(o, o)).lower()) & set(letters + "0123456789") and o not in "İ\n"))
+    assert clean(f'a{c}{c.upper()}', lang).endswith(c + c)
+    homo = cleaning.homoglyphs() if lang != 'he' else {}
+    other = data.draw(
+        st.characters(blacklist_categories=('Cs',)).filter(
+            lambda o: (
+                not set((homo.get(o, o)).lower()) & set(letters + '0123456789') and o not in 'İ\n'
+            )
+        )
+    )
     w = letters[0]
-    assert clean(f"{w}{other}{w}", lang) == f"{w} {w}"
+    assert clean(f'{w}{other}{w}', lang) == f'{w} {w}'
 
 
 @_DATA_SETTINGS
-@given(st.sampled_from(sorted(LANGS)), st.integers(min_value=0, max_value=10 ** 30),
-       st.sampled_from(["", " ", "-", ".", "\t"]))
+@given(
+    st.sampled_from(sorted(LANGS)),
+    st.integers(min_value=0, max_value=10**30),
+    st.sampled_from(['', ' ', '-', '.', '\t']),
+)
 def test_data_clean_digits_spelled(lang, n, glue):
-    words = LANGS[lang]["digits"].split()
-    spelled = " ".join(words[int(d)] for d in str(n))
+    words = LANGS[lang]['digits'].split()
+    spelled = ' '.join(words[int(d)] for d in str(n))
     assert clean(str(n), lang) == spelled
-    letter = LANGS[lang]["letters"][0]
-    assert clean(f"{letter}{glue}{n}{glue}{letter}", lang) == f"{letter} {spelled} {letter}"
+    letter = LANGS[lang]['letters'][0]
+    assert clean(f'{letter}{glue}{n}{glue}{letter}', lang) == f'{letter} {spelled} {letter}'
 
 
 @_DATA_SETTINGS
-@given(st.lists(st.tuples(st.text(st.sampled_from(LANGS["he"]["letters"][:27]), min_size=1, max_size=8),
-                          st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8), st.randoms()),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(st.sampled_from(LANGS['he']['letters'][:27]), min_size=1, max_size=8),
+            st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8),
+            st.randoms(),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_data_fold_accents_keeps_pointed_hebrew_words_whole(words):
     plain, pointed = [], []
     for w, marks, rnd in words:
@@ -171,129 +201,210 @@ def test_data_fold_accents_keeps_pointed_hebrew_words_whole(words):
         for m in marks:  # marks follow some letter, as in pointed text
             chars.insert(rnd.randint(1, len(chars)), m)
         plain.append(w)
-        pointed.append("".join(chars))
-    assert clean(" ".join(pointed), "he", fold_accents=True) == " ".join(plain)
+        pointed.append(''.join(chars))
+    assert clean(' '.join(pointed), 'he', fold_accents=True) == ' '.join(plain)
 
 
 def test_data_clean_examples():
-    assert clean("\n_START_ARTICLE_\nTitle\n_START_SECTION_\nA b\n_START_PARAGRAPH_\nOne._NEWLINE_Two", "en") \
-        == "title\na b\none\ntwo"
+    assert (
+        clean(
+            '\n_START_ARTICLE_\nTitle\n_START_SECTION_\nA b\n_START_PARAGRAPH_\nOne._NEWLINE_Two',
+            'en',
+        )
+        == 'title\na b\none\ntwo'
+    )
     # the paper's pipeline: homoglyphs (Cyrillic а, fullwidth Ｆ, bold 𝐁) then lower case, and a
     # letter outside the alphabet becomes a space
-    assert clean("PаyPal Ｆull 𝐁old ２０ café Müller", "en") == "paypal full bold two zero caf m ller"
-    assert clean("PаyPal café Müller straße", "en", fold_accents=True) == "paypal cafe muller strasse"
-    assert clean("Hyvää päivää, ÅLAND! café", "fi") == "hyvää päivää åland caf"
-    assert clean("Tru\u031bo\u031b\u0300ng ĐẠI học 2006 Wikipedia", "vi") \
-        == "trường đại học hai không không sáu ikipedia"  # NFD composed first (fix); no w
+    assert (
+        clean('PаyPal Ｆull 𝐁old ２０ café Müller', 'en') == 'paypal full bold two zero caf m ller'
+    )
+    assert (
+        clean('PаyPal café Müller straße', 'en', fold_accents=True) == 'paypal cafe muller strasse'
+    )
+    assert clean('Hyvää päivää, ÅLAND! café', 'fi') == 'hyvää päivää åland caf'
+    assert (
+        clean('Tru\u031bo\u031b\u0300ng ĐẠI học 2006 Wikipedia', 'vi')
+        == 'trường đại học hai không không sáu ikipedia'
+    )  # NFD composed first (fix); no w
     # Hebrew: no homoglyphs, niqqud splits the word as in the paper, digits spelled without
     # niqqud (fix), geresh/gershayim/maqaf kept
-    assert clean("בְּרֵאשִׁית 12 בית־ספר צה״ל (INR)", "he") == "ב ר אש ית אחד שנים בית־ספר צה״ל"
-    assert clean("İstanbul", "en") == "istanbul"  # fix: not "i stanbul"
-    assert clean("  a \r\n\n\n b\t\u2028c  ", "en") == "a\nb c"
-    with pytest.raises(ValueError, match="supported: en, fi, he, vi"):
-        clean("x", "de")
+    assert clean('בְּרֵאשִׁית 12 בית־ספר צה״ל (INR)', 'he') == 'ב ר אש ית אחד שנים בית־ספר צה״ל'
+    assert clean('İstanbul', 'en') == 'istanbul'  # fix: not "i stanbul"
+    assert clean('  a \r\n\n\n b\t\u2028c  ', 'en') == 'a\nb c'
+    with pytest.raises(ValueError, match='supported: en, fi, he, vi'):
+        clean('x', 'de')
 
 
 def test_data_homoglyph_map_covers_lookalikes():
     """The map comes from Unicode's confusables; it covers Cyrillic and Greek lookalikes,
     fullwidth and mathematical letters and digits, typographic quotes and dashes."""
     H = cleaning.homoglyphs()
-    for src, dst in [("аеорсухіјѕԁһԛԝАВЕКМНОРСТХЈЅԜ", "aeopcyxijsdhqwabekmhopctxjsw"),
-                     ("αονιρυΑΒΕΖΗΙΚΜΝΟΡΤΥΧ", "aovipuabezhlkmnoptyx")]:
-        assert "".join(H[c].lower() for c in src) == dst
+    for src, dst in [
+        ('аеорсухіјѕԁһԛԝАВЕКМНОРСТХЈЅԜ', 'aeopcyxijsdhqwabekmhopctxjsw'),
+        ('αονιρυΑΒΕΖΗΙΚΜΝΟΡΤΥΧ', 'aovipuabezhlkmnoptyx'),
+    ]:
+        assert ''.join(H[c].lower() for c in src) == dst
+
     # confusables' prototypes of 0, 1 and I are O, l and l (as in the paper's table); fullwidth
     # forms go through NFKC, so fullwidth digits stay digits
     def want(c, proto):
-        n = unicodedata.normalize("NFKC", c)
+        n = unicodedata.normalize('NFKC', c)
         return proto.get(n, n).lower()
-    fullwidth = [chr(c) for c in range(0xFF10, 0xFF1A)] + [chr(c) for c in range(0xFF21, 0xFF3B)] \
+
+    fullwidth = (
+        [chr(c) for c in range(0xFF10, 0xFF1A)]
+        + [chr(c) for c in range(0xFF21, 0xFF3B)]
         + [chr(c) for c in range(0xFF41, 0xFF5B)]
-    assert all(H[c].lower() == want(c, {"I": "l"}) for c in fullwidth)
-    math = [chr(c) for c in range(0x1D400, 0x1D800) if unicodedata.normalize("NFKC", chr(c)).isalnum()
-            and unicodedata.normalize("NFKC", chr(c)).isascii()]
-    ok = [c for c in math if H.get(c, "").lower() == want(c, {"0": "O", "1": "l", "I": "l"})]
+    )
+    assert all(H[c].lower() == want(c, {'I': 'l'}) for c in fullwidth)
+    math = [
+        chr(c)
+        for c in range(0x1D400, 0x1D800)
+        if unicodedata.normalize('NFKC', chr(c)).isalnum()
+        and unicodedata.normalize('NFKC', chr(c)).isascii()
+    ]
+    ok = [c for c in math if H.get(c, '').lower() == want(c, {'0': 'O', '1': 'l', 'I': 'l'})]
     assert len(math) > 650 and len(ok) >= len(math) - 20  # the m-likes map to "rn", not one letter
-    assert "".join(H[c] for c in "𝐌𝐚𝐭𝐡𝟐𝟑") == "Math23" and clean("𝐌𝐚𝐭𝐡𝟐𝟑", "en") == "math two three"
-    assert {H[c] for c in "‘’‛′"} == {"'"} and {H[c] for c in "“”‟″"} == {"''"}
-    assert {H[c] for c in "‐‑‒–−"} == {"-"}
+    assert ''.join(H[c] for c in '𝐌𝐚𝐭𝐡𝟐𝟑') == 'Math23' and clean('𝐌𝐚𝐭𝐡𝟐𝟑', 'en') == 'math two three'
+    assert {H[c] for c in '‘’‛′'} == {"'"} and {H[c] for c in '“”‟″'} == {"''"}
+    assert {H[c] for c in '‐‑‒–−'} == {'-'}
 
 
 # --- end to end on real text -------------------------------------------------------------------
 
-@pytest.mark.parametrize("lang", sorted(LANGS))
-def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prepare_data, "CHUNK", 300)  # many pieces, long lines cut at a space
-    src = _data_slice(f"raw/{lang}.txt", tmp_path / f"{lang}.txt")
-    argv = ["--input", src, "--lang", lang, "--out-dir", tmp_path / "out", "--unigram", "300"]
-    meta = prepare_data.run([str(a) for a in argv])
-    d = tmp_path / "out" / f"input-{lang}"
-    assert json.loads((d / "meta.json").read_text()) == meta
-    for key, typ in [("name", str), ("dataset", str), ("lang", str), ("alphabet", list), ("vocab_size", int),
-                     ("space_id", int), ("newline_id", int), ("dtype", str), ("sizes", dict), ("source", list),
-                     ("cleaning", dict), ("mean_word_length", float), ("unigram", dict), ("unigram_sets", dict),
-                     ("defaults", dict)]:
-        assert isinstance(meta[key], typ), key
-    assert meta["alphabet"][:2] == ["\n", " "] and meta["vocab_size"] == len(meta["alphabet"]) and meta["dtype"] == "uint8"
-    text = {s: _data_decode(d, s, meta) for s in ("train", "valid", "test")}
-    raw = src.read_text(encoding="utf-8")
-    assert text["train"] + text["valid"] + text["test"] == clean(raw, lang) + "\n"
-    n = sum(map(len, text.values()))
-    assert len(text["valid"]) == len(text["test"]) == n // 20
-    assert meta["mean_word_length"] == pytest.approx(len(text["train"]) / text["train"].count(" "), abs=1e-3)
 
-    assert meta["defaults"] == {"unigram": LANGS[lang]["unigram"], "prior": 0.37 if lang == "fi" else 0.2}
-    uni = meta["unigram"]
-    assert meta["unigram_sets"] == {"300": uni} and uni["vocab_size"] == 300
-    assert {k: uni["settings"][k] for k in ("add_dummy_prefix", "max_sentencepiece_length", "split_digits")} \
-        == {"add_dummy_prefix": True, "max_sentencepiece_length": 16, "split_digits": True}
-    sp = spm.SentencePieceProcessor(model_file=str(d / uni["model"]))
-    dummy = "\u2581"
+@pytest.mark.parametrize('lang', sorted(LANGS))
+def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepare_data, 'CHUNK', 300)  # many pieces, long lines cut at a space
+    src = _data_slice(f'raw/{lang}.txt', tmp_path / f'{lang}.txt')
+    argv = ['--input', src, '--lang', lang, '--out-dir', tmp_path / 'out', '--unigram', '300']
+    meta = prepare_data.run([str(a) for a in argv])
+    d = tmp_path / 'out' / f'input-{lang}'
+    assert json.loads((d / 'meta.json').read_text()) == meta
+    for key, typ in [
+        ('name', str),
+        ('dataset', str),
+        ('lang', str),
+        ('alphabet', list),
+        ('vocab_size', int),
+        ('space_id', int),
+        ('newline_id', int),
+        ('dtype', str),
+        ('sizes', dict),
+        ('source', list),
+        ('cleaning', dict),
+        ('mean_word_length', float),
+        ('unigram', dict),
+        ('unigram_sets', dict),
+        ('defaults', dict),
+    ]:
+        assert isinstance(meta[key], typ), key
+    assert (
+        meta['alphabet'][:2] == ['\n', ' ']
+        and meta['vocab_size'] == len(meta['alphabet'])
+        and meta['dtype'] == 'uint8'
+    )
+    text = {s: _data_decode(d, s, meta) for s in ('train', 'valid', 'test')}
+    raw = src.read_text(encoding='utf-8')
+    assert text['train'] + text['valid'] + text['test'] == clean(raw, lang) + '\n'
+    n = sum(map(len, text.values()))
+    assert len(text['valid']) == len(text['test']) == n // 20
+    assert meta['mean_word_length'] == pytest.approx(
+        len(text['train']) / text['train'].count(' '), abs=1e-3
+    )
+
+    assert meta['defaults'] == {
+        'unigram': LANGS[lang]['unigram'],
+        'prior': 0.37 if lang == 'fi' else 0.2,
+    }
+    uni = meta['unigram']
+    assert meta['unigram_sets'] == {'300': uni} and uni['vocab_size'] == 300
+    assert {
+        k: uni['settings'][k]
+        for k in ('add_dummy_prefix', 'max_sentencepiece_length', 'split_digits')
+    } == {'add_dummy_prefix': True, 'max_sentencepiece_length': 16, 'split_digits': True}
+    sp = spm.SentencePieceProcessor(model_file=str(d / uni['model']))
+    dummy = '\u2581'
     for split, t in text.items():
-        labels = np.fromfile(d / f"{split}.unigram-300.bin", dtype=np.uint8)
+        labels = np.fromfile(d / f'{split}.unigram-300.bin', dtype=np.uint8)
         assert len(labels) == len(t) and set(np.unique(labels)) <= {0, 1} and labels[-1] == 1
         segs, rest = _data_segments(t, labels)
-        assert "".join(segs) == t and rest == ""
-        codes = np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)
-        assert labels[(codes == ord(" ")) | (codes == ord("\n"))].all()  # whitespace => Unigram boundary
+        assert ''.join(segs) == t and rest == ''
+        codes = np.frombuffer(t.encode('utf-32-le'), dtype=np.uint32)
+        assert labels[
+            (codes == ord(' ')) | (codes == ord('\n'))
+        ].all()  # whitespace => Unigram boundary
         first = True  # SentencePiece saw each word as ▁word: its first piece carries the ▁
         for seg in segs:
-            word = seg[:-1] if seg[-1] in " \n" else seg
-            assert " " not in word and "\n" not in word
-            assert word == "" or (first and dummy + word in sp.id_to_piece(list(range(len(sp))))) \
-                or sp.piece_to_id(word) != sp.unk_id(), seg
-            first = seg[-1] in " \n"
-        assert uni["shortening_factor"][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
-    assert 1 < uni["shortening_factor"]["train"] < meta["mean_word_length"]
+            word = seg[:-1] if seg[-1] in ' \n' else seg
+            assert ' ' not in word and '\n' not in word
+            assert (
+                word == ''
+                or (first and dummy + word in sp.id_to_piece(list(range(len(sp)))))
+                or sp.piece_to_id(word) != sp.unk_id()
+            ), seg
+            first = seg[-1] in ' \n'
+        assert uni['shortening_factor'][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
+    assert 1 < uni['shortening_factor']['train'] < meta['mean_word_length']
 
-    if lang == "en":  # a re-run skips both steps and changes nothing
-        before = {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+    if lang == 'en':  # a re-run skips both steps and changes nothing
+        before = {
+            p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in ('.bin', '.model')
+        }
         capsys.readouterr()
         assert prepare_data.run([str(a) for a in argv]) == meta
-        assert capsys.readouterr().out.count("skipping") == 2
-        assert before == {p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in (".bin", ".model")}
+        assert capsys.readouterr().out.count('skipping') == 2
+        assert before == {
+            p.name: p.stat().st_mtime_ns for p in d.iterdir() if p.suffix in ('.bin', '.model')
+        }
 
 
 def test_data_text8_input_kept_as_is(tmp_path, capsys):
-    raw = shared_data("text8-head.txt").read_text()[:200_000]
-    (tmp_path / "t8.txt").write_text(raw)
-    meta = prepare_data.run(["--dataset", "text8", "--input", str(tmp_path / "t8.txt"), "--out-dir",
-                              str(tmp_path), "--unigram", "300"])
-    d = tmp_path / "text8"
-    assert meta["alphabet"] == [" "] + list("abcdefghijklmnopqrstuvwxyz") and meta["vocab_size"] == 27
-    assert meta["space_id"] == 0 and meta["newline_id"] is None and meta["dtype"] == "uint8"
-    assert meta["sizes"] == {"train": 180_000, "valid": 10_000, "test": 10_000}
-    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == raw
+    raw = shared_data('text8-head.txt').read_text()[:200_000]
+    (tmp_path / 't8.txt').write_text(raw)
+    meta = prepare_data.run(
+        [
+            '--dataset',
+            'text8',
+            '--input',
+            str(tmp_path / 't8.txt'),
+            '--out-dir',
+            str(tmp_path),
+            '--unigram',
+            '300',
+        ]
+    )
+    d = tmp_path / 'text8'
+    assert (
+        meta['alphabet'] == [' '] + list('abcdefghijklmnopqrstuvwxyz') and meta['vocab_size'] == 27
+    )
+    assert meta['space_id'] == 0 and meta['newline_id'] is None and meta['dtype'] == 'uint8'
+    assert meta['sizes'] == {'train': 180_000, 'valid': 10_000, 'test': 10_000}
+    assert ''.join(_data_decode(d, s, meta) for s in ('train', 'valid', 'test')) == raw
     # a Unigram vocabulary the text cannot fill: clear advice, the finished splits stay usable
-    msg = _data_fail(["--dataset", "text8", "--input", tmp_path / "t8.txt", "--out-dir", tmp_path,
-                      "--unigram", "100000", "--force"], capsys)
-    assert "too high" in msg and "--unigram 100000" in msg
-    assert not (d / "meta.json").exists() and not list(d.glob("*unigram-100000*"))
+    msg = _data_fail(
+        [
+            '--dataset',
+            'text8',
+            '--input',
+            tmp_path / 't8.txt',
+            '--out-dir',
+            tmp_path,
+            '--unigram',
+            '100000',
+            '--force',
+        ],
+        capsys,
+    )
+    assert 'too high' in msg and '--unigram 100000' in msg
+    assert not (d / 'meta.json').exists() and not list(d.glob('*unigram-100000*'))
     fixed = _data_run_printed(msg, tmp_path)  # the command it gives runs as printed
     assert fixed.returncode == 0, fixed.stderr
-    assert json.loads((d / "meta.json").read_text())["unigram"]["vocab_size"] < 100000
+    assert json.loads((d / 'meta.json').read_text())['unigram']['vocab_size'] < 100000
 
 
 # --- downloads against a local server ------------------------------------------------------------
+
 
 class _DataHandler(http.server.BaseHTTPRequestHandler):
     """Files with an ETag (honouring Range and If-Range), and the two calls huggingface_hub
@@ -304,38 +415,47 @@ class _DataHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self, head=False):
         srv = self.server
-        path = self.path.split("?")[0]
-        srv.log.append((self.command, path, self.headers.get("Range")))
-        m = re.match(r"/api/datasets/google/wiki40b/tree/main/(\w+)$", path)
+        path = self.path.split('?')[0]
+        srv.log.append((self.command, path, self.headers.get('Range')))
+        m = re.match(r'/api/datasets/google/wiki40b/tree/main/(\w+)$', path)
         if m:
-            tree = [{"type": "file", "path": p[len("/datasets/google/wiki40b/resolve/main/"):], "size": len(b),
-                     "oid": hashlib.sha1(b).hexdigest()} for p, b in srv.files.items()
-                    if p.startswith(f"/datasets/google/wiki40b/resolve/main/{m[1]}/")]
-            return self._send(200, json.dumps(tree).encode(), head, {"Content-Type": "application/json"})
+            tree = [
+                {
+                    'type': 'file',
+                    'path': p[len('/datasets/google/wiki40b/resolve/main/') :],
+                    'size': len(b),
+                    'oid': hashlib.sha1(b).hexdigest(),
+                }
+                for p, b in srv.files.items()
+                if p.startswith(f'/datasets/google/wiki40b/resolve/main/{m[1]}/')
+            ]
+            return self._send(
+                200, json.dumps(tree).encode(), head, {'Content-Type': 'application/json'}
+            )
         body = srv.files.get(path)
         if body is None:
             return self.send_error(404)
         etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-        headers = {"ETag": etag, "X-Repo-Commit": "c" * 40} if srv.etags else {}
-        rng, if_range = self.headers.get("Range"), self.headers.get("If-Range")
+        headers = {'ETag': etag, 'X-Repo-Commit': 'c' * 40} if srv.etags else {}
+        rng, if_range = self.headers.get('Range'), self.headers.get('If-Range')
         if rng and srv.ranges and (if_range is None or if_range == etag):
-            start = int(rng.split("=")[1].split("-")[0])
+            start = int(rng.split('=')[1].split('-')[0])
             if start >= len(body):
-                return self._send(416, b"", head, {"Content-Range": f"bytes */{len(body)}"})
-            headers["Content-Range"] = f"bytes {start}-{len(body) - 1}/{len(body)}"
+                return self._send(416, b'', head, {'Content-Range': f'bytes */{len(body)}'})
+            headers['Content-Range'] = f'bytes {start}-{len(body) - 1}/{len(body)}'
             return self._send(206, body[start:], head, headers, flaky=path in srv.flaky)
         self._send(200, body, head, headers, flaky=path in srv.flaky and not head)
 
     def _send(self, code, payload, head, headers, flaky=False):
         self.send_response(code)
-        for k, v in {**headers, "Content-Length": str(len(payload))}.items():
+        for k, v in {**headers, 'Content-Length': str(len(payload))}.items():
             self.send_header(k, v)
         self.end_headers()
         if head:
             return
         if flaky:  # first attempt: the connection drops midway
-            self.server.flaky.discard(self.path.split("?")[0])
-            self.wfile.write(payload[:len(payload) // 2])
+            self.server.flaky.discard(self.path.split('?')[0])
+            self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
             self.close_connection = True
             return
@@ -347,97 +467,122 @@ class _DataHandler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def _data_server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DataHandler)
+    srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _DataHandler)
     srv.files, srv.flaky, srv.log, srv.ranges, srv.etags = {}, set(), [], True, True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    srv.base = f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.base = f'http://127.0.0.1:{srv.server_address[1]}'
     yield srv
     srv.shutdown()
     srv.server_close()
 
 
-@pytest.mark.parametrize("ranges", [True, False])
+@pytest.mark.parametrize('ranges', [True, False])
 def test_data_download_resumes(_data_server, tmp_path, ranges):
     body = np.random.default_rng(0).bytes(300_000)
-    _data_server.files["/f.bin"], _data_server.ranges = body, ranges
-    _data_server.flaky.add("/f.bin")
-    dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=3, backoff=0)
-    assert dest.read_bytes() == body and not list(tmp_path.glob("f.bin.part*"))
+    _data_server.files['/f.bin'], _data_server.ranges = body, ranges
+    _data_server.flaky.add('/f.bin')
+    dest = prepare_data.download(
+        _data_server.base + '/f.bin', tmp_path / 'f.bin', retries=3, backoff=0
+    )
+    assert dest.read_bytes() == body and not list(tmp_path.glob('f.bin.part*'))
     if ranges:  # the second request asked only for the missing half
-        assert _data_server.log[-1] == ("GET", "/f.bin", f"bytes={len(body) // 2}-")
+        assert _data_server.log[-1] == ('GET', '/f.bin', f'bytes={len(body) // 2}-')
     # a killed run left a .part and its version: the next run continues it
-    (tmp_path / "g.bin.part").write_bytes(body[:1000])
+    (tmp_path / 'g.bin.part').write_bytes(body[:1000])
     etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-    (tmp_path / "g.bin.part.json").write_text(json.dumps({"validator": etag, "total": len(body)}))
-    prepare_data.download(_data_server.base + "/f.bin", tmp_path / "g.bin", retries=1, backoff=0)
-    assert (tmp_path / "g.bin").read_bytes() == body and _data_server.log[-1][2] == "bytes=1000-"
+    (tmp_path / 'g.bin.part.json').write_text(json.dumps({'validator': etag, 'total': len(body)}))
+    prepare_data.download(_data_server.base + '/f.bin', tmp_path / 'g.bin', retries=1, backoff=0)
+    assert (tmp_path / 'g.bin').read_bytes() == body and _data_server.log[-1][2] == 'bytes=1000-'
 
 
-@pytest.mark.parametrize("etags", [True, False])
+@pytest.mark.parametrize('etags', [True, False])
 def test_data_download_changed_on_server_not_spliced(_data_server, tmp_path, capsys, etags):
     """A .part cut from an old version of the file is not continued with the new one (If-Range
     with the ETag, or the size where the server gives no version): the download starts over."""
-    old, new = b"A" * 50_000, b"B" * (50_000 if etags else 60_000)
-    _data_server.files["/f.bin"], _data_server.etags = old, etags
-    _data_server.flaky.add("/f.bin")
+    old, new = b'A' * 50_000, b'B' * (50_000 if etags else 60_000)
+    _data_server.files['/f.bin'], _data_server.etags = old, etags
+    _data_server.flaky.add('/f.bin')
     with pytest.raises(prepare_data.DownloadError):  # cut midway, no retries left
-        prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=0, backoff=0)
-    assert (tmp_path / "f.bin.part").read_bytes() == old[:25_000]
-    _data_server.files["/f.bin"] = new
-    dest = prepare_data.download(_data_server.base + "/f.bin", tmp_path / "f.bin", retries=1, backoff=0)
-    assert dest.read_bytes() == new and not list(tmp_path.glob("f.bin.part*"))
-    assert "changed on the server" in capsys.readouterr().err
+        prepare_data.download(
+            _data_server.base + '/f.bin', tmp_path / 'f.bin', retries=0, backoff=0
+        )
+    assert (tmp_path / 'f.bin.part').read_bytes() == old[:25_000]
+    _data_server.files['/f.bin'] = new
+    dest = prepare_data.download(
+        _data_server.base + '/f.bin', tmp_path / 'f.bin', retries=1, backoff=0
+    )
+    assert dest.read_bytes() == new and not list(tmp_path.glob('f.bin.part*'))
+    assert 'changed on the server' in capsys.readouterr().err
 
 
 def _data_zip(text):
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("text8", text)
+    with zipfile.ZipFile(buf, 'w', zipfile.ZIP_DEFLATED) as z:
+        z.writestr('text8', text)
     return buf.getvalue()
 
 
 def test_data_text8_download(_data_server, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prepare_data, "CHUNK", 1000)  # text8 is one line: it is cut at spaces
-    words = np.random.default_rng(1).choice(["the", "cat", "sat", "on", "a", "mat"], 6000)
-    text = " " + " ".join(words)
-    _data_server.files["/text8.zip"] = _data_zip(text)
-    _data_server.flaky.add("/text8.zip")
-    argv = ["--text8-url", _data_server.base + "/text8.zip", "--out-dir", str(tmp_path), "--unigram", "0",
-            "--retries", "2", "--backoff", "0"]
+    monkeypatch.setattr(prepare_data, 'CHUNK', 1000)  # text8 is one line: it is cut at spaces
+    words = np.random.default_rng(1).choice(['the', 'cat', 'sat', 'on', 'a', 'mat'], 6000)
+    text = ' ' + ' '.join(words)
+    _data_server.files['/text8.zip'] = _data_zip(text)
+    _data_server.flaky.add('/text8.zip')
+    argv = [
+        '--text8-url',
+        _data_server.base + '/text8.zip',
+        '--out-dir',
+        str(tmp_path),
+        '--unigram',
+        '0',
+        '--retries',
+        '2',
+        '--backoff',
+        '0',
+    ]
     meta = prepare_data.run(argv)
-    d = tmp_path / "text8"
+    d = tmp_path / 'text8'
     n = len(text)
-    assert meta["sizes"] == {"train": n - 2 * (n // 20), "valid": n // 20, "test": n // 20}
-    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")) == text
-    assert meta["source"] == [_data_server.base + "/text8.zip"] and meta["unigram"] is None
-    assert (d / "download" / "text8.zip").exists() and not list(d.rglob("*.part*"))
+    assert meta['sizes'] == {'train': n - 2 * (n // 20), 'valid': n // 20, 'test': n // 20}
+    assert ''.join(_data_decode(d, s, meta) for s in ('train', 'valid', 'test')) == text
+    assert meta['source'] == [_data_server.base + '/text8.zip'] and meta['unigram'] is None
+    assert (d / 'download' / 'text8.zip').exists() and not list(d.rglob('*.part*'))
     requests = len(_data_server.log)
     prepare_data.run(argv)  # finished: no network needed again
-    assert len(_data_server.log) == requests and "skipping" in capsys.readouterr().out
+    assert len(_data_server.log) == requests and 'skipping' in capsys.readouterr().out
     # a corrupt archive in the download folder (Bad CRC-32): removed with advice, then refetched
-    z = bytearray((d / "download" / "text8.zip").read_bytes())
+    z = bytearray((d / 'download' / 'text8.zip').read_bytes())
     z[len(z) // 2] ^= 0xFF
-    (d / "download" / "text8.zip").write_bytes(bytes(z))
-    msg = _data_fail(argv + ["--force"], capsys)
-    assert "corrupt" in msg and "re-run to fetch it again" in msg
-    assert not (d / "download" / "text8.zip").exists() and not (d / "meta.json").exists()
-    assert prepare_data.run(argv)["sizes"] == meta["sizes"]
+    (d / 'download' / 'text8.zip').write_bytes(bytes(z))
+    msg = _data_fail(argv + ['--force'], capsys)
+    assert 'corrupt' in msg and 're-run to fetch it again' in msg
+    assert not (d / 'download' / 'text8.zip').exists() and not (d / 'meta.json').exists()
+    assert prepare_data.run(argv)['sizes'] == meta['sizes']
 
 
 def _data_wiki40b_docs():
-    return {split: [f"\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the "
-                    f"café opened._NEWLINE_It is Ｂig." for i in range(30)] for split in ("train", "validation", "test")}
+    return {
+        split: [
+            f'\n_START_ARTICLE_\n{split.title()} {i}\n_START_PARAGRAPH_\nIn {1990 + i} the '
+            f'café opened._NEWLINE_It is Ｂig.'
+            for i in range(30)
+        ]
+        for split in ('train', 'validation', 'test')
+    }
 
 
 def _data_hub(srv):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     docs = _data_wiki40b_docs()
     for split, texts in docs.items():
         buf = io.BytesIO()
-        pq.write_table(pa.table({"wikidata_id": ["Q1"] * len(texts), "text": texts}), buf)
-        srv.files[f"/datasets/google/wiki40b/resolve/main/en/{split}-00000-of-00001.parquet"] = buf.getvalue()
-    srv.files["/datasets/google/wiki40b/resolve/main/en/README.md"] = b"not a shard"
+        pq.write_table(pa.table({'wikidata_id': ['Q1'] * len(texts), 'text': texts}), buf)
+        srv.files[f'/datasets/google/wiki40b/resolve/main/en/{split}-00000-of-00001.parquet'] = (
+            buf.getvalue()
+        )
+    srv.files['/datasets/google/wiki40b/resolve/main/en/README.md'] = b'not a shard'
     return docs
 
 
@@ -445,134 +590,294 @@ def test_data_wiki40b_through_huggingface_hub(_data_server, tmp_path):
     """A fake hub on 127.0.0.1: huggingface_hub lists the shards and downloads them into its
     cache; offline (HF_HUB_OFFLINE=1) a second dataset is made from that cache alone."""
     docs = _data_hub(_data_server)
-    cache = tmp_path / "hf-cache"
-    meta = prepare_data.run(["--lang", "en", "--hf-base", _data_server.base, "--hf-cache", str(cache),
-                              "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500",
-                              "--retries", "2", "--backoff", "0"])
-    d = tmp_path / "wiki40b-en"
-    assert meta["name"] == "wiki40b-en" and meta["dataset"] == "wiki40b" and len(meta["source"]) == 3
-    assert meta["source"][0] == "hf://datasets/google/wiki40b/en/train-00000-of-00001.parquet"
-    full_train = "\n".join(clean(t, "en") for t in docs["train"]) + "\n"
-    assert _data_decode(d, "train", meta) == full_train[:500]
-    assert _data_decode(d, "valid", meta) == "\n".join(clean(t, "en") for t in docs["validation"]) + "\n"
-    assert _data_decode(d, "test", meta).startswith("test zero\nin one nine nine zero the caf opened\nit is big\n")
-    shards = sorted(cache.rglob("snapshots/*/en/*.parquet"))
-    assert len(shards) == 3 and not any("README" in p for _, p, _ in _data_server.log)
+    cache = tmp_path / 'hf-cache'
+    meta = prepare_data.run(
+        [
+            '--lang',
+            'en',
+            '--hf-base',
+            _data_server.base,
+            '--hf-cache',
+            str(cache),
+            '--out-dir',
+            str(tmp_path),
+            '--unigram',
+            '0',
+            '--max-train-chars',
+            '500',
+            '--retries',
+            '2',
+            '--backoff',
+            '0',
+        ]
+    )
+    d = tmp_path / 'wiki40b-en'
+    assert (
+        meta['name'] == 'wiki40b-en' and meta['dataset'] == 'wiki40b' and len(meta['source']) == 3
+    )
+    assert meta['source'][0] == 'hf://datasets/google/wiki40b/en/train-00000-of-00001.parquet'
+    full_train = '\n'.join(clean(t, 'en') for t in docs['train']) + '\n'
+    assert _data_decode(d, 'train', meta) == full_train[:500]
+    assert (
+        _data_decode(d, 'valid', meta)
+        == '\n'.join(clean(t, 'en') for t in docs['validation']) + '\n'
+    )
+    assert _data_decode(d, 'test', meta).startswith(
+        'test zero\nin one nine nine zero the caf opened\nit is big\n'
+    )
+    shards = sorted(cache.rglob('snapshots/*/en/*.parquet'))
+    assert len(shards) == 3 and not any('README' in p for _, p, _ in _data_server.log)
     # offline: nothing asked of the server, the cached shards give the same splits
     n = len(_data_server.log)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--lang", "en", "--hf-cache", str(cache),
-                        "--out-dir", str(tmp_path), "--name", "offline", "--unigram", "0", "--max-train-chars", "500"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1'}
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(prepare_data.__file__)),
+            '--lang',
+            'en',
+            '--hf-cache',
+            str(cache),
+            '--out-dir',
+            str(tmp_path),
+            '--name',
+            'offline',
+            '--unigram',
+            '0',
+            '--max-train-chars',
+            '500',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert len(_data_server.log) == n
-    for s in ("train", "valid", "test"):
-        assert (tmp_path / "offline" / f"{s}.bin").read_bytes() == (d / f"{s}.bin").read_bytes()
+    for s in ('train', 'valid', 'test'):
+        assert (tmp_path / 'offline' / f'{s}.bin').read_bytes() == (d / f'{s}.bin').read_bytes()
     # the same shards by hand: --input keeps their splits (named train/validation/test)
-    manual = prepare_data.run(["--dataset", "wiki40b", "--lang", "en", "--input", *map(str, shards), "--name",
-                                "manual", "--out-dir", str(tmp_path), "--unigram", "0", "--max-train-chars", "500"])
-    assert manual["sizes"] == meta["sizes"] and manual["cleaning"]["split"].startswith("official")
+    manual = prepare_data.run(
+        [
+            '--dataset',
+            'wiki40b',
+            '--lang',
+            'en',
+            '--input',
+            *map(str, shards),
+            '--name',
+            'manual',
+            '--out-dir',
+            str(tmp_path),
+            '--unigram',
+            '0',
+            '--max-train-chars',
+            '500',
+        ]
+    )
+    assert manual['sizes'] == meta['sizes'] and manual['cleaning']['split'].startswith('official')
 
 
 def test_data_cc100_stream(_data_server, tmp_path):
-    lines = [f"Line {i}: Hello World, the stream goes on." for i in range(3000)]
-    _data_server.files["/en.txt.xz"] = lzma.compress("\n".join(lines).encode())
-    _data_server.flaky.add("/en.txt.xz")
-    meta = prepare_data.run(["--dataset", "cc100", "--lang", "en", "--cc100-base", _data_server.base,
-                              "--out-dir", str(tmp_path), "--unigram", "0", "--max-eval-chars", "300",
-                              "--max-train-chars", "2000", "--retries", "2", "--backoff", "0"])
-    d = tmp_path / "cc100-en"
-    want = clean("\n".join(lines[:200]), "en")
-    assert meta["sizes"] == {"train": 2000, "valid": 300, "test": 300}
-    got = "".join(_data_decode(d, s, meta) for s in ("valid", "test", "train"))
+    lines = [f'Line {i}: Hello World, the stream goes on.' for i in range(3000)]
+    _data_server.files['/en.txt.xz'] = lzma.compress('\n'.join(lines).encode())
+    _data_server.flaky.add('/en.txt.xz')
+    meta = prepare_data.run(
+        [
+            '--dataset',
+            'cc100',
+            '--lang',
+            'en',
+            '--cc100-base',
+            _data_server.base,
+            '--out-dir',
+            str(tmp_path),
+            '--unigram',
+            '0',
+            '--max-eval-chars',
+            '300',
+            '--max-train-chars',
+            '2000',
+            '--retries',
+            '2',
+            '--backoff',
+            '0',
+        ]
+    )
+    d = tmp_path / 'cc100-en'
+    want = clean('\n'.join(lines[:200]), 'en')
+    assert meta['sizes'] == {'train': 2000, 'valid': 300, 'test': 300}
+    got = ''.join(_data_decode(d, s, meta) for s in ('valid', 'test', 'train'))
     assert got == want[:2600]
 
 
 def test_data_server_down_names_url(_data_server, tmp_path, capsys):
     with socket.socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
+        s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/text8.zip"
-    msg = _data_fail(["--text8-url", url, "--out-dir", tmp_path, "--retries", "1", "--backoff", "0"], capsys, tmp_path)
-    assert url in msg and "--input" in msg
-    msg = _data_fail(["--text8-url", _data_server.base + "/missing.zip", "--out-dir", tmp_path], capsys, tmp_path)
-    assert "404" in msg and "/missing.zip" in msg  # a 404 is not retried
+    url = f'http://127.0.0.1:{port}/text8.zip'
+    msg = _data_fail(
+        ['--text8-url', url, '--out-dir', tmp_path, '--retries', '1', '--backoff', '0'],
+        capsys,
+        tmp_path,
+    )
+    assert url in msg and '--input' in msg
+    msg = _data_fail(
+        ['--text8-url', _data_server.base + '/missing.zip', '--out-dir', tmp_path], capsys, tmp_path
+    )
+    assert '404' in msg and '/missing.zip' in msg  # a 404 is not retried
 
 
 # --- bad input -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["empty", "binary", "not-utf8", "wrong-alphabet", "digits-only", "bad-zip",
-                                  "missing", "unknown-lang", "out-dir-is-file"])
+
+@pytest.mark.parametrize(
+    'case',
+    [
+        'empty',
+        'binary',
+        'not-utf8',
+        'wrong-alphabet',
+        'digits-only',
+        'bad-zip',
+        'missing',
+        'unknown-lang',
+        'out-dir-is-file',
+    ],
+)
 def test_data_bad_input(case, tmp_path, capsys):
-    f, lang, out = tmp_path / "in.txt", "en", tmp_path / "out"
-    contents = {"empty": b"", "binary": np.random.default_rng(0).bytes(5000) + b"\x00",
-                "not-utf8": bytes(range(0x80, 0x100)) * 40, "wrong-alphabet": "שלום עולם, מה נשמע?\n".encode() * 50,
-                "digits-only": b"2023 - 12 / 31\n", "unknown-lang": b"Hallo Welt\n", "out-dir-is-file": b"hello\n",
-                "missing": None}
-    if case == "bad-zip":
-        f = tmp_path / "in.zip"
-        f.write_bytes(b"PK\x03\x04 definitely not a zip")
+    f, lang, out = tmp_path / 'in.txt', 'en', tmp_path / 'out'
+    contents = {
+        'empty': b'',
+        'binary': np.random.default_rng(0).bytes(5000) + b'\x00',
+        'not-utf8': bytes(range(0x80, 0x100)) * 40,
+        'wrong-alphabet': 'שלום עולם, מה נשמע?\n'.encode() * 50,
+        'digits-only': b'2023 - 12 / 31\n',
+        'unknown-lang': b'Hallo Welt\n',
+        'out-dir-is-file': b'hello\n',
+        'missing': None,
+    }
+    if case == 'bad-zip':
+        f = tmp_path / 'in.zip'
+        f.write_bytes(b'PK\x03\x04 definitely not a zip')
     elif contents[case] is not None:
         f.write_bytes(contents[case])
-    if case == "unknown-lang":
-        lang = "de"
-    if case == "out-dir-is-file":
-        out = f / "sub"
-    msg = _data_fail(["--input", f, "--lang", lang, "--out-dir", out, "--unigram", "0"], capsys, out)
-    expect = {"empty": "no text", "binary": "binary", "not-utf8": "not UTF-8", "wrong-alphabet": "wrong --lang",
-              "digits-only": "wrong --lang", "bad-zip": "corrupt", "missing": "No such file",
-              "unknown-lang": "choose from 'en', 'fi', 'he', 'vi'", "out-dir-is-file": "Not a directory"}[case]
+    if case == 'unknown-lang':
+        lang = 'de'
+    if case == 'out-dir-is-file':
+        out = f / 'sub'
+    msg = _data_fail(
+        ['--input', f, '--lang', lang, '--out-dir', out, '--unigram', '0'], capsys, out
+    )
+    expect = {
+        'empty': 'no text',
+        'binary': 'binary',
+        'not-utf8': 'not UTF-8',
+        'wrong-alphabet': 'wrong --lang',
+        'digits-only': 'wrong --lang',
+        'bad-zip': 'corrupt',
+        'missing': 'No such file',
+        'unknown-lang': "choose from 'en', 'fi', 'he', 'vi'",
+        'out-dir-is-file': 'Not a directory',
+    }[case]
     assert expect in msg
 
 
 def test_data_invalid_utf8_is_reported_and_dropped(tmp_path, capsys):
-    f = tmp_path / "in.txt"
-    f.write_bytes(b"hello world\n" * 100 + b"bad \xff\xfe bytes\n" + b"good end\n")
-    meta = prepare_data.run(["--input", str(f), "--lang", "en", "--out-dir", str(tmp_path), "--unigram", "0"])
-    assert "dropped 2 invalid UTF-8 bytes" in capsys.readouterr().err
-    d = tmp_path / "input-en"
-    assert "".join(_data_decode(d, s, meta) for s in ("train", "valid", "test")).endswith("bad bytes\ngood end\n")
+    f = tmp_path / 'in.txt'
+    f.write_bytes(b'hello world\n' * 100 + b'bad \xff\xfe bytes\n' + b'good end\n')
+    meta = prepare_data.run(
+        ['--input', str(f), '--lang', 'en', '--out-dir', str(tmp_path), '--unigram', '0']
+    )
+    assert 'dropped 2 invalid UTF-8 bytes' in capsys.readouterr().err
+    d = tmp_path / 'input-en'
+    assert ''.join(_data_decode(d, s, meta) for s in ('train', 'valid', 'test')).endswith(
+        'bad bytes\ngood end\n'
+    )
 
 
 def test_data_write_failure_leaves_nothing(tmp_path):
     """A write the OS refuses midway (here a file-size limit, as a full disk would): one line,
     exit 1, and no split, meta.json or temporary file left behind."""
     import resource
-    f, out = tmp_path / "in.txt", tmp_path / "out"
-    f.write_text("hello world\n" * 20_000)
+
+    f, out = tmp_path / 'in.txt', tmp_path / 'out'
+    f.write_text('hello world\n' * 20_000)
 
     def limit():  # files may grow to 100 kB; SIGXFSZ ignored so the write fails with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
-    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "en",
-                        "--out-dir", str(out), "--unigram", "0"], capture_output=True, text=True,
-                       timeout=120, preexec_fn=limit)
-    _data_one_line(r, 1, "File too large")
-    names = [p.name for p in out.rglob("*")]
-    assert not [n for n in names if n == "meta.json" or n.endswith(".bin")] and not _data_temps(out), names
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(prepare_data.__file__)),
+            '--input',
+            str(f),
+            '--lang',
+            'en',
+            '--out-dir',
+            str(out),
+            '--unigram',
+            '0',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+    )
+    _data_one_line(r, 1, 'File too large')
+    names = [p.name for p in out.rglob('*')]
+    assert not [n for n in names if n == 'meta.json' or n.endswith('.bin')] and not _data_temps(
+        out
+    ), names
 
 
 def test_data_cli_exit_code_and_one_line(tmp_path):
-    f = tmp_path / "in.txt"
-    f.write_text("hello\n")
-    r = subprocess.run([sys.executable, str(Path(prepare_data.__file__)), "--input", str(f), "--lang", "xx",
-                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert r.stderr.startswith("error: argument --lang: invalid choice: 'xx'") and "'en', 'fi'" in r.stderr
+    f = tmp_path / 'in.txt'
+    f.write_text('hello\n')
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(prepare_data.__file__)),
+            '--input',
+            str(f),
+            '--lang',
+            'xx',
+            '--out-dir',
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.count('\n') == 1
+    assert (
+        r.stderr.startswith("error: argument --lang: invalid choice: 'xx'")
+        and "'en', 'fi'" in r.stderr
+    )
 
 
 # --- faults through the real CLI (issue 10): exit code, one error line, what is left on disk -----
 
+
 def _data_cli(*argv, timeout=120, **kw):
-    return subprocess.run([sys.executable, str(Path(prepare_data.__file__)), *map(str, argv)],
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, str(Path(prepare_data.__file__)), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def _data_one_line(r, code, *words):
     """Exit code `code`, stderr one `error:` line naming `words`, no traceback."""
     lines = r.stderr.strip().splitlines()
     assert r.returncode == code, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith('error: ') and 'Traceback' not in r.stderr, (
+        r.stderr
+    )
     assert all(w in lines[0] for w in words), lines[0]
     return lines[0]
 
@@ -587,161 +892,223 @@ def _data_main(argv, capsys):
     return subprocess.CompletedProcess(argv, code, out, err)
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--text8-url", "notaurl"], ["--text8-url", "not an http(s) URL"]),
-    (["--hf-base", "notaurl", "--lang", "en"], ["--hf-base", "not an http(s) URL"]),
-    (["--cc100-base", "ftp://x", "--dataset", "cc100", "--lang", "en"], ["--cc100-base"]),
-    (["--unigram", "many"], ["--unigram", "'many'"]),
-    (["--bogus"], ["unrecognized arguments: --bogus"]),
-])
+@pytest.mark.parametrize(
+    'argv,words',
+    [
+        (['--text8-url', 'notaurl'], ['--text8-url', 'not an http(s) URL']),
+        (['--hf-base', 'notaurl', '--lang', 'en'], ['--hf-base', 'not an http(s) URL']),
+        (['--cc100-base', 'ftp://x', '--dataset', 'cc100', '--lang', 'en'], ['--cc100-base']),
+        (['--unigram', 'many'], ['--unigram', "'many'"]),
+        (['--bogus'], ['unrecognized arguments: --bogus']),
+    ],
+)
 def test_data_cli_bad_flags_one_line_exit_2(tmp_path, capsys, argv, words):
-    _data_one_line(_data_main(argv + ["--out-dir", tmp_path], capsys), 2, *words)
+    _data_one_line(_data_main(argv + ['--out-dir', tmp_path], capsys), 2, *words)
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
 def test_data_cli_tiny_input_is_an_error(tmp_path, capsys):
-    (tmp_path / "in.txt").write_text("hi\n")
-    r = _data_main(["--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0"],
-                   capsys)
-    _data_one_line(r, 1, "too small", "empty split")
-    assert not (tmp_path / "out" / "input-en").exists()  # no splits, no stamp, no lock, no empty folder
+    (tmp_path / 'in.txt').write_text('hi\n')
+    r = _data_main(
+        [
+            '--input',
+            tmp_path / 'in.txt',
+            '--lang',
+            'en',
+            '--out-dir',
+            tmp_path / 'out',
+            '--unigram',
+            '0',
+        ],
+        capsys,
+    )
+    _data_one_line(r, 1, 'too small', 'empty split')
+    assert not (
+        tmp_path / 'out' / 'input-en'
+    ).exists()  # no splits, no stamp, no lock, no empty folder
 
 
 def test_data_cli_input_edited_in_place_is_noticed(tmp_path, capsys):
     """Same path, same size, same mtime, other text: the SHA-256 in the fingerprint notices it."""
-    f, out = tmp_path / "in.txt", tmp_path / "out"
-    f.write_text("the cat sat on the mat\n" * 50)
-    argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
+    f, out = tmp_path / 'in.txt', tmp_path / 'out'
+    f.write_text('the cat sat on the mat\n' * 50)
+    argv = ['--input', f, '--lang', 'en', '--out-dir', out, '--unigram', '0']
     assert _data_main(argv, capsys).returncode == 0
-    d = out / "input-en"
-    meta = json.loads((d / "meta.json").read_text())
-    assert meta["inputs"][0]["size"] == f.stat().st_size and len(meta["inputs"][0]["sha256"]) == 64
+    d = out / 'input-en'
+    meta = json.loads((d / 'meta.json').read_text())
+    assert meta['inputs'][0]['size'] == f.stat().st_size and len(meta['inputs'][0]['sha256']) == 64
     st = f.stat()
-    f.write_text("the dog sat on the log\n" * 50)
+    f.write_text('the dog sat on the log\n' * 50)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     r = _data_main(argv, capsys)
-    assert r.returncode == 0 and "rebuilding" in r.stderr and "skipping" not in r.stdout
-    assert _data_decode(d, "train", json.loads((d / "meta.json").read_text())).startswith("the dog")
+    assert r.returncode == 0 and 'rebuilding' in r.stderr and 'skipping' not in r.stdout
+    assert _data_decode(d, 'train', json.loads((d / 'meta.json').read_text())).startswith('the dog')
 
 
 def test_data_cli_other_options_never_mix(tmp_path, capsys):
     """A dataset prepared with the paper's cleaning is never mixed with --fold-accents: the run
     with the other option rebuilds the splits (and drops labels made from the old ones) and
     records it; the same options again skip."""
-    f, out = tmp_path / "in.txt", tmp_path / "out"
-    f.write_text("Café Müller opened in 1990.\n" * 40)
-    argv = ["--input", f, "--lang", "en", "--out-dir", out]
-    assert _data_main(argv + ["--unigram", "30"], capsys).returncode == 0
-    d = out / "input-en"
-    assert json.loads((d / "meta.json").read_text())["cleaning"]["fold_accents"] is False
-    r = _data_main(argv + ["--unigram", "0", "--fold-accents"], capsys)
-    meta = json.loads((d / "meta.json").read_text())
-    assert r.returncode == 0 and "rebuilding" in r.stderr and meta["cleaning"]["fold_accents"] is True
-    assert _data_decode(d, "train", meta).startswith("cafe muller opened")
-    assert meta["unigram_sets"] == {} and not list(d.glob("*unigram*"))
-    r = _data_main(argv + ["--unigram", "0", "--fold-accents"], capsys)
-    assert r.returncode == 0 and "skipping" in r.stdout
+    f, out = tmp_path / 'in.txt', tmp_path / 'out'
+    f.write_text('Café Müller opened in 1990.\n' * 40)
+    argv = ['--input', f, '--lang', 'en', '--out-dir', out]
+    assert _data_main(argv + ['--unigram', '30'], capsys).returncode == 0
+    d = out / 'input-en'
+    assert json.loads((d / 'meta.json').read_text())['cleaning']['fold_accents'] is False
+    r = _data_main(argv + ['--unigram', '0', '--fold-accents'], capsys)
+    meta = json.loads((d / 'meta.json').read_text())
+    assert (
+        r.returncode == 0 and 'rebuilding' in r.stderr and meta['cleaning']['fold_accents'] is True
+    )
+    assert _data_decode(d, 'train', meta).startswith('cafe muller opened')
+    assert meta['unigram_sets'] == {} and not list(d.glob('*unigram*'))
+    r = _data_main(argv + ['--unigram', '0', '--fold-accents'], capsys)
+    assert r.returncode == 0 and 'skipping' in r.stdout
 
 
 def test_data_cli_second_run_refused_by_lock(tmp_path):
     """Through the real CLI while this process holds the dataset's lock."""
     import fcntl
-    f, d = tmp_path / "in.txt", tmp_path / "out" / "input-en"
-    f.write_text("hello world\n" * 100)
+
+    f, d = tmp_path / 'in.txt', tmp_path / 'out' / 'input-en'
+    f.write_text('hello world\n' * 100)
     d.mkdir(parents=True)
-    with open(d / ".lock", "a+") as held:  # a first run holds the dataset
+    with open(d / '.lock', 'a+') as held:  # a first run holds the dataset
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = _data_cli("--input", f, "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0")
-        _data_one_line(r, 1, "another process", str(d / ".lock"))
-        assert sorted(p.name for p in d.iterdir()) == [".lock"]
-    assert _data_cli("--input", f, "--lang", "en", "--out-dir", tmp_path / "out", "--unigram", "0").returncode == 0
+        r = _data_cli('--input', f, '--lang', 'en', '--out-dir', tmp_path / 'out', '--unigram', '0')
+        _data_one_line(r, 1, 'another process', str(d / '.lock'))
+        assert sorted(p.name for p in d.iterdir()) == ['.lock']
+    assert (
+        _data_cli(
+            '--input', f, '--lang', 'en', '--out-dir', tmp_path / 'out', '--unigram', '0'
+        ).returncode
+        == 0
+    )
 
 
 def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
     process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
     # enough text that training outlasts the wait below on a quiet machine too (6M characters: ~3 s)
-    src = _data_slice("raw/vi.txt", tmp_path / "vi.txt", 8_000_000)
-    out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, str(Path(prepare_data.__file__)), "--input", str(src), "--lang", "vi",
-                          "--out-dir", str(out), "--unigram", "8000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err = ""
+    src = _data_slice('raw/vi.txt', tmp_path / 'vi.txt', 8_000_000)
+    out = tmp_path / 'out'
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(prepare_data.__file__)),
+            '--input',
+            str(src),
+            '--lang',
+            'vi',
+            '--out-dir',
+            str(out),
+            '--unigram',
+            '8000',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    err = ''
     for line in p.stderr:  # wait until the training has begun
         err += line
-        if "training SentencePiece" in line:
+        if 'training SentencePiece' in line:
             break
-    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    children = Path(f'/proc/{p.pid}/task/{p.pid}/children')
     for _ in range(100):  # and its process (if any) is up: then SentencePiece is running
         kids = children.read_text().split() if children.exists() else []
-        if any(b"prepare_data._fit" in Path(f"/proc/{k}/cmdline").read_bytes() for k in kids
-               if Path(f"/proc/{k}/cmdline").exists()):
+        if any(
+            b'prepare_data._fit' in Path(f'/proc/{k}/cmdline').read_bytes()
+            for k in kids
+            if Path(f'/proc/{k}/cmdline').exists()
+        ):
             break
         time.sleep(0.05)
     time.sleep(0.5)
-    assert p.poll() is None, "prepare_data.py finished before Ctrl-C: give it more text to train on"
+    assert p.poll() is None, 'prepare_data.py finished before Ctrl-C: give it more text to train on'
     t0 = time.time()
     p.send_signal(signal.SIGINT)
     _, rest = p.communicate(timeout=60)
     waited = time.time() - t0
     lines = rest.strip().splitlines()
     assert p.returncode == 130 and waited < 3.0, (p.returncode, waited, rest)
-    assert len(lines) == 1 and lines[0].startswith("error: interrupted") and "Traceback" not in rest, rest
-    d = out / "input-vi"
-    assert (d / "train.bin").exists() and (d / ".splits.json").exists()
-    assert not (d / "meta.json").exists() and not list(d.glob("*unigram*")) and not _data_temps(d)
+    assert (
+        len(lines) == 1 and lines[0].startswith('error: interrupted') and 'Traceback' not in rest
+    ), rest
+    d = out / 'input-vi'
+    assert (d / 'train.bin').exists() and (d / '.splits.json').exists()
+    assert not (d / 'meta.json').exists() and not list(d.glob('*unigram*')) and not _data_temps(d)
     _data_lock_free(d)
 
 
 # --- the printed fixes, the offline quick start, locks (issues 18 and 19) -------------------------
 
+
 def _data_run_printed(msg, cwd, before=None):
     """Runs the command after 'run: ' in msg exactly as printed, in a POSIX shell in cwd, where
     `python prepare_data.py` names this interpreter and this script (as in the repository root)."""
-    m = re.search(r"run: (python prepare_data\.py[^;]*?)(?:; |\.?$)", msg)
+    m = re.search(r'run: (python prepare_data\.py[^;]*?)(?:; |\.?$)', msg)
     assert m, msg
-    cwd, bindir = Path(cwd), Path(cwd) / ".bin"
+    cwd, bindir = Path(cwd), Path(cwd) / '.bin'
     bindir.mkdir(exist_ok=True)
-    (bindir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's python
-    (bindir / "python").chmod(0o755)
-    if not (cwd / "prepare_data.py").exists():
-        (cwd / "prepare_data.py").symlink_to(prepare_data.__file__)
+    (bindir / 'python').write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'
+    )  # this venv's python
+    (bindir / 'python').chmod(0o755)
+    if not (cwd / 'prepare_data.py').exists():
+        (cwd / 'prepare_data.py').symlink_to(prepare_data.__file__)
     if before:
         before()
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(m[1], shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, 'PATH': f'{bindir}{os.pathsep}{os.environ["PATH"]}'}
+    return subprocess.run(
+        m[1], shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _data_words(n, seed=0):
-    words = np.random.default_rng(seed).choice(["the", "cat", "sat", "on", "a", "mat", "dog", "ran"], n)
-    return " " + " ".join(words)
+    words = np.random.default_rng(seed).choice(
+        ['the', 'cat', 'sat', 'on', 'a', 'mat', 'dog', 'ran'], n
+    )
+    return ' ' + ' '.join(words)
 
 
 def test_data_text8_slice_is_the_default_dataset(tmp_path, capsys):
     """--dataset text8 --input FILE without --name writes <out>/text8, the folder train.py reads
     by default; meta.json and one printed line say it is a slice, from which file."""
     text = _data_words(3000)
-    (tmp_path / "head.txt").write_text(text)
-    meta = prepare_data.run(["--dataset", "text8", "--input", str(tmp_path / "head.txt"), "--out-dir",
-                              str(tmp_path / "data"), "--unigram", "0"])
-    d = tmp_path / "data" / "text8"
-    assert meta["name"] == "text8" and (d / "meta.json").exists()
-    assert meta["slice"] == {"of": "text8", "chars": len(text), "full_chars": 100_000_000}
-    assert meta["source"] == [str((tmp_path / "head.txt").resolve())]
+    (tmp_path / 'head.txt').write_text(text)
+    meta = prepare_data.run(
+        [
+            '--dataset',
+            'text8',
+            '--input',
+            str(tmp_path / 'head.txt'),
+            '--out-dir',
+            str(tmp_path / 'data'),
+            '--unigram',
+            '0',
+        ]
+    )
+    d = tmp_path / 'data' / 'text8'
+    assert meta['name'] == 'text8' and (d / 'meta.json').exists()
+    assert meta['slice'] == {'of': 'text8', 'chars': len(text), 'full_chars': 100_000_000}
+    assert meta['source'] == [str((tmp_path / 'head.txt').resolve())]
     out = capsys.readouterr().out
-    assert sum("slice of text8" in line for line in out.splitlines()) == 1 and "head.txt" in out
+    assert sum('slice of text8' in line for line in out.splitlines()) == 1 and 'head.txt' in out
 
 
 def test_data_same_input_by_another_path_is_the_same(tmp_path, capsys, monkeypatch):
     """Relative, absolute or through a symlink: the same file is the same input (splits kept)."""
-    (tmp_path / "in.txt").write_text("the cat sat on the mat\n" * 60)
-    (tmp_path / "link.txt").symlink_to(tmp_path / "in.txt")
+    (tmp_path / 'in.txt').write_text('the cat sat on the mat\n' * 60)
+    (tmp_path / 'link.txt').symlink_to(tmp_path / 'in.txt')
     monkeypatch.chdir(tmp_path)
-    base = ["--lang", "en", "--out-dir", "out", "--unigram", "0"]
-    assert _data_main(["--input", "in.txt", *base], capsys).returncode == 0
-    for path in (tmp_path / "in.txt", "./link.txt"):
-        r = _data_main(["--input", path, *base], capsys)
-        assert r.returncode == 0 and "splits done" in r.stdout and "input changed" not in r.stderr, r.stderr
+    base = ['--lang', 'en', '--out-dir', 'out', '--unigram', '0']
+    assert _data_main(['--input', 'in.txt', *base], capsys).returncode == 0
+    for path in (tmp_path / 'in.txt', './link.txt'):
+        r = _data_main(['--input', path, *base], capsys)
+        assert (
+            r.returncode == 0 and 'splits done' in r.stdout and 'input changed' not in r.stderr
+        ), r.stderr
 
 
 def _data_zip_file(path, text):
@@ -751,227 +1118,337 @@ def _data_zip_file(path, text):
 def test_data_unresolvable_host_fails_at_once_with_a_runnable_howto(tmp_path):
     """No retries for a host that cannot be resolved (or refuses): the one error line gives the
     offline command, which runs as printed once the file is where it says."""
-    out = tmp_path / "data"
-    r = _data_cli("--text8-url", "http://nonexistent.invalid/text8.zip", "--out-dir", out, "--unigram", "0",
-                  "--retries", "5", "--backoff", "30", timeout=60)
-    msg = _data_one_line(r, 1, "nonexistent.invalid", "cannot resolve", "--input text8.zip")
-    assert "retry" not in r.stderr and not (out / "text8").exists()
+    out = tmp_path / 'data'
+    r = _data_cli(
+        '--text8-url',
+        'http://nonexistent.invalid/text8.zip',
+        '--out-dir',
+        out,
+        '--unigram',
+        '0',
+        '--retries',
+        '5',
+        '--backoff',
+        '30',
+        timeout=60,
+    )
+    msg = _data_one_line(r, 1, 'nonexistent.invalid', 'cannot resolve', '--input text8.zip')
+    assert 'retry' not in r.stderr and not (out / 'text8').exists()
     with socket.socket() as s:  # a port with nothing listening: refused, not retried either
-        s.bind(("127.0.0.1", 0))
+        s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    r = _data_cli("--text8-url", f"http://127.0.0.1:{port}/text8.zip", "--out-dir", out, "--retries", "5",
-                  "--backoff", "30", timeout=60)
-    _data_one_line(r, 1, "connection refused", "--input text8.zip")
+    r = _data_cli(
+        '--text8-url',
+        f'http://127.0.0.1:{port}/text8.zip',
+        '--out-dir',
+        out,
+        '--retries',
+        '5',
+        '--backoff',
+        '30',
+        timeout=60,
+    )
+    _data_one_line(r, 1, 'connection refused', '--input text8.zip')
     text = _data_words(2000)
-    done = _data_run_printed(msg, tmp_path, before=lambda: _data_zip_file(tmp_path / "text8.zip", text))
+    done = _data_run_printed(
+        msg, tmp_path, before=lambda: _data_zip_file(tmp_path / 'text8.zip', text)
+    )
     assert done.returncode == 0, done.stderr
-    meta = json.loads((out / "text8" / "meta.json").read_text())
-    assert "".join(_data_decode(out / "text8", s, meta) for s in ("train", "valid", "test")) == text
+    meta = json.loads((out / 'text8' / 'meta.json').read_text())
+    assert ''.join(_data_decode(out / 'text8', s, meta) for s in ('train', 'valid', 'test')) == text
 
 
 def _data_lock_free(d):
     """Nobody holds d/.lock: the next run may take it."""
     import filelock
-    with filelock.FileLock(d / ".lock", timeout=0):
+
+    with filelock.FileLock(d / '.lock', timeout=0):
         pass
 
 
 def test_data_no_lock_left_behind(tmp_path, capsys, monkeypatch):
     """The run that holds <out>/.lock releases it however it ends: success, error, Ctrl-C (the
     finished steps kept, exit 130)."""
-    f, out = tmp_path / "in.txt", tmp_path / "out"
-    f.write_text("the cat sat on the mat\n" * 60)
-    argv = ["--input", f, "--lang", "en", "--out-dir", out, "--unigram", "0"]
+    f, out = tmp_path / 'in.txt', tmp_path / 'out'
+    f.write_text('the cat sat on the mat\n' * 60)
+    argv = ['--input', f, '--lang', 'en', '--out-dir', out, '--unigram', '0']
     assert _data_main(argv, capsys).returncode == 0
-    _data_lock_free(out / "input-en")
-    f.write_text("the dog sat on the log\n" * 60)  # changed: rebuilt, and this time Ctrl-C strikes
+    _data_lock_free(out / 'input-en')
+    f.write_text('the dog sat on the log\n' * 60)  # changed: rebuilt, and this time Ctrl-C strikes
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(prepare_data, "build_splits", interrupted)
+
+    monkeypatch.setattr(prepare_data, 'build_splits', interrupted)
     assert _data_main(argv, capsys).returncode == 130
-    assert (out / "input-en").exists()
-    _data_lock_free(out / "input-en")
+    assert (out / 'input-en').exists()
+    _data_lock_free(out / 'input-en')
 
     def fault(*a):
-        raise prepare_data.UserError("a fault")
-    monkeypatch.setattr(prepare_data, "build_splits", fault)
+        raise prepare_data.UserError('a fault')
+
+    monkeypatch.setattr(prepare_data, 'build_splits', fault)
     assert _data_main(argv, capsys).returncode == 1
-    _data_lock_free(out / "input-en")
+    _data_lock_free(out / 'input-en')
 
 
 def test_data_refused_run_keeps_the_holders_lock(tmp_path, capsys):
     import fcntl
-    d = tmp_path / "out" / "input-en"
-    (tmp_path / "in.txt").write_text("hello world\n" * 100)
+
+    d = tmp_path / 'out' / 'input-en'
+    (tmp_path / 'in.txt').write_text('hello world\n' * 100)
     d.mkdir(parents=True)
-    with open(d / ".lock", "a+") as held:
+    with open(d / '.lock', 'a+') as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = _data_main(["--input", tmp_path / "in.txt", "--lang", "en", "--out-dir", tmp_path / "out"], capsys)
-        assert r.returncode == 1 and "another process" in r.stderr
-        assert (d / ".lock").exists() and os.stat(d / ".lock").st_ino == os.fstat(held.fileno()).st_ino
+        r = _data_main(
+            ['--input', tmp_path / 'in.txt', '--lang', 'en', '--out-dir', tmp_path / 'out'], capsys
+        )
+        assert r.returncode == 1 and 'another process' in r.stderr
+        assert (d / '.lock').exists() and os.stat(d / '.lock').st_ino == os.fstat(
+            held.fileno()
+        ).st_ino
 
 
-# --- flags and paths: checked as they are parsed ---------------------------------------------------
+# --- flags and paths: checked as they are parsed ------------------------------------------------
 
-@pytest.mark.parametrize("argv,words", [
-    (["--max-train-chars", "0"], ["--max-train-chars", "[1, 1000000000000]"]),
-    (["--max-train-chars", "-5"], ["--max-train-chars", "-5", "[1, 1000000000000]"]),
-    (["--max-eval-chars", "1.5"], ["--max-eval-chars", "an integer", "1.5"]),
-    (["--unigram", "-3"], ["--unigram", "[2, 1000000]", "0 (no labels)"]),
-    (["--unigram", "1"], ["--unigram", "[2, 1000000]"]),
-    (["--unigram-max-words", "-1"], ["--unigram-max-words", "[0, 1000000000]"]),
-    (["--retries", "-1"], ["--retries", "[0, 100]"]),
-    (["--backoff", "nan"], ["--backoff", ">= 0 and <= 3600"]),
-    (["--backoff", "inf"], ["--backoff", ">= 0 and <= 3600"]),
-    (["--backoff", "-1"], ["--backoff"]),
-    (["--lang", "xx"], ["--lang", "'xx'", "'en', 'fi', 'he', 'vi'"]),
-    (["--lang", "de"], ["--lang", "'de'", "'en', 'fi', 'he', 'vi'"]),
-    (["--name", "a/b"], ["--name", "folder name"]),
-    (["--name", ".."], ["--name", "folder name"]),
-    (["--dataset", "text8", "--lang", "fi"], ["text8 is English"]),
-    (["--dataset", "cc100"], ["needs --lang"]),
-])
+
+@pytest.mark.parametrize(
+    'argv,words',
+    [
+        (['--max-train-chars', '0'], ['--max-train-chars', '[1, 1000000000000]']),
+        (['--max-train-chars', '-5'], ['--max-train-chars', '-5', '[1, 1000000000000]']),
+        (['--max-eval-chars', '1.5'], ['--max-eval-chars', 'an integer', '1.5']),
+        (['--unigram', '-3'], ['--unigram', '[2, 1000000]', '0 (no labels)']),
+        (['--unigram', '1'], ['--unigram', '[2, 1000000]']),
+        (['--unigram-max-words', '-1'], ['--unigram-max-words', '[0, 1000000000]']),
+        (['--retries', '-1'], ['--retries', '[0, 100]']),
+        (['--backoff', 'nan'], ['--backoff', '>= 0 and <= 3600']),
+        (['--backoff', 'inf'], ['--backoff', '>= 0 and <= 3600']),
+        (['--backoff', '-1'], ['--backoff']),
+        (['--lang', 'xx'], ['--lang', "'xx'", "'en', 'fi', 'he', 'vi'"]),
+        (['--lang', 'de'], ['--lang', "'de'", "'en', 'fi', 'he', 'vi'"]),
+        (['--name', 'a/b'], ['--name', 'folder name']),
+        (['--name', '..'], ['--name', 'folder name']),
+        (['--dataset', 'text8', '--lang', 'fi'], ['text8 is English']),
+        (['--dataset', 'cc100'], ['needs --lang']),
+    ],
+)
 def test_data_flags_checked_at_parse_time(tmp_path, capsys, argv, words):
-    _data_one_line(_data_main(argv + ["--out-dir", tmp_path / "o"], capsys), 2, *words)
+    _data_one_line(_data_main(argv + ['--out-dir', tmp_path / 'o'], capsys), 2, *words)
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("case", ["long-name", "too-deep-through-a-file", "deep-missing", "too-long", "folder",
-                                  "fifo", "unreadable"])
+@pytest.mark.parametrize(
+    'case',
+    [
+        'long-name',
+        'too-deep-through-a-file',
+        'deep-missing',
+        'too-long',
+        'folder',
+        'fifo',
+        'unreadable',
+    ],
+)
 def test_data_bad_paths_one_line(case, tmp_path, capsys):
-    f = tmp_path / "in.txt"
-    f.write_text("hello world\n" * 50)
-    deep = Path(*["d"] * 25)
-    flag, path = "--input", {
-        "long-name": tmp_path / ("x" * 300), "too-deep-through-a-file": f / deep / "in.txt",
-        "deep-missing": tmp_path / deep / "in.txt", "too-long": tmp_path / Path(*["y" * 200] * 25),
-        "folder": tmp_path, "fifo": tmp_path / "fifo", "unreadable": tmp_path / "secret.txt"}[case]
-    if case == "fifo":
+    f = tmp_path / 'in.txt'
+    f.write_text('hello world\n' * 50)
+    deep = Path(*['d'] * 25)
+    flag, path = (
+        '--input',
+        {
+            'long-name': tmp_path / ('x' * 300),
+            'too-deep-through-a-file': f / deep / 'in.txt',
+            'deep-missing': tmp_path / deep / 'in.txt',
+            'too-long': tmp_path / Path(*['y' * 200] * 25),
+            'folder': tmp_path,
+            'fifo': tmp_path / 'fifo',
+            'unreadable': tmp_path / 'secret.txt',
+        }[case],
+    )
+    if case == 'fifo':
         os.mkfifo(path)
-    if case == "unreadable":
+    if case == 'unreadable':
         if os.geteuid() == 0:
-            pytest.skip("root reads files whatever their mode")
-        path.write_text("hello\n")
+            pytest.skip('root reads files whatever their mode')
+        path.write_text('hello\n')
         path.chmod(0)
-    r = _data_main([flag, path, "--lang", "en", "--out-dir", tmp_path / "o"], capsys)
+    r = _data_main([flag, path, '--lang', 'en', '--out-dir', tmp_path / 'o'], capsys)
     line = _data_one_line(r, 1)  # the operating system's word for it, through common.main
     assert str(path)[:60] in line
     # the same path under --out-dir: a folder 25 levels deep is made; the others end in one line
-    r = _data_main(["--input", f, "--lang", "en", "--out-dir", f if case == "folder" else path / "o", "--unigram", "0"],
-                   capsys)
-    if case == "deep-missing":
-        assert r.returncode == 0 and (path / "o" / "input-en" / "meta.json").exists()
+    r = _data_main(
+        [
+            '--input',
+            f,
+            '--lang',
+            'en',
+            '--out-dir',
+            f if case == 'folder' else path / 'o',
+            '--unigram',
+            '0',
+        ],
+        capsys,
+    )
+    if case == 'deep-missing':
+        assert r.returncode == 0 and (path / 'o' / 'input-en' / 'meta.json').exists()
     else:
-        assert r.returncode in (1, 2) and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-        assert r.stderr.startswith("error: ") and str(f if case == "folder" else path)[:60] in r.stderr
+        assert (
+            r.returncode in (1, 2)
+            and len(r.stderr.strip().splitlines()) == 1
+            and 'Traceback' not in r.stderr
+        )
+        assert (
+            r.stderr.startswith('error: ') and str(f if case == 'folder' else path)[:60] in r.stderr
+        )
 
 
 def test_data_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
-        prepare_data.main(["--help"])
-    shown = " ".join(capsys.readouterr().out.split())
+        prepare_data.main(['--help'])
+    shown = ' '.join(capsys.readouterr().out.split())
     for action in prepare_data.parser()._actions:
-        if action.dest != "help":
-            assert "default" in action.help and " ".join(action.help.split()) in shown, action.option_strings
+        if action.dest != 'help':
+            assert 'default' in action.help and ' '.join(action.help.split()) in shown, (
+                action.option_strings
+            )
 
 
 # --- Unigram label sets: added, kept, replaced, and always what meta.json says -------------------
 
+
 def _data_varied_words(n, seed=0):
     """Text8-style text over a few hundred made-up words with Zipf-like frequencies."""
     rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocab = ["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(400)]
+    letters = np.array(list('abcdefghijklmnopqrstuvwxyz'))
+    vocab = [''.join(rng.choice(letters, rng.integers(2, 9))) for _ in range(400)]
     p = 1 / np.arange(1, 401)
-    return " " + " ".join(rng.choice(vocab, n, p=p / p.sum()))
+    return ' ' + ' '.join(rng.choice(vocab, n, p=p / p.sum()))
 
 
 def _data_label_files(d):
-    return sorted(p.name for p in d.iterdir() if "unigram-" in p.name)
+    return sorted(p.name for p in d.iterdir() if 'unigram-' in p.name)
 
 
 def _data_described(meta):
     """The label files meta.json says are there."""
-    return sorted(n for u in meta["unigram_sets"].values() for n in [u["model"], *u["labels"].values()])
+    return sorted(
+        n for u in meta['unigram_sets'].values() for n in [u['model'], *u['labels'].values()]
+    )
 
 
 def test_data_unigram_sets_added_kept_replaced(tmp_path, capsys):
-    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(6000))
-    base = ["--dataset", "text8", "--input", f, "--out-dir", out, "--name", "head"]
-    d = out / "head"
+    base = ['--dataset', 'text8', '--input', f, '--out-dir', out, '--name', 'head']
+    d = out / 'head'
 
     def run(*extra):
         r = _data_main(base + list(extra), capsys)
         assert r.returncode == 0, r.stderr
-        meta = json.loads((d / "meta.json").read_text())
-        assert _data_label_files(d) == _data_described(meta)  # meta.json describes exactly what is there
+        meta = json.loads((d / 'meta.json').read_text())
+        assert _data_label_files(d) == _data_described(
+            meta
+        )  # meta.json describes exactly what is there
         return r, meta
-    _, meta = run("--unigram", "60")
-    _, meta = run("--unigram", "80")
-    assert sorted(meta["unigram_sets"]) == ["60", "80"] and meta["unigram"]["vocab_size"] == 80
-    r, meta = run("--unigram", "0")
-    assert "keeping" in r.stdout and sorted(meta["unigram_sets"]) == ["60", "80"] and meta["unigram"]["vocab_size"] == 80
-    r, meta = run("--unigram", "80", "--unigram-max-words", "300")  # other settings: replaced, not mixed
-    assert "replacing" in r.stderr and meta["unigram"]["settings"]["max_words"] == 300
-    assert meta["unigram_sets"]["60"]["settings"]["max_words"] is None
-    (d / "valid.unigram-60.bin").unlink()  # a label set damaged by hand, and a stray file
-    (d / "x.unigram-99.bin").write_bytes(b"\x01")
-    r, meta = run("--unigram", "0")
-    assert "unigram-60: label files missing" in r.stderr and "removed x.unigram-99.bin" in r.stderr
-    assert sorted(meta["unigram_sets"]) == ["80"]
+
+    _, meta = run('--unigram', '60')
+    _, meta = run('--unigram', '80')
+    assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
+    r, meta = run('--unigram', '0')
+    assert (
+        'keeping' in r.stdout
+        and sorted(meta['unigram_sets']) == ['60', '80']
+        and meta['unigram']['vocab_size'] == 80
+    )
+    r, meta = run(
+        '--unigram', '80', '--unigram-max-words', '300'
+    )  # other settings: replaced, not mixed
+    assert 'replacing' in r.stderr and meta['unigram']['settings']['max_words'] == 300
+    assert meta['unigram_sets']['60']['settings']['max_words'] is None
+    (d / 'valid.unigram-60.bin').unlink()  # a label set damaged by hand, and a stray file
+    (d / 'x.unigram-99.bin').write_bytes(b'\x01')
+    r, meta = run('--unigram', '0')
+    assert 'unigram-60: label files missing' in r.stderr and 'removed x.unigram-99.bin' in r.stderr
+    assert sorted(meta['unigram_sets']) == ['80']
 
 
 def test_data_labels_added_by_the_printed_and_the_natural_commands(tmp_path, capsys):
     """The commands a user would write add labels to the existing splits: --input FILE --lang en
     --name N --unigram V on a text8 dataset, and just --name N --unigram V."""
-    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(6000))
-    prepare_data.run(["--dataset", "text8", "--input", str(f), "--out-dir", str(out), "--name", "head",
-                      "--unigram", "0"])
-    d = out / "head"
-    for argv, V in ((["--input", f, "--lang", "en", "--name", "head", "--unigram", "70"], "70"),
-                    (["--name", "head", "--unigram", "50"], "50")):
-        r = _data_main(argv + ["--out-dir", out], capsys)
-        assert r.returncode == 0 and "splits done" in r.stdout, r.stderr
-        assert V in json.loads((d / "meta.json").read_text())["unigram_sets"]
-    assert sorted(json.loads((d / "meta.json").read_text())["unigram_sets"]) == ["50", "70"]
+    prepare_data.run(
+        [
+            '--dataset',
+            'text8',
+            '--input',
+            str(f),
+            '--out-dir',
+            str(out),
+            '--name',
+            'head',
+            '--unigram',
+            '0',
+        ]
+    )
+    d = out / 'head'
+    for argv, V in (
+        (['--input', f, '--lang', 'en', '--name', 'head', '--unigram', '70'], '70'),
+        (['--name', 'head', '--unigram', '50'], '50'),
+    ):
+        r = _data_main(argv + ['--out-dir', out], capsys)
+        assert r.returncode == 0 and 'splits done' in r.stdout, r.stderr
+        assert V in json.loads((d / 'meta.json').read_text())['unigram_sets']
+    assert sorted(json.loads((d / 'meta.json').read_text())['unigram_sets']) == ['50', '70']
 
 
-@pytest.mark.parametrize("edit,words", [
-    (lambda m: {**m, "unigram": 300}, ['"unigram" is 300']),
-    (lambda m: {**m, "unigram_sets": {"60": {**m["unigram_sets"]["60"], "vocab_size": "60"}}}, ['"unigram_sets" is']),
-    (lambda m: {**m, "unigram_sets": [60]}, ['"unigram_sets" is [60]']),
-    (lambda m: {**m, "unigram_sets": {"60": {**m["unigram_sets"]["60"], "model": 7}}}, ['"model": 7']),
-    (lambda m: [m], ["not an object"]),
-])
+@pytest.mark.parametrize(
+    'edit,words',
+    [
+        (lambda m: {**m, 'unigram': 300}, ['"unigram" is 300']),
+        (
+            lambda m: {
+                **m,
+                'unigram_sets': {'60': {**m['unigram_sets']['60'], 'vocab_size': '60'}},
+            },
+            ['"unigram_sets" is'],
+        ),
+        (lambda m: {**m, 'unigram_sets': [60]}, ['"unigram_sets" is [60]']),
+        (
+            lambda m: {**m, 'unigram_sets': {'60': {**m['unigram_sets']['60'], 'model': 7}}},
+            ['"model": 7'],
+        ),
+        (lambda m: [m], ['not an object']),
+    ],
+)
 def test_data_hand_edited_meta_is_one_line(tmp_path, capsys, edit, words):
-    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(4000))
-    argv = ["--dataset", "text8", "--input", f, "--out-dir", out, "--unigram", "60"]
+    argv = ['--dataset', 'text8', '--input', f, '--out-dir', out, '--unigram', '60']
     assert _data_main(argv, capsys).returncode == 0
-    path = out / "text8" / "meta.json"
+    path = out / 'text8' / 'meta.json'
     path.write_text(json.dumps(edit(json.loads(path.read_text()))))
-    _data_one_line(_data_main(argv[:-1] + ["0"], capsys), 1, str(path), *words)
+    _data_one_line(_data_main(argv[:-1] + ['0'], capsys), 1, str(path), *words)
 
 
 def test_data_older_meta_single_unigram_entry_is_kept(tmp_path, capsys):
-    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(4000))
-    argv = ["--dataset", "text8", "--input", f, "--out-dir", out]
-    assert _data_main(argv + ["--unigram", "60"], capsys).returncode == 0
-    path = out / "text8" / "meta.json"
+    argv = ['--dataset', 'text8', '--input', f, '--out-dir', out]
+    assert _data_main(argv + ['--unigram', '60'], capsys).returncode == 0
+    path = out / 'text8' / 'meta.json'
     old = json.loads(path.read_text())
-    old["unigram"] = {k: old["unigram"][k] for k in ("vocab_size", "model", "shortening_factor")}
-    del old["unigram_sets"]
+    old['unigram'] = {k: old['unigram'][k] for k in ('vocab_size', 'model', 'shortening_factor')}
+    del old['unigram_sets']
     path.write_text(json.dumps(old))
-    assert _data_main(argv + ["--unigram", "0"], capsys).returncode == 0
+    assert _data_main(argv + ['--unigram', '0'], capsys).returncode == 0
     meta = json.loads(path.read_text())
-    assert list(meta["unigram_sets"]) == ["60"] and meta["unigram"]["settings"] is None
+    assert list(meta['unigram_sets']) == ['60'] and meta['unigram']['settings'] is None
 
 
 # --- the labels from SentencePiece's pieces, and their left-context ceiling ----------------------
+
 
 class _FakeSP:
     def __init__(self, pieces):
@@ -982,26 +1459,51 @@ class _FakeSP:
 
 
 def test_data_word_labels_from_dummy_prefix_pieces():
-    sp = _FakeSP({"abc": ["\u2581", "ab", "c"], "abcd": ["\u2581ab", "cd"], "x": ["\u2581x"],
-                  "xyz": ["\u2581", "x", "y", "z"], "old": ["o", "ld"]})
-    got = prepare_data.word_labels(sp, ["abc", "abcd", "x", "xyz", "old"])
-    assert got == {"abc": b"\x00\x01\x00", "abcd": b"\x00\x01\x00\x00", "x": b"\x00", "xyz": b"\x01\x01\x00",
-                   "old": b"\x01\x00\x00"}
+    sp = _FakeSP(
+        {
+            'abc': ['\u2581', 'ab', 'c'],
+            'abcd': ['\u2581ab', 'cd'],
+            'x': ['\u2581x'],
+            'xyz': ['\u2581', 'x', 'y', 'z'],
+            'old': ['o', 'ld'],
+        }
+    )
+    got = prepare_data.word_labels(sp, ['abc', 'abcd', 'x', 'xyz', 'old'])
+    assert got == {
+        'abc': b'\x00\x01\x00',
+        'abcd': b'\x00\x01\x00\x00',
+        'x': b'\x00',
+        'xyz': b'\x01\x01\x00',
+        'old': b'\x01\x00\x00',
+    }
 
 
 def test_data_left_context_ceiling_by_hand():
     # train: prefix "a" is followed by a piece end 3 times in 4 (ab|...), "ab" never
-    labels = {"abx": b"\x01\x00\x00", "acx": b"\x00\x00\x00", "ab": b"\x01\x00", "ad": b"\x00\x00", "q": b"\x00"}
-    c = prepare_data.left_context_ceiling({"abx": 3, "acx": 1}, {"ab": 2, "ad": 1, "q": 5}, labels)
+    labels = {
+        'abx': b'\x01\x00\x00',
+        'acx': b'\x00\x00\x00',
+        'ab': b'\x01\x00',
+        'ad': b'\x00\x00',
+        'q': b'\x00',
+    }
+    c = prepare_data.left_context_ceiling({'abx': 3, 'acx': 1}, {'ab': 2, 'ad': 1, 'q': 5}, labels)
     # valid: "a" -> 1 for all 3 words (2 right); "ab", "ad", "q" -> 0 (unseen or P = 0)
-    assert c == {"ends": 2, "predicted": 3, "hits": 2, "in_word_recall": 1.0}
-    c = prepare_data.left_context_ceiling({"abx": 1, "acx": 1}, {"ab": 2}, labels)  # P = 0.5: not > 0.5
-    assert c["predicted"] == 0 and c["in_word_recall"] == 0.0
+    assert c == {'ends': 2, 'predicted': 3, 'hits': 2, 'in_word_recall': 1.0}
+    c = prepare_data.left_context_ceiling(
+        {'abx': 1, 'acx': 1}, {'ab': 2}, labels
+    )  # P = 0.5: not > 0.5
+    assert c['predicted'] == 0 and c['in_word_recall'] == 0.0
 
 
 @_DATA_SETTINGS
-@given(st.lists(st.tuples(st.text("ab", min_size=1, max_size=4), st.integers(1, 3)), min_size=1, max_size=12),
-       st.lists(st.text("ab", min_size=1, max_size=4), min_size=1, max_size=8), st.randoms())
+@given(
+    st.lists(
+        st.tuples(st.text('ab', min_size=1, max_size=4), st.integers(1, 3)), min_size=1, max_size=12
+    ),
+    st.lists(st.text('ab', min_size=1, max_size=4), min_size=1, max_size=8),
+    st.randoms(),
+)
 def test_data_left_context_ceiling_is_the_bayes_decision(train, valid, rnd):
     """Against a direct count over every train position with the same prefix."""
     words = {w for w, _ in train} | set(valid)
@@ -1010,36 +1512,74 @@ def test_data_left_context_ceiling_is_the_bayes_decision(train, valid, rnd):
     for w, n in train:
         train_counts[w] = train_counts.get(w, 0) + n
     valid_counts = {w: valid.count(w) for w in set(valid)}
-    positions = [(w[:k + 1], labels[w][k]) for w, n in train_counts.items() for _ in range(n) for k in range(len(w))]
+    positions = [
+        (w[: k + 1], labels[w][k])
+        for w, n in train_counts.items()
+        for _ in range(n)
+        for k in range(len(w))
+    ]
     want = dict(ends=0, predicted=0, hits=0)
     for w, n in valid_counts.items():
         for k in range(len(w)):
-            seen = [b for p, b in positions if p == w[:k + 1]]
+            seen = [b for p, b in positions if p == w[: k + 1]]
             decide = bool(seen) and sum(seen) / len(seen) > 0.5
-            want["ends"] += n * labels[w][k]
-            want["predicted"] += n * decide
-            want["hits"] += n * (decide and labels[w][k])
+            want['ends'] += n * labels[w][k]
+            want['predicted'] += n * decide
+            want['hits'] += n * (decide and labels[w][k])
     got = prepare_data.left_context_ceiling(train_counts, valid_counts, labels)
     assert {k: got[k] for k in want} == want
 
 
 def test_data_unigram_too_small_fix_runs_as_printed(tmp_path, capsys):
-    f, out = tmp_path / "head.txt", tmp_path / "data"
+    f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(3000))
-    msg = _data_fail(["--dataset", "text8", "--input", f, "--out-dir", out, "--unigram", "5"], capsys)
-    assert "--unigram 5" in msg and "smaller than required_chars" in msg
+    msg = _data_fail(
+        ['--dataset', 'text8', '--input', f, '--out-dir', out, '--unigram', '5'], capsys
+    )
+    assert '--unigram 5' in msg and 'smaller than required_chars' in msg
     done = _data_run_printed(msg, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert json.loads((out / "text8" / "meta.json").read_text())["unigram"]["vocab_size"] > 5
+    assert json.loads((out / 'text8' / 'meta.json').read_text())['unigram']['vocab_size'] > 5
 
 
 # ---------------------------------------------------------------------------------------------
 # The command-line contract under random flags and damaged datasets (fuzzed)
 # ---------------------------------------------------------------------------------------------
-_FUZZ_FLAGS = ["--dataset", "--lang", "--name", "--max-train-chars", "--max-eval-chars", "--unigram",
-               "--unigram-max-words", "--retries", "--backoff", "--text8-url", "--hf-base"]
-_FUZZ_VALUES = ["0", "-5", "1", "7", "2.5", "1e309", "nan", "inf", "-inf", "99999999999999999999999",
-                "", " ", "x", "en", "de", "text8", "input", "http://127.0.0.1:9/x", "a\0b", "é" * 300]
+_FUZZ_FLAGS = [
+    '--dataset',
+    '--lang',
+    '--name',
+    '--max-train-chars',
+    '--max-eval-chars',
+    '--unigram',
+    '--unigram-max-words',
+    '--retries',
+    '--backoff',
+    '--text8-url',
+    '--hf-base',
+]
+_FUZZ_VALUES = [
+    '0',
+    '-5',
+    '1',
+    '7',
+    '2.5',
+    '1e309',
+    'nan',
+    'inf',
+    '-inf',
+    '99999999999999999999999',
+    '',
+    ' ',
+    'x',
+    'en',
+    'de',
+    'text8',
+    'input',
+    'http://127.0.0.1:9/x',
+    'a\0b',
+    'é' * 300,
+]
 
 
 def _fuzz_damage(meta, draw):
@@ -1048,39 +1588,43 @@ def _fuzz_damage(meta, draw):
     if draw(st.booleans()):
         del meta[key]
     else:
-        meta[key] = draw(st.sampled_from([None, 300, -1, "x", [], {}, [1, "a"], {"vocab_size": "x"}]))
+        meta[key] = draw(
+            st.sampled_from([None, 300, -1, 'x', [], {}, [1, 'a'], {'vocab_size': 'x'}])
+        )
     return meta
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 30)), deadline=None, **HYPOTHESIS_FIXTURES)
+@settings(
+    max_examples=int(os.environ.get('FUZZ_EXAMPLES', 30)), deadline=None, **HYPOTHESIS_FIXTURES
+)
 @given(data=st.data())
 def test_data_fuzzed_flags_and_damaged_datasets_keep_the_contract(tmp_path, capsys, data):
     """Whatever the flags, and whatever was done to an existing dataset's meta.json: no traceback,
     exit 0, 1 or 2 with one `error:` line on failure, no temporary file left, and every meta.json
     on disk whole JSON; a bad flag (exit 2) writes nothing."""
     where = Path(tempfile.mkdtemp(dir=tmp_path))
-    (where / "in.txt").write_text(_data_words(4000))
-    base = ["--input", where / "in.txt", "--out-dir", where / "data", "--name", "d", "--lang", "en"]
-    if data.draw(st.booleans(), label="damaged existing dataset"):
-        assert prepare_data.run([str(a) for a in base + ["--unigram", "0"]])
-        path = where / "data" / "d" / "meta.json"
+    (where / 'in.txt').write_text(_data_words(4000))
+    base = ['--input', where / 'in.txt', '--out-dir', where / 'data', '--name', 'd', '--lang', 'en']
+    if data.draw(st.booleans(), label='damaged existing dataset'):
+        assert prepare_data.run([str(a) for a in base + ['--unigram', '0']])
+        path = where / 'data' / 'd' / 'meta.json'
         meta = _fuzz_damage(json.loads(path.read_text()), data.draw)
         path.write_text(json.dumps(meta))
-    before = sorted(p for p in where.rglob("*"))
-    argv = list(base) + ["--unigram", data.draw(st.sampled_from(["0", "0", "30"]))]
+    before = sorted(p for p in where.rglob('*'))
+    argv = list(base) + ['--unigram', data.draw(st.sampled_from(['0', '0', '30']))]
     flags = st.lists(st.sampled_from(_FUZZ_FLAGS), min_size=1, max_size=3, unique=True)
-    for flag in data.draw(st.just([]) | flags, label="flags"):
+    for flag in data.draw(st.just([]) | flags, label='flags'):
         argv += [flag, data.draw(st.sampled_from(_FUZZ_VALUES))]
     capsys.readouterr()
     with no_hang(60):
         code, out, err = run_main(prepare_data.main, argv, capsys)
     code = 0 if code is None or isinstance(code, dict) else code
-    event(f"exit {code}")                 # --hypothesis-show-statistics: how far the examples got
+    event(f'exit {code}')  # --hypothesis-show-statistics: how far the examples got
     assert_cli_contract(code, err, argv)
     assert not _data_temps(where), argv
-    for meta_file in where.rglob("meta.json"):
+    for meta_file in where.rglob('meta.json'):
         json.loads(meta_file.read_text())
-    assert code != 2 or sorted(p for p in where.rglob("*")) == before, (argv, err)
-    if code == 0:   # what it leaves is a dataset train.py accepts (the last --name counts)
-        name = argv[len(argv) - argv[::-1].index("--name")]
-        dataset.read_meta(where / "data" / str(name))
+    assert code != 2 or sorted(p for p in where.rglob('*')) == before, (argv, err)
+    if code == 0:  # what it leaves is a dataset train.py accepts (the last --name counts)
+        name = argv[len(argv) - argv[::-1].index('--name')]
+        dataset.read_meta(where / 'data' / str(name))
