@@ -75,16 +75,17 @@ def non_finite_tensor(obj, name=''):
     return next((f for f in found if f is not None), None)
 
 
-def config_from_dict(d):
-    """Config from dataclasses.asdict(Config); keys that are not Config fields are ignored, missing
-    ones take their defaults (so checkpoints from before a new field was added still load)."""
+def config_from_dict(d, **extra):
+    """Config from dataclasses.asdict(Config) and extra; keys that are not Config fields are
+    ignored, missing ones take their defaults (checkpoints from before a new field still load).
+    UserError with exit code 2 (train.py's flags; read_checkpoint names the file instead)."""
     if not isinstance(d, dict):
         raise UserError(f'the config is a {type(d).__name__}, expected a dict')
     names = {f.name for f in dataclasses.fields(Config)}
     try:
-        return Config(**{k: v for k, v in d.items() if k in names})
+        return Config(**{k: v for k, v in {**d, **extra}.items() if k in names})
     except (TypeError, ValueError) as e:
-        raise UserError(f'the config is invalid: {e}') from None
+        raise UserError(f'the config is invalid: {e}', code=2) from None
 
 
 def _rng(v):

@@ -9,7 +9,7 @@ import resource
 import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -23,23 +23,23 @@ from dynpool import DynamicPoolingLM, ModelOutput, step_flops
 
 
 class Processes(NamedTuple):
-    """This process's place among torchrun's processes (Processes.of_torchrun(): from its
-    environment; one process without torchrun)."""
+    """This process's place among torchrun's processes (one process without torchrun)."""
     rank: int = 0
     local_rank: int = 0
     world: int = 1
 
     @classmethod
     def of_torchrun(cls):
-        return cls(*(int(os.environ.get(k, d)) for k, d in (('RANK', 0), ('LOCAL_RANK', 0),
-                                                             ('WORLD_SIZE', 1))))
+        env = os.environ
+        return cls(int(env.get('RANK', 0)), int(env.get('LOCAL_RANK', 0)),
+                   int(env.get('WORLD_SIZE', 1)))
 
 
 # ----------------------------------------------------------------------------- device
 def pick_device(name=None, local_rank=None):
-    """'cpu', 'cuda', 'cuda:1', 'mps' → the checked device string; None → cuda if there is one.
-    local_rank (torchrun's): a CUDA device becomes this process's GPU, the LOCAL_RANK-th where
-    it sees all of the node's, its only one where a scheduler shows each process its own."""
+    """--device → the checked device string (None: cuda if there is one). Under torchrun
+    (local_rank) CUDA is this process's GPU: the LOCAL_RANK-th where it sees all of the node's,
+    its only one where a scheduler shows each process its own."""
     name = name or ('cuda' if torch.cuda.is_available() else 'cpu')
     try:
         dev = torch.device(name)
@@ -53,8 +53,8 @@ def pick_device(name=None, local_rank=None):
             raise UserError(f'LOCAL_RANK {local_rank} but this process sees {gpus} CUDA devices '
                             f"(one per process, or all of the node's, is expected)")
         dev = torch.device('cuda', local_rank if gpus > local_rank else 0)
-    if dev.type == 'cuda' and (dev.index or 0) >= gpus or dev.type == 'mps' and not (
-            torch.backends.mps.is_available()):
+    if (dev.index or 0) >= gpus if dev.type == 'cuda' else (
+            dev.type == 'mps' and not torch.backends.mps.is_available()):
         raise UserError(f'--device {name}: no such device here ({gpus} CUDA GPU(s); try '
                         f'--device cpu)')
     return str(dev)
@@ -76,8 +76,8 @@ def setup_precision(amp, device_type):
 
 
 def check_model_memory(cfg, device):
-    """Refuse a model whose weights, gradients and Adam moments (16 bytes a parameter, counted
-    on the meta device) exceed the free memory (CPU: MemAvailable), before it is allocated."""
+    """Refuse, before allocating it, a model whose weights, gradients and Adam moments (16 bytes a
+    parameter, counted on the meta device) exceed the free memory (CPU: MemAvailable)."""
     with torch.device('meta'):
         n = DynamicPoolingLM(cfg).num_params()
     if torch.device(device).type == 'cuda':
@@ -131,43 +131,38 @@ def wrap_model(model, args, world=1):
     """torch.compile and DDP around the model; the bare model stays for evaluation and saving."""
     if args.compile:  # (dynamic=None: the segment count turns dynamic at its first recompile)
         model = torch.compile(model)
-    if world > 1:
-        # DDP's static graph finds the output's tensors through pytrees: ModelOutput registered
-        try:
-            torch.export.register_dataclass(ModelOutput)
-        except ValueError:  # already registered
-            pass
-        # Every parameter gets a gradient and each step runs the same graph (not static with
-        # --grad-accum > 1: it breaks under no_sync, pytorch#143580). The only buffer is the
-        # constant Gumbel evaluation noise: never re-broadcast (the argument's name since 2.13).
-        no_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
-                   inspect.signature(DDP.__init__).parameters else {'broadcast_buffers': False})
-        device = torch.device(args.device)
-        model = DDP(model, device_ids=[device.index] if device.type == 'cuda' else None,
-                    static_graph=args.grad_accum == 1, gradient_as_bucket_view=True, **no_sync)
-    return model
+    if world == 1:
+        return model
+    with suppress(ValueError):  # (ValueError: already registered)
+        torch.export.register_dataclass(ModelOutput)  # DDP's static graph finds tensors by pytrees
+    # Every parameter gets a gradient and each step runs the same graph (not static with
+    # --grad-accum > 1: it breaks under no_sync, pytorch#143580). The only buffer is the
+    # constant Gumbel evaluation noise: never re-broadcast (the argument's name since 2.13).
+    no_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
+               inspect.signature(DDP.__init__).parameters else {'broadcast_buffers': False})
+    device = torch.device(args.device)
+    return DDP(model, device_ids=[device.index] if device.type == 'cuda' else None,
+               static_graph=args.grad_accum == 1, gradient_as_bucket_view=True, **no_sync)
 
 
 def leave_process_group(wait, world):
-    """Tear the process group down together: a rank that exits while another still uses its gloo
-    connections can abort in C++ ("terminate called without an active exception"). So each rank
-    passes a barrier, destroys the group, then waits on the store for the others. Not after an
+    """Leave the process group together: a rank that exits while another still uses its gloo
+    connections can abort in C++. Barrier, destroy, wait on the store for the others; not after an
     error (`wait` False): a rank still training would never arrive."""
-    if wait:
-        torch.distributed.barrier()
-        # gloo's threads free the barrier's work after barrier() returns and need the GIL for it;
-        # destroying the group before then deadlocks in the join: a pause lets them finish
-        time.sleep(0.2)
-        store = torch.distributed.distributed_c10d._get_default_store()  # outlives the group
+    if not wait:
+        return torch.distributed.destroy_process_group()
+    torch.distributed.barrier()
+    # gloo's threads free the barrier's work after barrier() returns and need the GIL for it;
+    # destroying the group before then deadlocks in the join: a pause lets them finish
+    time.sleep(0.2)
+    store = torch.distributed.distributed_c10d._get_default_store()  # outlives the group
     torch.distributed.destroy_process_group()
     key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'  # torchrun restarts
     deadline = time.time() + 60
-    try:
-        store.add(key, 1) if wait else None
-        while wait and store.add(key, 0) < world and time.time() < deadline:
+    with suppress(RuntimeError):  # the store's host (rank 0) saw everyone leave and exited first
+        store.add(key, 1)
+        while store.add(key, 0) < world and time.time() < deadline:
             time.sleep(0.01)
-    except RuntimeError:  # the store's host (rank 0) saw everyone leave and exited first
-        pass
 
 
 @contextmanager
@@ -203,7 +198,7 @@ def interrupts_deferred():
 
 # ----------------------------------------------------------------------------- log.jsonl
 def import_optional(module, flag):
-    """Import a logging package only when its flag asks for it; one line if it is not installed."""
+    """Import a logging package its flag asks for; one line if it is not installed."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -212,7 +207,7 @@ def import_optional(module, flag):
                         f'(or drop {flag})') from None
 
 
-def _record(line):
+def record(line):
     """A whole line of log.jsonl → its record, or None (cut short, or not a JSON object)."""
     try:
         r = json.loads(line)
@@ -222,31 +217,30 @@ def _record(line):
 
 
 class Logger:
-    """Records to log.jsonl on rank 0, each line written whole or not at all, and to TensorBoard /
-    W&B where their flags ask. First a cut last line (a run stopped mid-record) is dropped, and
-    on --resume the records of steps after the checkpoint's (resumed_from: the run redoes them),
-    one stderr line each, the rewrite atomic."""
+    """Records to log.jsonl on rank 0, each line whole or not at all, and to TensorBoard / W&B where
+    their flags ask. Opening drops a cut last line (a run stopped mid-record) and, on --resume,
+    records of steps after the checkpoint's (resumed_from: the run redoes them), one stderr line
+    each, the rewrite atomic."""
 
     def __init__(self, out_dir, args, config_record, rank=0, resumed_from=None):
         self.path, self.tb, self.wandb, self.rank = out_dir / 'log.jsonl', None, None, rank
         if rank != 0:
             return
         lines = self.path.read_bytes().splitlines(True) if self.path.exists() else []
-        recs = [_record(line) for line in lines]
-        drop = {i for i, r in enumerate(recs) if resumed_from is not None and r and r.get(
+        recs = [record(line) for line in lines]
+        later = {i for i, r in enumerate(recs) if resumed_from is not None and r and r.get(
             'kind') != 'config' and type(r.get('step')) is int and r['step'] > resumed_from}
-        if lines and recs[-1] is None:
+        cut = bool(lines) and recs[-1] is None
+        if cut:
             print(f'warning: {self.path}: dropped its last line, cut short ({len(lines[-1])} bytes '
                   f'left by a run that stopped while writing it)', file=sys.stderr, flush=True)
-        if drop:
-            print(f'note: {self.path}: dropped {len(drop)} record(s) of steps after '
+        if later:
+            print(f'note: {self.path}: dropped {len(later)} record(s) of steps after '
                   f"{resumed_from}, the checkpoint's step (the resumed run redoes them)",
                   file=sys.stderr, flush=True)
-        if lines and recs[-1] is None:
-            drop.add(len(lines) - 1)
-        if drop:
-            common.write_atomic(self.path, b''.join(ln for i, ln in enumerate(lines)
-                                                    if i not in drop))
+        if cut or later:  # (the cut line is never one of `later`)
+            kept = [ln for i, ln in enumerate(lines) if i not in later]
+            common.write_atomic(self.path, b''.join(kept[:-1] if cut else kept))
         if args.tensorboard:
             tensorboard = import_optional('torch.utils.tensorboard', '--tensorboard')
             self.tb = tensorboard.SummaryWriter(str(out_dir / 'tensorboard'))
@@ -271,10 +265,8 @@ class Logger:
             while done < len(data):  # one write, unless the system takes only part of it
                 done += os.write(fd, data[done:])
         except BaseException as e:  # OSError, or Ctrl-C between two parts
-            try:
+            with suppress(OSError):  # (else the next run drops the cut line)
                 os.ftruncate(fd, size)
-            except OSError:
-                pass  # the next run drops the cut line
             if isinstance(e, OSError):
                 raise UserError(f'cannot write {self.path}: {e.strerror}; it keeps every whole '
                                 f'record before this one') from None
@@ -298,16 +290,15 @@ class Logger:
 
 # ----------------------------------------------------------------------------- step statistics
 class StepStats:
-    """Training statistics summed on the device (sums: name → device scalar) step after step and
-    read once per log record, the loop's only wait for the device. Per micro-step: loss, LM loss,
-    SF, precision, recall; per step: FLOPs, the finite gradient norms and their count, steps
-    skipped as non-finite."""
+    """Training statistics summed on the device step after step, read once per log record: the
+    loop's only wait for the device. Per micro-step loss, LM loss, SF, precision, recall; per step
+    FLOPs, the finite gradient norms and their count, steps skipped as non-finite."""
     NAMES = ('loss', 'lm_loss', 'sf', 'precision', 'recall', 'flops', 'grad_norm', 'norms', 'bad')
 
     def __init__(self, cfg, args, world=1):
         self.cfg, self.args, self.world = cfg, args, world
         self.sums, self.micro_steps, self.step_sf, self.host_flops = {}, 0, [], 0.0
-        self.last_flops = None  # the last step's: all processes' (a float) or this one's (tensor)
+        self.last_flops = None  # the last step's: all processes' (float), or this one's (tensor)
 
     def add(self, **vals):
         for k, v in vals.items():
@@ -321,8 +312,8 @@ class StepStats:
         self.step_sf += [] if out.shortening_factor is None else [out.shortening_factor.detach()]
 
     def add_step(self, norm, bad, segments=None):
-        """The step's gradient norm, non-finite flag and FLOPs. segments: the complete segments of
-        each row, [accum, world, micro], where the host knows them (fixed, whitespace)."""
+        """The step's gradient norm, non-finite flag and FLOPs; segments: complete segments per
+        row, [accum, world, micro], where the host knows them (fixed, whitespace)."""
         finite = torch.isfinite(norm)
         self.add(grad_norm=torch.where(finite, norm, 0.0), norms=finite, bad=bad)
         L, B = self.args.seq_len, self.args.batch_size // (self.world * self.args.grad_accum)
@@ -338,16 +329,16 @@ class StepStats:
         self.step_sf = []
 
     def take_step_flops(self):
-        """The last step's FLOPs over all processes (--flop-budget's bookkeeping); the predicted
-        sources' are read from the device: a wait each step, which only they pay."""
+        """The last step's FLOPs over all processes (--flop-budget); a predicted source's are read
+        from the device: a wait each step, which only they pay."""
         f, self.last_flops = self.last_flops, None
         if torch.is_tensor(f) and self.world > 1:
             torch.distributed.all_reduce(f)
         return f.item() if torch.is_tensor(f) else f
 
     def read(self, late=False):
-        """Sum over processes, read and reset → means since the last read, FLOPs, skipped steps,
-        and whether any process is out of time (late)."""
+        """Sum over processes, read, reset → means since the last read, FLOPs, skipped steps, and
+        whether any process is out of time (late)."""
         sums = torch.zeros(len(self.NAMES) + 1, dtype=sum_dtype(self.args.device),
                            device=self.args.device)
         for i, k in enumerate(self.NAMES):
@@ -362,17 +353,6 @@ class StepStats:
                  late=v['late'] > 0, grad_norm=v['grad_norm'] / v['norms'] if v['norms'] else None)
         self.sums, self.micro_steps, self.host_flops = {}, 0, 0.0
         return r
-
-
-def adam_step_skipping(optimizer, skip):
-    """optimizer.step(), skipped by a fused Adam where the 0-dim bool tensor `skip` is set, and the
-    host never reads it: GradScaler's protocol with fused optimizers (found_inf and grad_scale, here
-    None: nothing to unscale, set on the optimizer for its step)."""
-    optimizer.found_inf, optimizer.grad_scale = skip.float(), None
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf, optimizer.grad_scale
 
 
 def duration(s):

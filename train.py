@@ -13,7 +13,6 @@ A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc
 """
 import argparse
 import dataclasses
-import json
 import math
 import platform
 import random
@@ -76,8 +75,7 @@ def layer_counts(s):
 
 
 def flop_budget(s):
-    """Argument type: a number of FLOPs, or vanilla:N, the FLOPs of N steps of the vanilla model
-    of the run's shape (resolved in model_config)."""
+    """Argument type: FLOPs, or vanilla:N (N vanilla steps of the run's shape: model_config)."""
     s = str(s).strip()
     return f'vanilla:{positive_int(s[8:])}' if s.startswith('vanilla:') else positive_float(s)
 
@@ -96,14 +94,13 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--layers', layer_counts, 'pre,shortened,post layer counts (vanilla: all at full length)'),
     ('--dropout', fraction, 'dropout'),
     ('--dropatt', fraction, 'attention dropout'),
-    ('--pooling', ('mean', 'last'), "a segment's vector: its mean, or its last token "
-     "(sub-sampling, the paper's Table 2)"),
+    ('--pooling', ('mean', 'last'), "a segment's mean, or its last token (Table 2's sub-sampling)"),
     ('--fixed-factor', int_range(1, 2**20), 'fixed: segment length k'),
     ('--temperature', positive_float, 'gumbel: Gumbel-sigmoid temperature'),
     ('--prior', probability, "gumbel: prior boundary rate (default the dataset's, else 0.2)"),
     ('--entropy-window', int_range(1, 2**20), 'entropy: k of the spike rule'),
-    ('--unigram', positive_int, "unigram: train on the label set of this vocabulary size V "
-     "(default the dataset's default set)"),
+    ('--unigram', positive_int, "unigram: the label set of vocabulary size V (default the "
+     "dataset's default set)"),
     ('--double-sigmoid', None, "unigram/entropy: the released code's loss, BCE of sigmoid(logit)"),
     ('--ratio-target', float_range(1, lo_open=True), 'hnet: target compression of the ratio loss'),
     ('--ratio-weight', non_negative_float, 'hnet: weight of the ratio loss'),
@@ -112,9 +109,9 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
     ('--seq-len', positive_int, 'training sequence length in characters'),
     ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
     ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
-    ('--flop-budget', flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured '
-     'SF), or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs '
-     'after warm-up, the first step reaching it is the last, --max-steps only caps (default none)'),
+    ('--flop-budget', flop_budget, 'train to this many FLOPs (dynpool.step_flops, measured SF) '
+     'or vanilla:N, those of N vanilla steps of this shape: the cosine decays over the FLOPs after '
+     'warm-up, the first step reaching it is the last, --max-steps only caps (default none)'),
     ('--stop-step', positive_int, 'save and exit here, unfinished, for --resume (default none)'),
     ('--max-time', positive_float, 'seconds to train, then save and exit (default none)'),
     ('--lr', positive_float, 'peak learning rate'),
@@ -135,8 +132,8 @@ FLAGS = [  # (flag, type or choices, help); --help adds the default where it doe
 
 
 def parser():
-    """FLAGS as argparse: type None is a switch (None, not False, when not given: a resumed run
-    can tell), a tuple the choices; the help adds the preset's (GPU, CPU) or model's default."""
+    """FLAGS as argparse: type None is a switch (None when not given: a resumed run can tell), a
+    tuple the choices; the help adds the preset's (GPU, CPU) or model's default."""
     p = common.Parser(prog='train.py', description=__doc__.split('\n')[1])
     for flag, kind, words in FLAGS:
         k = flag[2:].replace('-', '_')
@@ -144,25 +141,22 @@ def parser():
         default = (f'default GPU {v}, CPU {CPU_PRESET[k]}' if v != CPU_PRESET.get(k, v)
                    else f'default {"off" if v is False else v}')
         words += '' if 'default' in words else f' ({default})'
-        if kind is None:
-            p.add_argument(flag, action='store_true', default=None, help=words)
-        else:
-            p.add_argument(flag, **{'choices' if isinstance(kind, tuple) else 'type': kind},
-                           help=words)
+        how = (dict(action='store_true', default=None) if kind is None else
+               {'choices' if isinstance(kind, tuple) else 'type': kind})
+        p.add_argument(flag, help=words, **how)
     return p
 
 
 def resolve_args(argv, procs=rt.Processes()):
     """Flags → (args with every flag filled in, checkpoint or None): the device (this process's
-    GPU under torchrun), --out (default out/<dataset>-<boundary>), on --resume the checkpoint's
-    flags, then the preset's, the model's and the dataset's defaults."""
+    GPU under torchrun), --out, on --resume the checkpoint's flags, then the defaults."""
     args = parser().parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
     if args.out is None and args.resume:
         raise UserError('--resume needs --out, the run directory to continue', code=2)
-    out = Path(args.out or f'out/{Path(args.data or COMMON["data"]).name}-'
-                           f'{args.boundary or COMMON["boundary"]}')
+    data = args.data or COMMON['data']
+    out = Path(args.out or f'out/{Path(data).name}-{args.boundary or COMMON["boundary"]}')
     ckpt, taken = None, {}
     if args.resume:
         ckpt = read_checkpoint(out / 'ckpt.pt')
@@ -187,9 +181,8 @@ def resolve_args(argv, procs=rt.Processes()):
 
 
 def model_config(args, meta, world=1):
-    """The rules between flags (each flag's own range is its type's), then the model's Config from
-    the flags and the dataset's vocabulary (Config checks itself; exit 2); a --flop-budget of
-    vanilla:N becomes N x the FLOPs of a vanilla step of this shape."""
+    """The rules between flags (each flag's own range is its type's), then the model's Config
+    (it checks itself; exit 2); a --flop-budget of vanilla:N becomes N vanilla steps' FLOPs."""
     if args.eval_step > args.eval_window:
         raise UserError(f'--eval-step {args.eval_step} is larger than --eval-window '
                         f'{args.eval_window}: characters between windows would never be scored',
@@ -197,13 +190,10 @@ def model_config(args, meta, world=1):
     if args.batch_size % (world * args.grad_accum):
         raise UserError(f'--batch-size {args.batch_size} must split evenly over {world} '
                         f'processes x {args.grad_accum} micro-steps', code=2)
-    kw = {k: getattr(args, k) for k in ('d_model', 'n_head', 'd_head', 'd_inner', 'dropout',
-                                        'dropatt', 'boundary', 'attention') + MODEL_FLAGS}
-    try:
-        cfg = config_from_dict(dict(kw, vocab_size=meta['vocab_size'], whitespace_id=meta.get(
-            'space_id'), layers=tuple(int(n) for n in args.layers.split(','))))
-    except UserError as e:
-        raise UserError(str(e), code=2) from None
+    cfg = config_from_dict({k: getattr(args, k) for k in MODEL_FLAGS + (
+        'd_model', 'n_head', 'd_head', 'd_inner', 'dropout', 'dropatt', 'boundary', 'attention')},
+        vocab_size=meta['vocab_size'], whitespace_id=meta.get('space_id'),
+        layers=tuple(int(n) for n in args.layers.split(',')))
     if isinstance(args.flop_budget, str):
         vanilla = dataclasses.replace(cfg, boundary='none')
         args.flop_budget = int(args.flop_budget[8:]) * step_flops(vanilla, args.batch_size,
@@ -224,13 +214,9 @@ def check_run(args, ckpt, train_tokens, done):
         if at is not None and (at < ckpt['step'] or flag == '--stop-step' and at == ckpt['step']):
             raise UserError(f'{flag} {at} is not after the checkpoint\'s step {ckpt["step"]}: '
                             f'nothing would be trained', code=2)
-    try:
-        lines = (Path(args.out) / 'log.jsonl').read_bytes().splitlines() if done else []
-    except FileNotFoundError:
-        lines = []
-    for line in lines:  # finished and evaluated on test (not yet evaluated: it evaluates again)
-        r = json.loads(line) if line.startswith(b'{') and line.endswith(b'}') else {}
-        if (r.get('kind'), r.get('split'), r.get('step')) == ('eval', 'test', ckpt['step']):
+    log = Path(args.out) / 'log.jsonl'
+    for r in map(rt.record, log.read_bytes().splitlines(True) if done and log.exists() else []):
+        if r and (r.get('kind'), r.get('split'), r.get('step')) == ('eval', 'test', ckpt['step']):
             raise UserError(f'the run in {args.out} is finished (step {ckpt["step"]}, test bpc '
                             f'{r.get("bpc"):.4f} in its log): nothing to resume; a larger '
                             f'--max-steps or --flop-budget trains it further', code=2)
@@ -270,10 +256,9 @@ def segment_counts(cfg, x):
 
 
 class Batch(NamedTuple):
-    """One optimizer step's data for this process, and the data position once it is consumed.
-    x, y (next characters), b (Unigram labels or None): [grad_accum, micro, seq_len]; segments:
-    complete segments per row of the global batch, [grad_accum, world, micro], where the host
-    counts them."""
+    """One step's data for this process and the data position after it. x, y (next characters),
+    b (Unigram labels or None): [grad_accum, micro, seq_len]; segments: complete segments per row
+    of the global batch, [grad_accum, world, micro], where the host counts them."""
     epoch: int
     pos: int
     x: torch.Tensor
@@ -317,9 +302,8 @@ class RunState:
 
 
 def reseed_rank(seed, rank, step):
-    """Ranks above 0 draw dropout masks and Gumbel noise of their own. Only rank 0's random state
-    is saved, so the others restart their streams at every checkpoint's step, as a resumed run
-    does: kill/resume stays bit-exact under DDP."""
+    """Only rank 0's random state is saved: the others (their own dropout and Gumbel noise) restart
+    their streams at every checkpoint's step, as a resumed run does, so DDP resumes bit-exactly."""
     if rank > 0:
         torch.manual_seed(seed + 1000 * rank + step)
 
@@ -365,9 +349,13 @@ def train_step(t, batch, args):
     if t.scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
         t.scaler.step(t.optimizer)
         t.scaler.update()
-    else:
-        finite = finite & torch.isfinite(norm)
-        rt.adam_step_skipping(t.optimizer, ~finite)
+    else:  # skipped by the fused Adam where found_inf is set, unread by the host: GradScaler's
+        finite = finite & torch.isfinite(norm)  # protocol (grad_scale None: nothing to unscale)
+        t.optimizer.found_inf, t.optimizer.grad_scale = (~finite).float(), None
+        try:
+            t.optimizer.step()
+        finally:
+            del t.optimizer.found_inf, t.optimizer.grad_scale
     t.optimizer.zero_grad(set_to_none=True)
     t.stats.add_step(norm, ~finite, batch.segments)
 
@@ -479,10 +467,9 @@ def run(argv, procs):
         if ckpt is not None:
             restore_training(ckpt, model, optimizer, scaler, args.device)
         reseed_rank(args.seed, procs.rank, state.step)
-        params = model.num_params()
-        end = f'to step {args.max_steps}' if args.flop_budget is None else \
-            f'until {args.flop_budget:.3g} FLOPs' + (f' (at most {args.max_steps} steps)'
-                                                    if args.max_steps < 10**9 else '')
+        params, cap = model.num_params(), args.max_steps < 10**9
+        end = (f'to step {args.max_steps}' if args.flop_budget is None else
+               f'until {args.flop_budget:.3g} FLOPs' + cap * f' (at most {args.max_steps} steps)')
         say(f'{args.boundary} on {args.data} -> {args.out}' + ('' if ckpt is None else
             f' (resumed at step {state.step})') + f'\n  model: {params / 1e6:.2f}M parameters, '
             f'layers {args.layers}, d_model {args.d_model}, {args.n_head} heads x {args.d_head}, '
@@ -533,18 +520,18 @@ def train(args, cfg, source, splits, labels, state, t, started):
         if (state.step % args.log_interval == 0 or save) and log_train(
                 t, args, state, clock, lr, stop, started) and not end:
             stop, why, save = state.step, f'--max-time {args.max_time:g}s', True
-        if save:
-            if not finished(state, args):  # (a finished run is evaluated in full by finish)
-                eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-            with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
-                if t.procs.rank == 0:
-                    counters = {k: v for k, v in vars(state).items() if k != 'saved'}
-                    save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
-                        t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args),
-                        state.saved)
-                state.saved = state.step
-                reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
-            clock.last = time.time()  # evaluating and saving are not training time
+        if not save:
+            continue
+        if not finished(state, args):  # (a finished run is evaluated in full by finish)
+            eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
+        with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
+            if t.procs.rank == 0:
+                counters = {k: v for k, v in vars(state).items() if k != 'saved'}
+                save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
+                    t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args), state.saved)
+            state.saved = state.step
+            reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
+        clock.last = time.time()  # evaluating and saving are not training time
     return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
 
 
@@ -569,8 +556,8 @@ def log_train(t, args, state, clock, lr, stop, started):
                       epoch=state.epoch))
     where, work, total = f'step {state.step}/{stop}', state.step, stop
     if args.flop_budget is not None:
-        where = f'step {state.step} | {state.budget_flops:.3g}/{args.flop_budget:.3g} FLOPs'
         work, total = state.budget_flops, args.flop_budget
+        where = f'step {state.step} | {work:.3g}/{total:.3g} FLOPs'
     eta = (total - work) * clock.spent / (work - clock.work) if work > clock.work else None
     t.say(f'{where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
           f'{1000 * dt / max(1, steps):.0f} ms/step | {speed:,.0f} chars/s | '
