@@ -52,8 +52,9 @@ def _progress(**kw):
 
 
 # ----------------------------------------------------------------------------- downloads
-class DownloadError(Exception):
-    """A download that cannot succeed; run() adds the command that works without network."""
+class DownloadError(UserError):
+    """A UserError of a download that cannot succeed; run() adds the command that works without
+    network."""
 
 
 def _retry_or_raise(what, e, attempt, retries, backoff):
