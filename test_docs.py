@@ -2,7 +2,7 @@
 runs as a test, and the links, the CI commands and the project-only references are checked.
 
     python -m pytest -q test_docs.py            # the quick blocks (seconds)
-    python -m pytest -q test_docs.py --slow     # also the blocks that take minutes (quick start ...)
+    python -m pytest -q test_docs.py --slow     # also the blocks that take minutes
 
 A marker, an HTML comment on the line right before a fence, says how a block runs:
 
@@ -32,16 +32,16 @@ import pytest
 import torch
 
 ROOT = Path(__file__).parent
-SHARED = ROOT.parent / "shared"
-RUNNABLE = {"bash": "bash", "sh": "bash", "python": "python"}
-KINDS = {"skip", "slow", "gpu", "plots"}
+SHARED = ROOT.parent / 'shared'
+RUNNABLE = {'bash': 'bash', 'sh': 'bash', 'python': 'python'}
+KINDS = {'skip', 'slow', 'gpu', 'plots'}
 # Not copied into the sandbox: version control, caches, and what runs and data preparation write.
-NOT_COPIED = {".git", "data", "runs", "out", "__pycache__", ".pytest_cache", ".hypothesis", ".venv",
-              "venv", ".benchmarks", ".whl", ".gl"}
-TIMEOUT = {"quick": 300, "slow": 1800}    # seconds a block may run before it counts as failed
+NOT_COPIED = {'.git', 'data', 'runs', 'out', '__pycache__', '.pytest_cache', '.hypothesis', '.venv',
+              'venv', '.benchmarks', '.whl', '.gl'}
+TIMEOUT = {'quick': 300, 'slow': 1800}    # seconds a block may run before it counts as failed
 
-FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)\s*$")
-MARKER = re.compile(r"^\s*<!--\s*(doctest:|ci\b)(.*?)-->\s*$")
+FENCE = re.compile(r'^(\s*)```\s*([\w+-]*)\s*$')
+MARKER = re.compile(r'^\s*<!--\s*(doctest:|ci\b)(.*?)-->\s*$')
 
 
 @dataclass
@@ -52,17 +52,17 @@ class Block:
     lang: str
     code: str
     kinds: set = field(default_factory=set)   # skip / slow / gpu
-    reason: str = ""                # skip's reason
+    reason: str = ''                # skip's reason
     ci: bool = False
 
     @property
     def name(self):
         path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path.name
-        return f"{Path(path).as_posix()}:{self.line}"
+        return f'{Path(path).as_posix()}:{self.line}'
 
     @property
     def runnable(self):
-        return self.lang in RUNNABLE and not self.ci and "skip" not in self.kinds
+        return self.lang in RUNNABLE and not self.ci and 'skip' not in self.kinds
 
 
 def parse_marker(text, where):
@@ -70,59 +70,60 @@ def parse_marker(text, where):
     know, so a typo can never silently skip a block."""
     m = MARKER.match(text)
     head, rest = m.group(1), m.group(2).strip()
-    if head == "ci":
+    if head == 'ci':
         if rest:
             raise ValueError(f"{where}: '<!-- ci -->' takes nothing after it, got {rest!r}")
-        return set(), "", True
-    reason = ""
-    if "(" in rest:
-        rest, reason = rest.split("(", 1)
-        reason = reason.rstrip(") ").strip()
+        return set(), '', True
+    reason = ''
+    if '(' in rest:
+        rest, reason = rest.split('(', 1)
+        reason = reason.rstrip(') ').strip()
     kinds = set(rest.split())
     unknown = kinds - KINDS
     if unknown or not kinds:
-        raise ValueError(f"{where}: unknown doctest marker {text.strip()!r}; "
-                         f"use one or more of {sorted(KINDS)}")
-    if "skip" in kinds and not reason:
+        raise ValueError(f'{where}: unknown doctest marker {text.strip()!r}; '
+                         f'use one or more of {sorted(KINDS)}')
+    if 'skip' in kinds and not reason:
         raise ValueError(f"{where}: 'doctest: skip' needs a reason, e.g. (network)")
     return kinds, reason, False
 
 
 def parse(path):
     """The fenced blocks of a Markdown file, with their markers → (blocks, errors)."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = Path(path).read_text(encoding='utf-8').splitlines()
     blocks, errors, i = [], [], 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m:
             if MARKER.match(lines[i]) and not (i + 1 < len(lines) and FENCE.match(lines[i + 1])):
-                errors.append(f"{path}:{i + 1}: a doctest/ci marker must stand right before a fence")
+                errors.append(f'{path}:{i + 1}: a doctest/ci marker must stand right before '
+                              f'a fence')
             i += 1
             continue
         indent, lang, start = len(m.group(1)), m.group(2), i
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == '```'), None)
         if end is None:
-            errors.append(f"{path}:{i + 1}: fence never closed")
+            errors.append(f'{path}:{i + 1}: fence never closed')
             break
         # A fence indented under a list item: its lines lose that indentation, no more.
-        code = "\n".join(line[min(indent, len(line) - len(line.lstrip())):]
-                         for line in lines[i + 1:end]) + "\n"
+        code = '\n'.join(line[min(indent, len(line) - len(line.lstrip())):]
+                         for line in lines[i + 1:end]) + '\n'
         block = Block(Path(path), start + 1, lang, code)
         if not lang:
-            errors.append(f"{block.name}: a fence must name its language (```text for output)")
+            errors.append(f'{block.name}: a fence must name its language (```text for output)')
         if start > 0 and MARKER.match(lines[start - 1]):
             try:
                 block.kinds, block.reason, block.ci = parse_marker(lines[start - 1], block.name)
             except ValueError as e:
                 errors.append(str(e))
-                block.kinds, block.reason = {"skip"}, "bad marker"
+                block.kinds, block.reason = {'skip'}, 'bad marker'
         blocks.append(block)
         i = end + 1
     return blocks, errors
 
 
 def doc_files():
-    return [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    return [ROOT / 'README.md'] + sorted((ROOT / 'docs').glob('*.md'))
 
 
 def all_blocks():
@@ -142,56 +143,58 @@ def make_sandbox(base):
     repo = base / ROOT.name
     shutil.copytree(ROOT, repo, symlinks=True,
                     ignore=lambda d, names: [n for n in names if n in NOT_COPIED
-                                             or n.endswith((".pyc", ".png"))])
+                                             or n.endswith(('.pyc', '.png'))])
     if SHARED.is_dir():
-        (base / "shared").symlink_to(SHARED.resolve(), target_is_directory=True)
-    bin_dir = base / "bin"
+        (base / 'shared').symlink_to(SHARED.resolve(), target_is_directory=True)
+    bin_dir = base / 'bin'
     bin_dir.mkdir()
     # A wrapper, not a link: a linked interpreter would not find its virtual environment.
-    for name in ("python", "python3"):
+    for name in ('python', 'python3'):
         (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         (bin_dir / name).chmod(0o755)
     # Then the interpreter's own bin/, for the console scripts installed with it (torchrun).
-    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    env = dict(os.environ, PATH=path, PYTHONPATH=str(repo), PYTHONUNBUFFERED="1",
-               PYTHONDONTWRITEBYTECODE="1")
+    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable),
+                            os.environ.get('PATH', '')])
+    env = dict(os.environ, PATH=path, PYTHONPATH=str(repo), PYTHONUNBUFFERED='1',
+               PYTHONDONTWRITEBYTECODE='1')
     return repo, env
 
 
 def run_block(block, repo, env, timeout):
     """Run one block in the repository copy; BlockFailed with its output when it fails."""
-    script = repo.parent / f"block-{block.line}.{'py' if RUNNABLE[block.lang] == 'python' else 'sh'}"
-    script.write_text(block.code, encoding="utf-8")
+    ext = 'py' if RUNNABLE[block.lang] == 'python' else 'sh'
+    script = repo.parent / f'block-{block.line}.{ext}'
+    script.write_text(block.code, encoding='utf-8')
     # bash -e: every line must succeed, not only the last one; pipefail: every part of a pipe.
-    cmd = [sys.executable, str(script)] if RUNNABLE[block.lang] == "python" else \
-        ["bash", "-e", "-o", "pipefail", str(script)]
+    cmd = [sys.executable, str(script)] if RUNNABLE[block.lang] == 'python' else \
+        ['bash', '-e', '-o', 'pipefail', str(script)]
     try:
         p = subprocess.run(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
-        raise BlockFailed(f"{block.name} ({block.lang}) ran past {timeout} s\n{block.code}"
-                          f"--- last output ---\n{out[-3000:]}") from None
+        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b'').decode(errors='replace')
+        raise BlockFailed(f'{block.name} ({block.lang}) ran past {timeout} s\n{block.code}'
+                          f'--- last output ---\n{out[-3000:]}') from None
     if p.returncode != 0:
-        raise BlockFailed(f"{block.name} ({block.lang}) exited {p.returncode}\n{block.code}"
-                          f"--- last output ---\n{p.stdout[-3000:]}")
+        raise BlockFailed(f'{block.name} ({block.lang}) exited {p.returncode}\n{block.code}'
+                          f'--- last output ---\n{p.stdout[-3000:]}')
     return p.stdout
 
 
 def skip_reason(block, slow, cuda, shared, plots=True):
     """Why this block does not run under these options, or None."""
     if block.ci:
-        return "run by .ci/run in a fresh virtual environment"
-    if "skip" in block.kinds:
-        return f"doctest: skip ({block.reason})"
-    if "gpu" in block.kinds and not cuda:
-        return "doctest: gpu (needs CUDA)"
-    if "plots" in block.kinds and not plots:
+        return 'run by .ci/run in a fresh virtual environment'
+    if 'skip' in block.kinds:
+        return f'doctest: skip ({block.reason})'
+    if 'gpu' in block.kinds and not cuda:
+        return 'doctest: gpu (needs CUDA)'
+    if 'plots' in block.kinds and not plots:
         return 'doctest: plots (needs matplotlib: pip install "matplotlib>=3.5")'
-    if "slow" in block.kinds and not slow:
-        return "doctest: slow (minutes): run with --slow"
-    if "../shared" in block.code and not shared:
-        return "needs ../shared/data beside the checkout (absent here)"
+    if 'slow' in block.kinds and not slow:
+        return 'doctest: slow (minutes): run with --slow'
+    if '../shared' in block.code and not shared:
+        return 'needs ../shared/data beside the checkout (absent here)'
     return None
 
 
@@ -201,46 +204,46 @@ class Sandboxes:
     def __init__(self, tmp_factory, slow):
         self.tmp_factory, self.slow = tmp_factory, slow
         self.cuda, self.shared = torch.cuda.is_available(), SHARED.is_dir()
-        self.plots = importlib.util.find_spec("matplotlib") is not None
+        self.plots = importlib.util.find_spec('matplotlib') is not None
         self.state = {}
 
     def run(self, block):
         """Run the earlier runnable blocks of block's file that have not run, then block itself."""
         if block.path not in self.state:
-            base = self.tmp_factory.mktemp(block.path.stem.replace(".", "-"))
+            base = self.tmp_factory.mktemp(block.path.stem.replace('.', '-'))
             self.state[block.path] = (*make_sandbox(base), {})
         repo, env, outcome = self.state[block.path]
         blocks = [b for b in parse(block.path)[0] if b.runnable]
         lines = [b.line for b in blocks]
         if block.line not in lines or blocks[lines.index(block.line)].code != block.code:
-            pytest.fail(f"{block.name} changed since the tests were collected: run them again",
+            pytest.fail(f'{block.name} changed since the tests were collected: run them again',
                         pytrace=False)
         for b in blocks[:lines.index(block.line) + 1]:
             if b.line not in outcome:
                 why = skip_reason(b, self.slow, self.cuda, self.shared, self.plots)
                 if why is not None:
-                    outcome[b.line] = ("skipped", why)
+                    outcome[b.line] = ('skipped', why)
                     continue
                 try:
-                    run_block(b, repo, env, TIMEOUT["slow" if "slow" in b.kinds else "quick"])
-                    outcome[b.line] = ("passed", "")
+                    run_block(b, repo, env, TIMEOUT['slow' if 'slow' in b.kinds else 'quick'])
+                    outcome[b.line] = ('passed', '')
                 except BlockFailed as e:
-                    outcome[b.line] = ("failed", str(e))
+                    outcome[b.line] = ('failed', str(e))
             state, detail = outcome[b.line]
-            if b.line != block.line and state == "failed":
-                pytest.fail(f"an earlier block of this file failed: {b.name}", pytrace=False)
-            if b.line != block.line and state == "skipped" and "../shared" in detail:
-                pytest.skip(f"an earlier block of this file {detail}")
+            if b.line != block.line and state == 'failed':
+                pytest.fail(f'an earlier block of this file failed: {b.name}', pytrace=False)
+            if b.line != block.line and state == 'skipped' and '../shared' in detail:
+                pytest.skip(f'an earlier block of this file {detail}')
         state, detail = outcome[block.line]
-        if state == "skipped":
+        if state == 'skipped':
             pytest.skip(detail)
-        if state == "failed":
+        if state == 'failed':
             pytest.fail(detail, pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope='session')
 def sandboxes(tmp_path_factory, request):
-    return Sandboxes(tmp_path_factory, request.config.getoption("--slow"))
+    return Sandboxes(tmp_path_factory, request.config.getoption('--slow'))
 
 
 def block_params():
@@ -248,12 +251,12 @@ def block_params():
     for b in all_blocks():
         if b.lang not in RUNNABLE:
             continue
-        marks = [getattr(pytest.mark, k) for k in sorted(b.kinds & {"slow", "gpu", "plots"})]
+        marks = [getattr(pytest.mark, k) for k in sorted(b.kinds & {'slow', 'gpu', 'plots'})]
         params.append(pytest.param(b, id=b.name, marks=marks))
     return params
 
 
-@pytest.mark.parametrize("block", block_params())
+@pytest.mark.parametrize('block', block_params())
 def test_block_runs(block, sandboxes):
     """Each bash/python block of the docs exits 0 (after the earlier blocks of its file)."""
     if not block.runnable:
@@ -266,126 +269,137 @@ def test_block_runs(block, sandboxes):
 # ---------------------------------------------------------------------------------------------
 def test_markers_and_fences_are_well_formed():
     errors = [e for path in doc_files() for e in parse(path)[1]]
-    assert not errors, "\n".join(errors)
+    assert not errors, '\n'.join(errors)
 
 
 def github_anchor(heading):
     """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces → '-'."""
-    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
-    return text.replace(" ", "-")
+    text = re.sub(r'[^\w\- ]', '', heading.strip().lower())
+    return text.replace(' ', '-')
 
 
 def anchors(path):
-    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
-    return {github_anchor(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+    text = re.sub(r'^```.*?^```', '', path.read_text(encoding='utf-8'), flags=re.S | re.M)
+    return {github_anchor(m.group(1)) for m in re.finditer(r'^#+\s+(.*)$', text, re.M)}
 
 
 def broken_links(path):
     """Relative links of a Markdown file whose file or #anchor does not exist."""
-    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    text = re.sub(r'^```.*?^```', '', path.read_text(encoding='utf-8'), flags=re.S | re.M)
     bad = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+://|mailto:", target):
+    for target in re.findall(r'\]\(([^)\s]+)\)', text):
+        if re.match(r'[a-z]+://|mailto:', target):
             continue
-        file, _, anchor = target.partition("#")
+        file, _, anchor = target.partition('#')
         dest = (path.parent / file).resolve() if file else path
         if not dest.exists():
-            bad.append(f"{path.name}: {target} (no such file)")
-        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-            bad.append(f"{path.name}: {target} (no such heading)")
+            bad.append(f'{path.name}: {target} (no such file)')
+        elif anchor and dest.suffix == '.md' and anchor not in anchors(dest):
+            bad.append(f'{path.name}: {target} (no such heading)')
     return bad
 
 
 def test_links_resolve():
     bad = [b for path in doc_files() for b in broken_links(path)]
-    assert not bad, "\n".join(bad)
+    assert not bad, '\n'.join(bad)
 
 
 def outside_references(path):
     """Lines of a Markdown file that cite the contract file kept outside the repository, a commit
     hash or an issue number: the docs must stand on their own."""
     bad = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        where = f"{path.name}:{n}"
-        if "DESIGN.md" in line:
-            bad.append(f"{where}: cites DESIGN.md (the design notes are docs/design.md)")
-        for word in re.findall(r"\b[0-9a-f]{7,40}\b", line):
-            if re.search(r"[a-f]", word) and re.search(r"\d", word):
-                bad.append(f"{where}: looks like a commit hash: {word}")
-        if re.search(r"\bissue\s+#?\d+|(?<![\w&])(?<!UTS )#\d+\b", line, re.I):
-            bad.append(f"{where}: an issue number")
+    for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+        where = f'{path.name}:{n}'
+        if 'DESIGN.md' in line:
+            bad.append(f'{where}: cites DESIGN.md (the design notes are docs/design.md)')
+        for word in re.findall(r'\b[0-9a-f]{7,40}\b', line):
+            if re.search(r'[a-f]', word) and re.search(r'\d', word):
+                bad.append(f'{where}: looks like a commit hash: {word}')
+        if re.search(r'\bissue\s+#?\d+|(?<![\w&])(?<!UTS )#\d+\b', line, re.I):
+            bad.append(f'{where}: an issue number')
     return bad
 
 
 def test_docs_cite_nothing_outside_the_project():
     bad = [b for path in doc_files() for b in outside_references(path)]
-    assert not bad, "\n".join(bad)
+    assert not bad, '\n'.join(bad)
 
 
 def ci_commands_from_readme():
-    """README's <!-- ci --> blocks as .ci/run reads them: one command a line, continuations joined."""
+    """README's <!-- ci --> blocks as .ci/run reads them: a command a line, continuations joined."""
     commands = []
-    for b in parse(ROOT / "README.md")[0]:
+    for b in parse(ROOT / 'README.md')[0]:
         if b.ci:
-            commands += [c.strip() for c in b.code.replace("\\\n", " ").splitlines() if c.strip()]
+            commands += [c.strip() for c in b.code.replace('\\\n', ' ').splitlines() if c.strip()]
     return commands
 
 
 def test_ci_runs_exactly_readmes_marked_commands():
-    ci = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True,
+    ci = subprocess.run(['bash', str(ROOT / '.ci' / 'run'), '--print'], capture_output=True,
                         text=True, timeout=60)
     assert ci.returncode == 0, ci.stderr
     readme = ci_commands_from_readme()
-    assert [" ".join(c.split()) for c in ci.stdout.splitlines()] == \
-        [" ".join(c.split()) for c in readme]
+    assert [' '.join(c.split()) for c in ci.stdout.splitlines()] == \
+        [' '.join(c.split()) for c in readme]
     # The pin comes before requirements.txt (its bare `torch` would pull the CUDA build), and the
     # suite runs as README's Tests section says.
-    first = [c.split("#")[0].split() for c in readme]
-    assert first[0][:3] == ["pip", "install", "torch==2.13.0"], readme
-    assert ["pip", "install", "-r", "requirements.txt"] in first
-    assert ["python", "-m", "pytest", "-q"] in first
-    assert first.index(["pip", "install", "-r", "requirements.txt"]) < \
-        first.index(["python", "-m", "pytest", "-q"])
+    first = [c.split('#')[0].split() for c in readme]
+    assert first[0][:3] == ['pip', 'install', 'torch==2.13.0'], readme
+    assert ['pip', 'install', '-r', 'requirements.txt'] in first
+    assert ['python', '-m', 'pytest', '-q'] in first
+    assert first.index(['pip', 'install', '-r', 'requirements.txt']) < \
+        first.index(['python', '-m', 'pytest', '-q'])
+
+
+def test_every_python_file_keeps_the_one_style():
+    """pyproject.toml's ruff rules (100 columns, single quotes, pyflakes) hold for every file."""
+    if importlib.util.find_spec('ruff') is None:
+        pytest.skip('ruff is not installed (pip install -r requirements.txt)')
+    run = subprocess.run([sys.executable, '-m', 'ruff', 'check', '--no-cache', '--output-format',
+                          'concise', str(ROOT)], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_matplotlib_stays_optional():
     """requirements.txt installs no plotting package: plots are an extra, and tests that need
     matplotlib skip without it."""
-    reqs = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    assert not [r for r in reqs if r.lower().startswith("matplotlib")]
-    assert any(r.lower().startswith("torch") for r in reqs)
+    lines = (ROOT / 'requirements.txt').read_text().splitlines()
+    reqs = [line.split('#')[0].strip() for line in lines]
+    assert not [r for r in reqs if r.lower().startswith('matplotlib')]
+    assert any(r.lower().startswith('torch') for r in reqs)
 
 
 # ---------------------------------------------------------------------------------------------
 # The runner itself, on small documents made to fail
 # ---------------------------------------------------------------------------------------------
 def write_doc(tmp_path, text):
-    path = tmp_path / "doc.md"
-    path.write_text(text, encoding="utf-8")
+    path = tmp_path / 'doc.md'
+    path.write_text(text, encoding='utf-8')
     return path
 
 
 def test_runner_reads_blocks_markers_and_line_numbers(tmp_path):
-    doc = write_doc(tmp_path, "# t\n\n```bash\necho a\n```\n<!-- doctest: skip (network) -->\n"
-                              "```python\nprint(1)\n```\n<!-- doctest: gpu slow -->\n```sh\nx\n```\n"
-                              "<!-- ci -->\n```bash\npip install x\n```\n```text\nout\n```\n")
+    doc = write_doc(tmp_path, '# t\n\n```bash\necho a\n```\n<!-- doctest: skip (network) -->\n'
+                              '```python\nprint(1)\n```\n<!-- doctest: gpu slow -->\n'
+                              '```sh\nx\n```\n'
+                              '<!-- ci -->\n```bash\npip install x\n```\n```text\nout\n```\n')
     blocks, errors = parse(doc)
     assert errors == []
     assert [(b.line, b.lang, b.kinds, b.reason, b.ci) for b in blocks] == [
-        (3, "bash", set(), "", False), (7, "python", {"skip"}, "network", False),
-        (11, "sh", {"gpu", "slow"}, "", False), (15, "bash", set(), "", True),
-        (18, "text", set(), "", False)]
+        (3, 'bash', set(), '', False), (7, 'python', {'skip'}, 'network', False),
+        (11, 'sh', {'gpu', 'slow'}, '', False), (15, 'bash', set(), '', True),
+        (18, 'text', set(), '', False)]
     assert [b.runnable for b in blocks] == [True, False, True, False, False]
-    assert blocks[0].code == "echo a\n"
+    assert blocks[0].code == 'echo a\n'
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("<!-- doctest: skp -->\n```bash\nx\n```\n", "unknown doctest marker"),
-    ("<!-- doctest: skip -->\n```bash\nx\n```\n", "needs a reason"),
-    ("<!-- ci now -->\n```bash\nx\n```\n", "takes nothing"),
-    ("<!-- doctest: slow -->\n\n```bash\nx\n```\n", "right before a fence"),
-    ("```\nx\n```\n", "must name its language"),
-    ("```bash\nx\n", "never closed"),
+@pytest.mark.parametrize('bad, message', [
+    ('<!-- doctest: skp -->\n```bash\nx\n```\n', 'unknown doctest marker'),
+    ('<!-- doctest: skip -->\n```bash\nx\n```\n', 'needs a reason'),
+    ('<!-- ci now -->\n```bash\nx\n```\n', 'takes nothing'),
+    ('<!-- doctest: slow -->\n\n```bash\nx\n```\n', 'right before a fence'),
+    ('```\nx\n```\n', 'must name its language'),
+    ('```bash\nx\n', 'never closed'),
 ])
 def test_runner_rejects_malformed_markers_and_fences(tmp_path, bad, message):
     blocks, errors = parse(write_doc(tmp_path, bad))
@@ -393,92 +407,95 @@ def test_runner_rejects_malformed_markers_and_fences(tmp_path, bad, message):
     assert not any(b.runnable and b.kinds for b in blocks)   # a bad marker never runs its block
 
 
-@pytest.mark.parametrize("code, lang", [
-    ("false\necho this line succeeds\n", "bash"),        # bash -e: an early failure counts
-    ("false | cat\n", "bash"),                           # pipefail: so does one inside a pipe
-    ("python -c 'raise SystemExit(3)'\n", "bash"),       # `python` is this interpreter
-    ("print('before')\nraise ValueError('broken snippet')\n", "python"),
+@pytest.mark.parametrize('code, lang', [
+    ('false\necho this line succeeds\n', 'bash'),        # bash -e: an early failure counts
+    ('false | cat\n', 'bash'),                           # pipefail: so does one inside a pipe
+    ("python -c 'raise SystemExit(3)'\n", 'bash'),       # `python` is this interpreter
+    ("print('before')\nraise ValueError('broken snippet')\n", 'python'),
 ])
 def test_runner_fails_a_broken_block_and_shows_its_output(tmp_path, code, lang):
     repo, env = make_sandbox(tmp_path)
-    block = Block(tmp_path / "doc.md", 7, lang, code)
-    with pytest.raises(BlockFailed, match=r"doc.md:7 .* exited [1-9]") as failed:
+    block = Block(tmp_path / 'doc.md', 7, lang, code)
+    with pytest.raises(BlockFailed, match=r'doc.md:7 .* exited [1-9]') as failed:
         run_block(block, repo, env, timeout=120)
     assert code in str(failed.value)                     # the block itself ...
-    if lang == "python":                                 # ... and its output
-        assert "ValueError: broken snippet" in str(failed.value)
+    if lang == 'python':                                 # ... and its output
+        assert 'ValueError: broken snippet' in str(failed.value)
 
 
 def test_runner_runs_in_a_copy_of_the_repo_beside_shared(tmp_path):
     repo, env = make_sandbox(tmp_path)
-    code = "test -f dynpool.py\ntest ! -e .git\ntouch written-here\npython -c 'import torch, dynpool'\n"
+    code = ('test -f dynpool.py\ntest ! -e .git\ntouch written-here\n'
+            "python -c 'import torch, dynpool'\n")
     if SHARED.is_dir():
-        code += "test -f ../shared/data/text8-head.txt\n"
-    run_block(Block(tmp_path / "doc.md", 1, "bash", code), repo, env, timeout=60)
-    assert (repo / "written-here").exists() and not (ROOT / "written-here").exists()
+        code += 'test -f ../shared/data/text8-head.txt\n'
+    run_block(Block(tmp_path / 'doc.md', 1, 'bash', code), repo, env, timeout=60)
+    assert (repo / 'written-here').exists() and not (ROOT / 'written-here').exists()
 
 
 def test_runner_times_out(tmp_path):
     repo, env = make_sandbox(tmp_path)
-    with pytest.raises(BlockFailed, match="ran past 1 s"):
-        run_block(Block(tmp_path / "doc.md", 1, "bash", "sleep 30\n"), repo, env, timeout=1)
+    with pytest.raises(BlockFailed, match='ran past 1 s'):
+        run_block(Block(tmp_path / 'doc.md', 1, 'bash', 'sleep 30\n'), repo, env, timeout=1)
 
 
 def test_runner_skips_by_marker_and_without_shared():
-    b = Block(ROOT / "README.md", 1, "bash", "cat ../shared/data/text8-head.txt\n")
+    b = Block(ROOT / 'README.md', 1, 'bash', 'cat ../shared/data/text8-head.txt\n')
     assert skip_reason(b, slow=False, cuda=False, shared=True) is None
-    assert "absent" in skip_reason(b, slow=True, cuda=True, shared=False)
-    b.kinds = {"slow"}
-    assert "--slow" in skip_reason(b, slow=False, cuda=False, shared=True)
+    assert 'absent' in skip_reason(b, slow=True, cuda=True, shared=False)
+    b.kinds = {'slow'}
+    assert '--slow' in skip_reason(b, slow=False, cuda=False, shared=True)
     assert skip_reason(b, slow=True, cuda=False, shared=True) is None
-    b.kinds = {"gpu"}
-    assert "CUDA" in skip_reason(b, slow=True, cuda=False, shared=True)
-    b.kinds = {"plots"}
-    assert "matplotlib" in skip_reason(b, slow=True, cuda=True, shared=True, plots=False)
+    b.kinds = {'gpu'}
+    assert 'CUDA' in skip_reason(b, slow=True, cuda=False, shared=True)
+    b.kinds = {'plots'}
+    assert 'matplotlib' in skip_reason(b, slow=True, cuda=True, shared=True, plots=False)
     assert skip_reason(b, slow=True, cuda=True, shared=True, plots=True) is None
 
 
 def test_runner_flags_links_and_outside_references(tmp_path):
     doc = write_doc(tmp_path, "# Title here\n[a](#title-here) [b](#nowhere) [c](missing.md)\n"
-                              "[d](https://example.org/x)\nsee DESIGN.md, commit fb28fa8, issue 14, #7\n"
+                              '[d](https://example.org/x)\n'
+                              'see DESIGN.md, commit fb28fa8, issue 14, #7\n'
                               "2.93e13 FLOPs, 2,048,000 chars, step 1000, Unicode's UTS #39\n")
-    assert broken_links(doc) == ["doc.md: #nowhere (no such heading)",
-                                 "doc.md: missing.md (no such file)"]
-    assert github_anchor("H-Net's chunking (`--boundary hnet`)") == "h-nets-chunking---boundary-hnet"
-    assert [b.split(": ", 1)[1] for b in outside_references(doc)] == [
-        "cites DESIGN.md (the design notes are docs/design.md)",
-        "looks like a commit hash: fb28fa8", "an issue number"]
+    assert broken_links(doc) == ['doc.md: #nowhere (no such heading)',
+                                 'doc.md: missing.md (no such file)']
+    anchor = github_anchor("H-Net's chunking (`--boundary hnet`)")
+    assert anchor == 'h-nets-chunking---boundary-hnet'
+    assert [b.split(': ', 1)[1] for b in outside_references(doc)] == [
+        'cites DESIGN.md (the design notes are docs/design.md)',
+        'looks like a commit hash: fb28fa8', 'an issue number']
 
 
 def test_runner_runs_earlier_blocks_first_and_stops_after_a_failure(tmp_path, tmp_path_factory):
-    doc = write_doc(tmp_path, "```bash\ntouch made-by-first\n```\n```bash\ntest -f made-by-first\n"
-                              "```\n```bash\nfalse\n```\n```bash\necho after\n```\n")
+    doc = write_doc(tmp_path, '```bash\ntouch made-by-first\n```\n```bash\ntest -f made-by-first\n'
+                              '```\n```bash\nfalse\n```\n```bash\necho after\n```\n')
     blocks, boxes = parse(doc)[0], Sandboxes(tmp_path_factory, slow=False)
     boxes.run(blocks[1])                       # runs the first block before it
-    with pytest.raises(pytest.fail.Exception, match="exited 1"):
+    with pytest.raises(pytest.fail.Exception, match='exited 1'):
         boxes.run(blocks[2])
-    with pytest.raises(pytest.fail.Exception, match="an earlier block of this file failed"):
+    with pytest.raises(pytest.fail.Exception, match='an earlier block of this file failed'):
         boxes.run(blocks[3])
 
 
 @pytest.mark.slow   # makes two virtual environments
 def test_ci_reports_failures_tolerates_empty_selections_and_stops_on_setup(tmp_path):
     def ci(commands):
-        repo = tmp_path / f"repo{len(list(tmp_path.iterdir()))}"
-        (repo / ".ci").mkdir(parents=True)
-        shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
-        (repo / "README.md").write_text("<!-- ci -->\n```bash\n" + "\n".join(commands) + "\n```\n")
-        return subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True,
+        repo = tmp_path / f'repo{len(list(tmp_path.iterdir()))}'
+        (repo / '.ci').mkdir(parents=True)
+        shutil.copy(ROOT / '.ci' / 'run', repo / '.ci' / 'run')
+        (repo / 'README.md').write_text('<!-- ci -->\n```bash\n' + '\n'.join(commands) + '\n```\n')
+        return subprocess.run(['bash', str(repo / '.ci' / 'run')], capture_output=True, text=True,
                               timeout=600, env={k: v for k, v in os.environ.items()
-                                                if not k.startswith(("VIRTUAL_ENV", "PYTHON"))})
+                                                if not k.startswith(('VIRTUAL_ENV', 'PYTHON'))})
     p = ci(["python -c 'import sys; assert sys.prefix != sys.base_prefix'",   # a fresh venv
             "python -c 'raise SystemExit(5)' pytest -m plots",     # exit 5 of a -m selection
             "python -c 'raise SystemExit(5)' pytest",              # exit 5 without -m: a failure
-            "echo still-runs"])
+            'echo still-runs'])
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
-    assert "[1] ok" in out and "[2] no tests selected" in out and "[3] FAILED (exit 5)" in out
-    assert "still-runs" in out and "1 of README's CI commands failed" in out
-    p = ci(["pip install ./no-such-package", "echo never"])
-    assert p.returncode == 1 and "set-up command [1] failed; stopping" in p.stderr
-    assert "never" not in p.stdout
+    assert '[1] ok' in out and '[2] no tests selected' in out and '[3] FAILED (exit 5)' in out
+    assert 'still-runs' in out and "1 of README's CI commands failed" in out
+    p = ci(['pip install ./no-such-package', 'echo never'])
+    assert p.returncode == 1 and 'set-up command [1] failed; stopping' in p.stderr
+    assert 'never' not in p.stdout
