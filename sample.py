@@ -1,5 +1,5 @@
 """
-Generate text from a dynpool checkpoint and show the segments the model chose.
+Generate text from a dynpool checkpoint and show the segments the model chose (docs/generation.md).
 
     python sample.py --ckpt out/text8-whitespace --prompt "The History of" --chars 500 \\
         --temperature 0.8 --top-k 20 --seed 1 --show-segments
@@ -7,124 +7,108 @@ Generate text from a dynpool checkpoint and show the segments the model chose.
     python sample.py --ckpt out/text8-entropy --greedy --num-samples 3 --device cuda
     python sample.py --ckpt out/text8-entropy --chars 120 --entropy-plot fig2.png
     python sample.py --ckpt out/text8-entropy --chars 120 --entropy-trace > trace.tsv
-
-What is printed:
-- the prompt followed by its continuation, one sample after another (a line of dashes between);
-- with --show-segments, a separator (`|`) after every character that closes a segment (the
-  model's b_t = 1) and `»` where the prompt ends; deleting both gives back the text. With --color
-  on a terminal, segments alternate in colour instead. On stderr, per sample: characters,
-  segments closed and the shortening factor. Vanilla checkpoints have no segments.
-- with --entropy-trace [FILE], a TSV (pos, char, entropy_bits, boundary, spike) in place of the
-  text, or to FILE. entropy_bits at t is the entropy of the model's next-character distribution
-  after reading 0..t (temperature 1, no top-k): the paper's H_t (§3.2). spike is the entropy-spike
-  rule on that trace, b_t = 1 iff H_t > H_i for the k previous positions (dynpool.entropy_spikes;
-  k = --spike-window, default the checkpoint's entropy_window), for any model; boundary is where
-  the model itself pools (empty for vanilla).
-- with --entropy-plot FILE.png, the paper's Figure 2 for the first sample: the entropy per
-  character, the spike rule's boundaries and, in a row of their own, the model's (matplotlib).
-
-The prompt is cleaned as the training text was (cleaning.clean with the checkpoint's language:
-from its record, else from its alphabet), and one stderr line shows any change; characters still
-outside the alphabet are refused in one line; an empty prompt starts from a single space.
-
---ckpt is train.py's ckpt.pt or its run folder, loaded safely (weights_only; --trust-ckpt for any
-pickle). Sampling is reproducible for a given --seed, device and torch version. Errors are one
-`error: ...` line on stderr (common.main): exit 2 for a bad flag, 1 otherwise, 130 on Ctrl-C;
-files are written whole or not at all.
 """
-
 import argparse
 import json
 import math
 import os
 import sys
-from typing import NamedTuple
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 import common
 import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
-from cleaning import LANGS, TEXT8_ALPHABET, clean
-from common import UserError, import_pyplot, int_range, nonblank, write_atomic
-from dynpool import entropy_spikes
 from checkpoint import load_checkpoint
+from cleaning import LANGS, TEXT8_ALPHABET, clean
+from common import UserError, import_pyplot, nonblank, write_atomic
+from dynpool import entropy_spikes
 from runtime import pick_device
 
 ANSI_SEGMENT_COLOURS = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m')
 ANSI_RESET = '\033[0m'
+TSV_COLUMNS = ('pos', 'char', 'entropy_bits', 'boundary', 'spike')
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
 
 
-# ----------------------------------------------------------------------------- text ↔ token ids
-def prompt_cleaning(vocab):
-    """(language, fold_accents, where that was read) of the training text's cleaning: the
-    checkpoint's record, else the language whose alphabet it is ('\n', ' ' and the letters;
-    text8's ' ' and a-z); language None if none."""
-    rec = vocab.get('cleaning')
-    if isinstance(rec, dict) and rec.get('lang') in LANGS:
-        return rec['lang'], bool(rec.get('fold_accents')), 'recorded in the checkpoint'
-    alphabet = set(vocab['alphabet'])
-    if alphabet == set(TEXT8_ALPHABET):
-        return 'en', False, "text8's alphabet"
-    for lang, spec in LANGS.items():
-        if alphabet == {'\n', ' '} | set(spec['letters']):
-            return lang, False, f'the {lang} alphabet'
-    return None, False, 'an alphabet of no language prepare_data.py knows'
-
-
+# ----------------------------------------------------------------------------- the prompt
 def clean_prompt(text, vocab):
-    """The prompt as the training text was cleaned → (cleaned text, how, in words). Line breaks
-    become spaces where the alphabet has none; a trailing space or line break is kept (the
-    continuation starts a new word), which prepare_data's line-end stripping would drop."""
-    alphabet = vocab['alphabet']
-    lang, fold, source = prompt_cleaning(vocab)
-    if lang is None:   # only what is safe for any alphabet: lower case where it has no upper case
-        lowered = text.lower() if not any(c != c.lower() for c in alphabet) else text
-        return lowered, f'lower-cased only: {source}'
+    """The prompt cleaned as the training text was → (text, how, in words): cleaning.clean with
+    the checkpoint's recorded language, else the language whose alphabet it has ('\n', ' ' and
+    the letters; text8's ' ' and a-z); for an alphabet of no language, lower case only (where it
+    has none). Line breaks become spaces where the alphabet has none; a trailing space or line
+    break is kept (the continuation starts a new word)."""
+    alphabet, rec = vocab['alphabet'], vocab.get('cleaning')
+    known = [('en', set(TEXT8_ALPHABET), "text8's alphabet")] + [
+        (lang, {'\n', ' '} | set(spec['letters']), f'the {lang} alphabet')
+        for lang, spec in LANGS.items()]
+    lang, fold, source = next(((lang, False, source) for lang, letters, source in known
+                               if set(alphabet) == letters), (None, False, None))
+    if isinstance(rec, dict) and rec.get('lang') in LANGS:
+        lang, fold = rec['lang'], bool(rec.get('fold_accents'))
+        source = 'recorded in the checkpoint'
+    if lang is None:
+        lowered = text if any(c != c.lower() for c in alphabet) else text.lower()
+        return lowered, 'lower-cased only: an alphabet of no language prepare_data.py knows'
     out = clean(text, lang, fold)
     if '\n' not in alphabet:
         out = ' '.join(out.split())
     tail = text[len(text.rstrip()):]
     if out and tail:
         out += '\n' if '\n' in tail and '\n' in alphabet else ' '
-    return out, f'prepare_data.clean, {lang}' + (', accents folded' if fold else '') + \
-        f', from {source}'
+    return out, f'cleaning.clean, {lang}' + ', accents folded' * fold + f', from {source}'
 
 
-def encode(text, alphabet):
-    """Prompt → token ids; characters outside the alphabet raise UserError naming each once."""
-    index = {c: i for i, c in enumerate(alphabet)}
+def prompt_ids(prompt, vocab):
+    """The cleaned prompt (one stderr line where cleaning changed it) → ids; characters still
+    outside the alphabet are one UserError naming each; an empty prompt is a single space."""
+    text, how = clean_prompt(prompt, vocab)
+    if text != prompt:
+        print(f'prompt cleaned ({how}): {json.dumps(prompt, ensure_ascii=False)} -> '
+              f'{json.dumps(text, ensure_ascii=False)}', file=sys.stderr)
+    index = {c: i for i, c in enumerate(vocab['alphabet'])}
     bad = sorted({c for c in text if c not in index})
     if bad:
         raise UserError(f"the prompt has characters outside the checkpoint's alphabet: "
-                        f"{', '.join(repr(c) for c in bad)} (alphabet: {''.join(alphabet)!r})")
-    return [index[c] for c in text]
+                        f"{', '.join(map(repr, bad))} (alphabet: {''.join(index)!r})")
+    return [index[c] for c in text] or [vocab.get('space_id') or 0]
 
 
 # ----------------------------------------------------------------------------- generation
-def entropy_bits(logits):
-    """Entropy in bits of softmax(logits) over the last dimension."""
-    logp = F.log_softmax(logits.float(), -1)
-    return -(logp.exp() * logp).sum(-1) / math.log(2)
-
-
 @torch.no_grad()
-def sample(model, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-    """Continue x [B, L] by n tokens with dynpool's cached generation (DynamicPoolingLM.steps),
-    the same tokens as model.generate for the same generator, and what the model did on the way:
-      tokens      [B, L+n] int64, the prompt then the continuation
-      boundaries  [B, L+n] bool, b_t = 1 where token t closed a segment (None for vanilla)
-      entropy     [B, L+n] float, bits, of the next-token distribution after token t (temperature 1)
-    n_valid: ids >= n_valid (vocabulary padding beyond the alphabet) are never sampled."""
-    model.eval()
-    tokens, boundaries, entropy = [], [], []
-    for step in model.steps(x, n, temperature, top_k, greedy, generator, n_valid):
-        tokens.append(step.tokens)
-        boundaries.append(step.boundaries)
-        entropy.append(entropy_bits(step.logits))
-    b = None if boundaries[0] is None else torch.cat(boundaries, 1)
-    return torch.cat(tokens, 1), b, torch.cat(entropy, 1)
+def generate(args, model, ids, ckpt):
+    """args.num_samples continuations of `ids` by model.steps (model.generate's tokens for the same
+    generator) → lists per sample, by position t: texts; entropy, the paper's H_t (§3.2) in bits
+    after t (temperature 1, no top-k); spikes, b_t = 1 iff H_t > H_i for the k previous positions
+    (k: --spike-window, default the checkpoint's entropy_window); boundaries, the model's own b_t
+    (None for vanilla)."""
+    alphabet = ckpt['vocab']['alphabet']
+    x = torch.tensor([ids], device=args.device).repeat(args.num_samples, 1)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    damaged = UserError(f"the model's predictions are not finite (NaN or inf): checkpoint "
+                        f"{ckpt['path']} holds damaged weights")
+    tokens, b, entropy = [], [], []
+    try:
+        for step in model.eval().steps(x, args.chars, args.temperature, args.top_k,
+                                       args.greedy or args.temperature == 0, gen, len(alphabet)):
+            logp = F.log_softmax(step.logits.float(), -1)
+            tokens.append(step.tokens)
+            b.append(step.boundaries)
+            entropy.append(-(logp.exp() * logp).sum(-1) / math.log(2))
+    except RuntimeError as e:   # sampling from NaN probabilities (greedy's show in the entropy)
+        if 'probability tensor' in str(e):
+            raise damaged from None
+        raise
+    entropy = torch.cat(entropy, 1)
+    if not torch.isfinite(entropy).all():
+        raise damaged
+    k = args.spike_window or model.cfg.entropy_window
+    texts = [''.join(alphabet[i] for i in row) for row in torch.cat(tokens, 1).tolist()]
+    return SimpleNamespace(texts=texts, entropy=entropy.tolist(), k=k,
+                           spikes=entropy_spikes(entropy, k).tolist(),
+                           boundaries=None if b[0] is None else torch.cat(b, 1).tolist())
 
 
 # ----------------------------------------------------------------------------- display
@@ -161,21 +145,11 @@ def tsv_char(c):
     return {'\t': '\\t', '\n': '\\n', '\r': '\\r', '\\': '\\\\'}.get(c, c)
 
 
-def entropy_trace(text, entropy, spikes, boundaries):
-    """TSV lines: pos, char, entropy_bits, boundary (the model's 0/1; empty for vanilla), spike
-    (the entropy-spike rule's 0/1)."""
-    lines = ['pos\tchar\tentropy_bits\tboundary\tspike']
-    for t, (c, h, s) in enumerate(zip(text, entropy, spikes)):
-        b = '' if boundaries is None else int(boundaries[t])
-        lines.append(f'{t}\t{tsv_char(c)}\t{h:.4f}\t{b}\t{int(s)}')
-    return '\n'.join(lines) + '\n'
-
-
 def entropy_figure(text, entropy, spikes, boundaries, k, title='', per_row=80, prompt_len=0):
-    """The paper's Figure 2: next-character entropy (bits) per character along the text; a red
-    dashed line after every character where the spike rule (window k) closes a segment, and the
-    model's own segment ends as a row of green marks at the top (boundaries None: vanilla, none);
-    the prompt shaded grey. → the matplotlib Figure, one row of axes per `per_row` characters."""
+    """The paper's Figure 2 → a matplotlib Figure, one row of axes per `per_row` characters: the
+    next-character entropy (bits) per character, a red dashed line after each spike of the rule
+    (window k), the model's segment ends as green marks at the top (none for vanilla), the prompt
+    shaded grey."""
     plt = import_pyplot('--entropy-plot')
     n_rows = max(1, math.ceil(len(text) / per_row))
     top = max(1e-3, max(entropy)) * 1.2            # room above the curve for the model's row
@@ -197,8 +171,7 @@ def entropy_figure(text, entropy, spikes, boundaries, k, title='', per_row=80, p
         ax.set_xticklabels(['␣' if c == ' ' else tsv_char(c) for c in text[lo:hi]], fontsize=7,
                            family='monospace')
         ax.tick_params(axis='x', length=0)
-        ax.set(xlim=(lo - 0.5, lo + per_row - 0.5), ylim=(0, top))
-        ax.set_ylabel('bits', fontsize=8)
+        ax.set(xlim=(lo - 0.5, lo + per_row - 0.5), ylim=(0, top), ylabel='bits')
     axes[0, 0].set_title(title + ('  (grey: prompt)' if prompt_len else ''), fontsize=9)
     axes[0, 0].legend(loc='lower right', fontsize=7, ncol=3, bbox_to_anchor=(1, 1.02),
                       frameon=False)
@@ -210,133 +183,56 @@ def entropy_figure(text, entropy, spikes, boundaries, k, title='', per_row=80, p
 def one_line(s):
     """Argument type: a non-empty mark that keeps the output's lines whole."""
     if not s or '\n' in s or '\r' in s:
-        raise argparse.ArgumentTypeError(f'must be one or more characters without a line '
-                                         f'break, got {s!r}')
+        raise argparse.ArgumentTypeError(f'must be characters without a line break, got {s!r}')
     return s
 
 
 def parse_args(argv=None):
-    p = common.Parser(prog='sample.py', description='Generate text from a dynpool checkpoint and '
-                      'show the segments it used.')
+    p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0].strip())
     add = p.add_argument
-    add('--ckpt', required=True, type=nonblank,
-        help="train.py's checkpoint, out/<dataset>-<boundary>/ckpt.pt, or its run folder")
-    add('--prompt', default='', help='text to continue, cleaned as the training text was; '
-        'empty = a single space')
+    add('--ckpt', required=True, type=nonblank, help="train.py's ckpt.pt or its run folder")
+    add('--prompt', default='', help='text to continue (cleaned; empty: a single space)')
     add('--chars', type=common.non_negative_int, default=500, help='characters to generate (500)')
-    add('--num-samples', type=common.positive_int, default=1,
-        help='independent samples, generated as one batch (1)')
+    add('--num-samples', type=common.positive_int, default=1, help='samples, as one batch (1)')
     add('--temperature', type=common.non_negative_float, default=0.8,
         help='softmax temperature of sampling (0.8); 0 means greedy')
-    add('--top-k', type=common.positive_int, default=None,
-        help='sample only among the k most likely characters (default: all)')
+    add('--top-k', type=common.positive_int, help='sample among the k most likely characters')
     add('--greedy', action='store_true', help='always take the most likely character (argmax)')
     add('--seed', type=common.seed_int, default=1337, help='same seed, same output (1337)')
-    add('--device', default=None, help='cpu, cuda, cuda:N, mps (default: cuda if available)')
+    add('--device', help='cpu, cuda, cuda:N, mps (default: cuda if available)')
     add('--show-segments', action='store_true', help=f'SEP after each character that closes a '
         f'segment, {PROMPT_MARK} where the prompt ends; segment counts on stderr')
     add('--separator', type=one_line, default='|', help='the mark of --show-segments (|)')
-    add('--color', '--colour', action='store_true',
-        help='with --show-segments on a terminal, alternate colours per segment')
-    add('--entropy-trace', type=nonblank, nargs='?', const='-', default=None, metavar='FILE',
-        help='TSV of pos, char, entropy (bits), boundary, spike: to stdout in place of the text, '
-             'or to FILE')
-    add('--entropy-plot', type=nonblank, default=None, metavar='FILE.png',
+    add('--color', '--colour', action='store_true', help='--show-segments in colours (terminal)')
+    add('--entropy-trace', type=nonblank, nargs='?', const='-', metavar='FILE', help='TSV of pos, '
+        'char, entropy (bits), boundary, spike: to stdout in place of the text, or to FILE')
+    add('--entropy-plot', type=nonblank, metavar='FILE.png',
         help="the paper's Figure 2 for the first sample: entropy, spikes, the model's boundaries")
-    add('--spike-window', type=common.positive_int, default=None, metavar='K',
-        help="k of the entropy-spike rule in the trace and plot (default: the checkpoint's "
-             "entropy_window)")
-    add('--threads', type=int_range(1, os.cpu_count() or 1), default=1,
+    add('--spike-window', type=common.positive_int, metavar='K',
+        help="k of the entropy-spike rule (default: the checkpoint's entropy_window)")
+    add('--threads', type=common.int_range(1, os.cpu_count() or 1), default=1,
         help='CPU threads for torch (1): decoding one character at a time is latency-bound')
     add('--trust-ckpt', action='store_true',
         help='load checkpoints holding arbitrary pickled Python objects (files you trust only)')
     args = p.parse_args(argv)
-    try:
-        args.device = pick_device(args.device)
-    except UserError as e:
-        p.error(str(e))
     if args.entropy_plot == '-':
         p.error('argument --entropy-plot: a plot is written to a file, not to stdout (-)')
     if args.entropy_plot is not None and args.entropy_plot == args.entropy_trace:
         p.error(f'--entropy-trace and --entropy-plot name the same file {args.entropy_plot}')
+    try:
+        args.device = pick_device(args.device)
+    except UserError as e:   # a device this machine lacks is a flag mistake too: exit 2
+        p.error(str(e))
     return args
 
 
 # ----------------------------------------------------------------------------- run
-def plot_format(path):
-    """--entropy-plot's image format (its extension; png without one), checked before anything
-    is generated."""
-    import_pyplot('--entropy-plot')
-    from matplotlib.backend_bases import FigureCanvasBase
-    fmt, known = os.path.splitext(path)[1][1:].lower() or 'png', \
-        FigureCanvasBase.get_supported_filetypes()
-    if fmt not in known:
-        raise UserError(f'--entropy-plot {path}: matplotlib writes no .{fmt} files; use one of '
-                        f'{", ".join(sorted(known))}')
-    return fmt
-
-
-def read_model(args):
-    """--ckpt → (model on args.device, checkpoint dict)."""
-    try:
-        return load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
-    except UserError as e:   # name the flag that lifts the one refusal
-        raise UserError(f'{e} (--trust-ckpt)' if 'safe loading' in str(e) else str(e)) from None
-
-
-def prompt_ids(prompt, vocab):
-    """The prompt cleaned as the training text was (one stderr line where that changed it) →
-    ids."""
-    text, how = clean_prompt(prompt, vocab)
-    if text != prompt:
-        print(f'prompt cleaned ({how}): {json.dumps(prompt, ensure_ascii=False)} -> '
-              f'{json.dumps(text, ensure_ascii=False)}', file=sys.stderr)
-    return encode(text, list(vocab['alphabet'])) or [vocab.get('space_id') or 0]
-
-
-class Samples(NamedTuple):
-    """What was generated: a list per sample, indexed by position t."""
-    texts: list        # str: the prompt, then the continuation
-    entropy: list      # float: H_t, bits
-    spikes: list       # bool: the entropy-spike rule on H (dynpool.entropy_spikes, window k)
-    boundaries: list   # bool: the model's own b_t; None for vanilla
-    k: int
-
-
-def generate(args, model, ids, ckpt):
-    """args.num_samples continuations of the prompt ids → Samples."""
-    alphabet = list(ckpt['vocab']['alphabet'])
-    x = torch.tensor([ids], dtype=torch.long, device=args.device).repeat(args.num_samples, 1)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator(device=args.device).manual_seed(args.seed)
-    entropy = None
-    try:
-        tokens, b, entropy = sample(model, x, args.chars, args.temperature, args.top_k,
-                                    args.greedy or args.temperature == 0, gen, len(alphabet))
-    except RuntimeError as e:   # sampling from NaN probabilities; greedy's show in the entropy
-        if 'probability tensor' not in str(e):
-            raise
-    if entropy is None or not torch.isfinite(entropy).all():
-        raise UserError(f"the model's predictions are not finite (NaN or inf): checkpoint "
-                        f"{ckpt['path']} holds damaged weights")
-    k = args.spike_window or model.cfg.entropy_window
-    return Samples([''.join(alphabet[i] for i in row) for row in tokens.tolist()],
-                   entropy.tolist(), entropy_spikes(entropy, k).tolist(),
-                   None if b is None else b.tolist(), k)
-
-
-def print_samples(args, out, prompt_len, alphabet):
+def print_samples(args, texts, boundaries, prompt_len):
     """The samples on stdout (segments marked with --show-segments), their counts on stderr."""
-    colour = args.color and sys.stdout.isatty()
-    texts, boundaries = out.texts, out.boundaries
+    colour = args.color and sys.stdout.isatty()   # a file or pipe gets the separators
     if args.show_segments and boundaries is None:
         print("note: this checkpoint is vanilla (boundary 'none'): it has no segments to show",
               file=sys.stderr)
-    for what, mark in (('separator', args.separator), ('prompt mark', PROMPT_MARK)):
-        if args.show_segments and not colour and any(c in alphabet for c in mark):
-            print(f'note: the {what} {mark!r} is in the alphabet'
-                  + ('; pick another with --separator' if what == 'separator' else ''),
-                  file=sys.stderr)
     for i, text in enumerate(texts):
         if i:
             sys.stdout.write('-' * 40 + '\n')
@@ -350,29 +246,46 @@ def print_samples(args, out, prompt_len, alphabet):
                   + segment_summary(text, b, prompt_len), file=sys.stderr)
 
 
+def plot_format(path):
+    """--entropy-plot's image format (its extension; png without one), checked before generating."""
+    import_pyplot('--entropy-plot')
+    from matplotlib.backend_bases import FigureCanvasBase
+    fmt, known = os.path.splitext(path)[1][1:].lower() or 'png', \
+        FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise UserError(f'--entropy-plot {path}: matplotlib writes no .{fmt} files; use one of '
+                        f'{", ".join(sorted(known))}')
+    return fmt
+
+
 def run(args):
     fmt = plot_format(args.entropy_plot) if args.entropy_plot else None
     torch.set_num_threads(args.threads)
-    model, ckpt = read_model(args)
+    try:
+        model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
+    except UserError as e:   # name the flag that lifts the one refusal
+        raise UserError(f'{e} (--trust-ckpt)' if 'safe loading' in str(e) else str(e)) from None
     ids = prompt_ids(args.prompt, ckpt['vocab'])
     out = generate(args, model, ids, ckpt)
     texts, b = out.texts, out.boundaries
-    if args.entropy_trace is not None:
-        tsv = ''.join((f'# sample {i}\n' if len(texts) > 1 else '') + entropy_trace(
-            t, out.entropy[i], out.spikes[i], None if b is None else b[i])
-            for i, t in enumerate(texts))
+    if args.entropy_trace is not None:   # per sample: pos, char, H_t, the model's b_t, spike
+        lines = []
+        for i, text in enumerate(texts):
+            lines += [f'# sample {i}'] * (len(texts) > 1) + ['\t'.join(TSV_COLUMNS)]
+            lines += [f'{t}\t{tsv_char(c)}\t{out.entropy[i][t]:.4f}\t'
+                      f'{"" if b is None else int(b[i][t])}\t{int(out.spikes[i][t])}'
+                      for t, c in enumerate(text)]
         if args.entropy_trace == '-':
-            sys.stdout.write(tsv)
+            print('\n'.join(lines))
         else:
-            write_atomic(args.entropy_trace, tsv)
+            write_atomic(args.entropy_trace, '\n'.join(lines) + '\n')
     if args.entropy_trace != '-':
-        print_samples(args, out, len(ids), ckpt['vocab']['alphabet'])
+        print_samples(args, texts, b, len(ids))
     if args.entropy_plot:
         run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
-        fig = entropy_figure(texts[0], out.entropy[0], out.spikes[0],
-                             None if b is None else b[0], out.k, prompt_len=len(ids),
-                             title=f'{run_name}: boundary={model.cfg.boundary}, '
-                                   f'next-character entropy')
+        fig = entropy_figure(texts[0], out.entropy[0], out.spikes[0], None if b is None else b[0],
+                             out.k, prompt_len=len(ids), title=f'{run_name}: boundary='
+                             f'{model.cfg.boundary}, next-character entropy')
         try:
             write_atomic(args.entropy_plot, lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
         finally:

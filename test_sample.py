@@ -166,7 +166,7 @@ def test_sample_cli_cleans_the_prompt_and_says_how(ckpts, capsys):
     assert rc == 0, err
     assert out.startswith('hello world four two') and len(out) == len('hello world four two') + 6
     assert err.count('\n') == 1
-    assert err.startswith('prompt cleaned (prepare_data.clean, en, from text8')
+    assert err.startswith('prompt cleaned (cleaning.clean, en, from text8')
     assert err.rstrip('\n').endswith('"Hello, World 42!" -> "hello world four two"')
     rc, out, err = _main(['--ckpt', ckpts['whitespace'], '--prompt', 'the cat ', '--chars', 5],
                          capsys)
@@ -180,7 +180,7 @@ def test_sample_cli_cleans_a_finnish_prompt(tmp_path, capsys):
     rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'Äiti 5', '--chars', 3, '--show-segments'],
                          capsys)
     assert rc == 0, err
-    assert out.startswith('äiti |viisi' + sample.PROMPT_MARK) and 'prepare_data.clean, fi' in err
+    assert out.startswith('äiti |viisi' + sample.PROMPT_MARK) and 'cleaning.clean, fi' in err
 
 
 def test_sample_cli_characters_outside_an_unknown_alphabet_are_one_line_error(tmp_path, capsys):
@@ -608,7 +608,7 @@ def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(ckpts, tmp_path
     monkeypatch.setattr(sample, 'plot_format', lambda path: 'png')
     monkeypatch.setattr(sample, 'import_pyplot', lambda flag: type('plt', (), {'close': print}))
     with monkeypatch.context() as m:
-        m.setattr(sample, 'sample', ctrl_c)
+        m.setattr(sample, 'generate', ctrl_c)
         rc, out, err = main(argv)
     assert rc == 130 and out == '' and _one_error_line(err) and 'interrupted' in err, err
     assert os.listdir(tmp_path) == []
@@ -757,7 +757,7 @@ def test_sample_fuzz_keeps_the_contract(ckpts, data, capsys, monkeypatch):
                 argv += [flag, outputs[flag]]
         argv += data.draw(st.lists(st.sampled_from(_SWITCHES), unique=True, max_size=3))
         if data.draw(st.integers(0, 9), label='Ctrl-C') == 0:
-            monkeypatch.setattr(sample, 'sample', _ctrl_c)
+            monkeypatch.setattr(sample, 'generate', _ctrl_c)
         try:
             rc, out, err = _main(argv, capsys)
         finally:
