@@ -41,8 +41,8 @@ def write_sealed(f, data):
 
 
 def verify_checksum(path):
-    """True where the file's checksum matches its content, False for a checkpoint without one
-    (torch.save's own archive, written before checkpoints carried one); UserError otherwise."""
+    """True where the checksum matches the content, False for torch.save's archive without one
+    (written before checkpoints carried one); UserError otherwise."""
     with open(path, 'rb') as f:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - 22 - _SEAL))
@@ -64,8 +64,8 @@ def verify_checksum(path):
 
 
 def non_finite_tensor(obj, name=''):
-    """The name of the first floating tensor in obj (nested dicts, lists, tuples) that holds NaN
-    or inf, e.g. 'model.lm_head.weight' or 'optimizer.state.3.exp_avg'; None if all are finite."""
+    """The name of the first tensor in obj (nested dicts, lists, tuples) that holds NaN or inf,
+    e.g. 'optimizer.state.3.exp_avg'; None if all are finite."""
     if isinstance(obj, torch.Tensor):
         plain = not (obj.is_floating_point() or obj.is_complex())
         return None if plain or bool(torch.isfinite(obj).all()) else name
@@ -105,12 +105,11 @@ def _is(*types, **keys):
 
 # A checkpoint's fields and what each must be where present: {field: (rule, what it must be)}.
 COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_number, 'a number >= 0')
+NUMBER_OR_NULL = (lambda v: v is None or is_number(v), 'a number >= 0 or null')
 FIELDS = dict(
     step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER, budget_flops=NUMBER,
-    train_flops=(lambda v: v is None or is_number(v), 'a number >= 0 or null'),
-    warmup_flops=(lambda v: v is None or is_number(v), 'a number >= 0 or null'),
+    train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_is(dict), 'a dict'),
     args=(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), 'a dict of flags'),
-    schedule=(_is(dict), 'a dict'), scaler=(_is(dict), 'a dict (the GradScaler state)'),
     optimizer=(_is(dict, state=dict, param_groups=list), 'a dict with state and param_groups'),
     rng=(lambda v: isinstance(v, dict) and _rng(v), 'a dict of torch, cuda, numpy, python states'),
     model=(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(
@@ -120,15 +119,23 @@ FIELDS = dict(
     dataset=(_is(dict, fingerprint=str), 'a dict with the fingerprint of the data'))
 
 
-def _torch_load(path, trust):
-    """torch.load, safe (tensors, containers and numpy's RNG state only) unless `trust`."""
+def read_checkpoint(path, trust=False):
+    """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
+    verified, loaded safely (tensors, containers, numpy's RNG state; trust=True: any pickle, only
+    for files you trust), every field checked, weights and optimizer state finite; one UserError
+    line for every way it can be wrong. One from before checksums loads with a warning (rank 0)."""
+    path = Path(path)
+    path = path / 'ckpt.pt' if path.is_dir() else path
+    if not path.is_file():  # (a probe: opening a FIFO would hang)
+        raise UserError(f'no checkpoint at {path}')
+    verified = verify_checksum(path)
     core = getattr(np, '_core', None) or np.core  # numpy 2 / numpy 1
     numpy_rng = [core.multiarray._reconstruct, np.ndarray, np.dtype] + [
         type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64,
                                     np.float32, np.float64, np.bool_)]
     try:
         with torch.serialization.safe_globals(numpy_rng):
-            return torch.load(path, map_location='cpu', weights_only=not trust)
+            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, TypeError, KeyError, IndexError, RecursionError) as e:
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
@@ -138,19 +145,6 @@ def _torch_load(path, trust):
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split('. ')[0]
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
                         f'{why}'[:300]) from None
-
-
-def read_checkpoint(path, trust=False):
-    """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified, every field checked, weights and optimizer state finite; one UserError line for
-    every way it can be wrong. One from before checksums loads with a one-line warning (rank 0).
-    trust=True also unpickles arbitrary Python objects (only for files you trust)."""
-    path = Path(path)
-    path = path / 'ckpt.pt' if path.is_dir() else path
-    if not path.is_file():  # (a probe: opening a FIFO would hang)
-        raise UserError(f'no checkpoint at {path}')
-    verified = verify_checksum(path)
-    ckpt = _torch_load(path, trust)
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
         raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by train.py')
     for k, (ok, rule) in FIELDS.items():
@@ -177,22 +171,18 @@ def load_weights(model, state, path):
     """A (possibly compiled or DDP) state dict into model; UserError where they do not fit."""
     state = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v for k, v in state.items()}
     try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shapes that disagree with the config
-        lines = str(e).splitlines() or ['']
-        detail = next((ln.strip() for ln in lines if 'size mismatch' in ln), lines[0])
-        raise UserError(f'checkpoint {path}: the weights do not fit its config: {detail}') from None
-    wrong = [f'{what} {", ".join(keys[:4])}{" ..." if len(keys) > 4 else ""}' for what, keys in
-             (('missing', result.missing_keys), ('unexpected', result.unexpected_keys)) if keys]
-    if wrong:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # missing, unexpected or other-shaped weights: the first kind named
+        why = (str(e).splitlines() + [''])[1].strip()
         raise UserError(f'checkpoint {path}: the weights do not fit its config (boundary='
-                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {"; ".join(wrong)}')
+                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {why}'[:300]
+                        ) from None
     return model
 
 
 def load_checkpoint(path, device='cpu', trust=False):
-    """train.py's checkpoint → (model in eval mode on device, checkpoint dict); the dict's 'vocab'
-    holds 'alphabet' (index = token id) and 'space_id'. Raises UserError with one line."""
+    """train.py's checkpoint → (model in eval mode on device, checkpoint dict); ckpt['vocab']
+    holds 'alphabet' (index = token id) and 'space_id'."""
     ckpt = read_checkpoint(path, trust)
     model = DynamicPoolingLM(config_from_dict(ckpt['config']))
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
@@ -206,9 +196,8 @@ def kept(path, saved_step):
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically (common.write_atomic) and sealed (write_sealed); NaN or inf in it
-    is refused, never written. On any failure the previous checkpoint (of step saved_step, None if
-    none) stays as it was and no temporary file is left."""
+    """Write state atomically (common.write_atomic) and sealed, refusing NaN or inf; on any
+    failure the previous checkpoint (of step saved_step, or None) stays as it was."""
     bad = non_finite_tensor(state)
     if bad is not None:
         raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf values; '
@@ -228,16 +217,14 @@ def save_checkpoint(path, state, saved_step):
 
 def training_state(model, optimizer, scaler, counters, cfg, source, args):
     """Everything train.py needs to continue a run exactly: weights, optimizer, AMP scaler, every
-    RNG (this process's GPU only: all of them would not restore on a machine with fewer), the
-    run's counters, config, flags and `source` (the vocab and the dataset's fingerprint)."""
+    RNG (this process's GPU only: all would not restore on a machine with fewer), the run's
+    counters, config, flags (the schedule's too) and `source` (vocab, the data's fingerprint)."""
     device = torch.device(args.device)
     rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
                cuda=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg), **source,
-                args=vars(args), rng=rng, schedule=dict(lr=args.lr, warmup=args.warmup,
-                                                        max_steps=args.max_steps,
-                                                        flop_budget=args.flop_budget))
+                args=vars(args), rng=rng)
 
 
 def restore_training(ckpt, model, optimizer, scaler, device):
@@ -255,8 +242,8 @@ def restore_training(ckpt, model, optimizer, scaler, device):
 
 
 def check_resumable(ckpt, cfg, source, data):
-    """A resumed run keeps the checkpoint's data, vocabulary and model (speed-only fields may
-    change). A checkpoint from before data fingerprints is checked by its vocabulary alone."""
+    """A resumed run keeps the checkpoint's data (one from before fingerprints: its vocabulary),
+    vocabulary and model (speed-only fields may change)."""
     then = ckpt.get('dataset')
     if then and then['fingerprint'] != source['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '

@@ -16,13 +16,11 @@ SPLITS = ('train', 'valid', 'test')
 
 def prepare_command(d):
     """The prepare_data.py command that writes dataset directory d."""
-    out_dir = '' if d.parent == Path('data') else f' --out-dir {d.parent}'
     name, _, lang = d.name.partition('-')
-    if d.name == 'text8':
-        return f'python prepare_data.py{out_dir}'
-    if name in ('wiki40b', 'cc100') and lang:
-        return f'python prepare_data.py --dataset {name} --lang {lang}{out_dir}'
-    return f'python prepare_data.py --input FILE --lang LANG --name {d.name}{out_dir}'
+    how = ('' if d.name == 'text8' else f' --dataset {name} --lang {lang}' if lang and name in (
+        'wiki40b', 'cc100') else f' --input FILE --lang LANG --name {d.name}')
+    return f'python prepare_data.py{how}' + ('' if d.parent == Path('data') else
+                                              f' --out-dir {d.parent}')
 
 
 def is_number(v, lo=0.0):
@@ -65,8 +63,7 @@ META_RULES = (
     ('space_id', _id_of(' '), "null or the space's id in the alphabet"),
     ('newline_id', _id_of('\n'), "null or the newline's id in the alphabet"),
     ('sizes', lambda v, m: isinstance(v, dict) and all(type(n) is int and n >= 0
-                                                       for n in v.values()),
-     '{split: number of characters}'),
+                                                       for n in v.values()), '{split: chars}'),
     ('mean_word_length', lambda v, m: v is None or is_number(v) and v > 0,
      'a positive number or null'),
     ('defaults', lambda v, m: isinstance(v, dict) and all(is_number(x) for x in v.values())
@@ -120,10 +117,7 @@ def read_meta(d):
 def open_ids(path, dtype, n, limit, what, remake):
     """A split's token ids (or labels), memmapped and checked once: the size meta.json gives (n
     items, or any where None), every value below `limit` (one pass over the file)."""
-    try:
-        size, item = path.stat().st_size, np.dtype(dtype).itemsize
-    except OSError as e:
-        raise UserError(f'{path}: {e.strerror}; {remake}') from None
+    size, item = path.stat().st_size, np.dtype(dtype).itemsize  # (missing: common.main says so)
     if size == 0:
         raise UserError(f'{path} is empty; {remake}')
     if size % item or n is not None and size != n * item:

@@ -145,7 +145,7 @@ BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoc
               ('train_chars', 1.5), ('train_flops', float('nan')), ('train_flops', 'x'),
               ('train_time', float('inf')), ('train_time', -1.0), ('budget_flops', None),
               ('args', ['--lr']), ('args', {1: 2}), ('rng', {}), ('rng', 'x'), ('optimizer', {'state': []}),
-              ('optimizer', None), ('scaler', 1), ('schedule', None), ('model', {'w': [1.0]}),
+              ('optimizer', None), ('scaler', 1), ('model', {'w': [1.0]}),
               ('model', []), ('vocab', 'abc')]
 
 

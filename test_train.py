@@ -217,7 +217,7 @@ def test_train_checkpoint_contents_and_data_epochs(tmp_path):
     trained(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
                                                     '--eval-interval', '8', '--out', str(out)])
     ck = torch.load(out / 'ckpt.pt', weights_only=False)
-    for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'schedule', 'args'):
+    for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'args'):
         assert k in ck, k
     assert set(ck['rng']) >= {'torch', 'numpy', 'python', 'cuda'}
     assert (ck['epoch'], ck['pos']) == (1, 32)
