@@ -41,7 +41,8 @@ NUMBERS = ('step', 'bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'res
 # paired Student's t-test over seeds at p < 0.05; two-sided, as the paper names no direction.
 BASELINES, P_STAR = ('none', 'fixed'), 0.05
 SIGNIFICANCE = ("p: two-sided paired Student's t-test of test BPC, paired by seed with the "
-                "baseline's runs of the same dataset, budget and model shape; *: lower than "
+                "baseline's runs of the same dataset, budget and model shape (a source pooled by "
+                "its last token: also with its mean-pooled runs); *: lower than "
                 f"vanilla and every fixed k shown, p < {P_STAR} against each (the paper's Table 1)")
 
 
@@ -180,16 +181,21 @@ def group_rows(rows, budgets):
 
 def significance(groups):
     """g['p'] {baseline: p or None} and g['star'] of each finished g, paired by seed with vanilla
-    and each fixed k of its shape → notes on tests that left seeds out or had < 2 pairs (no p)."""
+    and each fixed k of its shape, and a pooling='last' g with its mean-pooled twin (the paper's
+    Table 2) → notes on tests that left seeds out or had < 2 pairs (no p)."""
     def shape(g):
         return tuple(kv for kv in g['key'] if kv[0] not in SOURCE_FIELDS
                      and not kv[0].startswith('ratio_')) + (g['data'],)
+    def mean_twin(g):   # Table 2: a sub-sampled source's own mean-pooled runs (no star)
+        key = tuple(kv for kv in g['key'] if kv[0] != 'pooling')   # logs before it: no pooling
+        return [t for t in groups if ('pooling', '"last"') in g['key']
+                and tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"')) == key]
     bases, notes = collections.defaultdict(list), []
     for g in (g for g in groups if g['boundary'] in BASELINES):
         bases[shape(g)].append(g)
     for g in groups:
         g['p'], better = {}, []
-        for base in (b for b in bases[shape(g)] if b is not g):
+        for base in [b for b in bases[shape(g)] if b is not g] + mean_twin(g):
             a, b = ({m['seed']: m['test_bpc'] for m in x['members'] if m['seed'] is not None}
                     for x in (g, base))
             seeds, alone = sorted(a.keys() & b.keys()), sorted(a.keys() ^ b.keys())
@@ -202,7 +208,8 @@ def significance(groups):
                     warnings.simplefilter('ignore')
                     test = scipy.stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
             p = g['p'][base['mode']] = float(test.pvalue) if len(seeds) > 1 else None
-            better.append(p is not None and p < P_STAR and test.statistic < 0)
+            if base['boundary'] in BASELINES:
+                better.append(p is not None and p < P_STAR and test.statistic < 0)
             notes += [f'{g["mode"]} {g["flags"]}'.strip() + f' vs {base["mode"]} ({g["data"]}, '
                       f'{g["budget"]}): ' + '; '.join(note)] if note else []
         g['star'] = bool(better) and all(better)

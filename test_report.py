@@ -395,7 +395,7 @@ def test_each_source_is_paired_with_the_baselines_of_its_own_model_shape(tmp_pat
     small, big = {1: 2.05, 2: 2.08, 3: 2.04}, {1: 1.80, 2: 1.86, 3: 1.83}
     seeded_runs(tmp_path / 'small', {'none': small, 'whitespace': WS}, layers='1,4,1')
     seeded_runs(tmp_path / 'big', {'none': big, 'whitespace': WS}, layers='2,8,2')
-    last = {s: b + 0.01 for s, b in WS.items()}
+    last = {s: b + 0.01 + 0.004 * s for s, b in WS.items()}
     seeded_runs(tmp_path / 'last', {'whitespace': last}, layers='2,8,2', pooling='last')
     assert report.main([str(tmp_path), '--markdown']) == 0
     out = capsys.readouterr().out
@@ -409,6 +409,9 @@ def test_each_source_is_paired_with_the_baselines_of_its_own_model_shape(tmp_pat
         assert ws['p vs none'] == f'{hand_p(WS.values(), none.values()):.3f}', layers
     ws_last = rows['whitespace (last)', 'layers=2,8,2']
     assert ws_last['p vs none'] == f'{hand_p(last.values(), big.values()):.3f}'
+    # the paper's Table 2: sub-sampling against the same source pooled by the mean, same shape
+    assert ws_last['p vs whitespace'] == f'{hand_p(last.values(), WS.values()):.3f}'
+    assert rows['whitespace', 'layers=2,8,2']['p vs whitespace'] == '-'   # not against itself
     assert 'note' not in out and '- whitespace' not in out   # every seed paired
 
 
