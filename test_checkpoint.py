@@ -66,8 +66,10 @@ def test_checkpoint_with_a_flipped_byte_anywhere_is_refused(saved, state, tmp_pa
     path, data = saved
     model_t = state['model']['lm_head.weight']
     adam_t = state['optimizer']['state'][0]['exp_avg_sq']
-    places = {'model tensor': offsets_of(data, model_t), 'optimizer state': offsets_of(data, adam_t),
-              'pickle': [data.find(b'data.pkl') + 40], 'zip directory': [data.rfind(b'PK\x01\x02') + 20],
+    places = {'model tensor': offsets_of(data, model_t),
+              'optimizer state': offsets_of(data, adam_t),
+              'pickle': [data.find(b'data.pkl') + 40],
+              'zip directory': [data.rfind(b'PK\x01\x02') + 20],
               'zip end': [len(data) - checkpoint._SEAL - 10], 'tag': [len(data) - 70],
               'digest': [len(data) - 1], 'first byte': [0]}
     rng = random.Random(0)
@@ -126,7 +128,8 @@ def test_non_finite_weights_are_never_written(saved, state, where):
         checkpoint.save_checkpoint(path, dict(bad, step=6), 3)
     msg = str(e.value)
     assert '\n' not in msg and name in msg and f'{path} (step 3)' in msg, msg
-    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
 
 
 @pytest.mark.parametrize('where', ['model', 'optimizer'])
@@ -141,10 +144,12 @@ def test_non_finite_weights_are_refused_at_load(state, tmp_path, where, sealed):
     refused(path, name, 'NaN or inf')
 
 
-BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None), ('pos', [4]),
+BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None),
+              ('pos', [4]),
               ('train_chars', 1.5), ('train_flops', float('nan')), ('train_flops', 'x'),
               ('train_time', float('inf')), ('train_time', -1.0), ('budget_flops', None),
-              ('args', ['--lr']), ('args', {1: 2}), ('rng', {}), ('rng', 'x'), ('optimizer', {'state': []}),
+              ('args', ['--lr']), ('args', {1: 2}), ('rng', {}), ('rng', 'x'),
+              ('optimizer', {'state': []}),
               ('optimizer', None), ('scaler', 1), ('model', {'w': [1.0]}),
               ('model', []), ('vocab', 'abc')]
 
@@ -174,7 +179,8 @@ def test_checkpoint_vocabulary_is_checked(state, tmp_path, vocab):
 
 
 def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatch):
-    """A full disk while the sealed bytes are written: the previous checkpoint stays, no temp file."""
+    """A full disk while the sealed bytes are written: the previous checkpoint stays, no temp
+    file."""
     path, before = saved
     real_open = open
 
@@ -197,7 +203,9 @@ def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatc
         def __exit__(self, *a):
             return self.f.__exit__(*a)
     monkeypatch.setattr('builtins.open', lambda p, *a, **k: FullDisk(real_open(p, *a, **k)))
-    with pytest.raises(UserError, match=r'No space left on device; the last good checkpoint is .* \(step 3\)'):
+    with pytest.raises(UserError,
+                       match=r'No space left on device; the last good checkpoint is .* \(step 3\)'):
         checkpoint.save_checkpoint(path, dict(state, step=6), 3)
     monkeypatch.undo()
-    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']

@@ -26,11 +26,13 @@ def make_dataset(root, unigram=(8, 16)):
         for V in unigram:
             (rng.random(n) < 0.3).astype(np.uint8).tofile(root / f'{s}.unigram-{V}.bin')
     sets = {str(V): dict(vocab_size=V, model=f'unigram-{V}.model',
-                         labels={s: f'{s}.unigram-{V}.bin' for s in sizes}, settings={'model_type': 'unigram'},
+                         labels={s: f'{s}.unigram-{V}.bin' for s in sizes},
+                         settings={'model_type': 'unigram'},
                          fit_words={'distinct_used': 10}, shortening_factor={s: 3.3 for s in sizes},
                          left_context_ceiling={'split': 'valid', 'shortening_factor': 2.9})
             for V in unigram}
-    meta = dict(name=root.name, dataset=None, lang='en', alphabet=alphabet, vocab_size=len(alphabet),
+    meta = dict(name=root.name, dataset=None, lang='en', alphabet=alphabet,
+                vocab_size=len(alphabet),
                 space_id=0, newline_id=4, dtype='uint8', sizes=sizes, source=None, slice=None,
                 cleaning={'split': 'head'}, inputs=['x.txt'], mean_word_length=4.5,
                 defaults={'unigram': 10000, 'prior': 0.2},
@@ -51,20 +53,23 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
     assert np.array_equal(labels['valid'], np.fromfile(root / 'valid.unigram-16.bin', np.uint8))
     _, _, labels = dataset.load_data(root, 'unigram', unigram=8)
     assert np.array_equal(labels['test'], np.fromfile(root / 'test.unigram-8.bin', np.uint8))
-    with pytest.raises(UserError, match=r'needs Unigram labels in .*; it has unigram-8, unigram-16 \(make them '
-                                        r'with: .* --unigram 32\)'):
+    with pytest.raises(UserError, match=r'needs Unigram labels in .*; it has unigram-8, '
+                                        r'unigram-16 \(make them with: .* --unigram 32\)'):
         dataset.load_data(root, 'unigram', unigram=32)
     # labels under other names are found through "labels"; a set from before "unigram_sets" too
     other, meta2 = make_dataset(tmp_path / 'other', unigram=(8,))
     for s in ('train', 'valid', 'test'):
         (other / f'{s}.unigram-8.bin').rename(other / f'{s}.pieces.bin')
-    old = dict(meta2, unigram=dict(meta2['unigram'], labels={s: f'{s}.pieces.bin' for s in meta2['sizes']}))
+    old = dict(meta2,
+               unigram=dict(meta2['unigram'],
+                            labels={s: f'{s}.pieces.bin' for s in meta2['sizes']}))
     del old['unigram_sets']
     (other / 'meta.json').write_text(json.dumps(old))
     assert len(dataset.load_data(other, 'unigram')[2]['train']) == 300
     assert len(dataset.load_data(other, 'unigram', unigram=8)[2]['train']) == 300
     (other / 'meta.json').write_text(json.dumps(dict(old, unigram=None)))
-    with pytest.raises(UserError, match=r'needs Unigram labels in \S+ \(make them with: .*--unigram 10000\)'):
+    with pytest.raises(UserError,
+                       match=r'needs Unigram labels in \S+ \(make them with: .*--unigram 10000\)'):
         dataset.load_data(other, 'unigram')
 
 
@@ -95,7 +100,8 @@ DAMAGE = [
 ]
 
 
-@pytest.mark.parametrize('field, value, words', DAMAGE, ids=[f'{f}={v!r:.20}' for f, v, _ in DAMAGE])
+@pytest.mark.parametrize('field, value, words', DAMAGE,
+                         ids=[f'{f}={v!r:.20}' for f, v, _ in DAMAGE])
 def test_hand_edited_meta_json_ends_in_one_line(tiny_data, tmp_path, field, value, words):
     root, meta = tiny_data
     d = tmp_path / 'd'
@@ -108,7 +114,9 @@ def test_hand_edited_meta_json_ends_in_one_line(tiny_data, tmp_path, field, valu
     assert 'remake it with: python prepare_data.py' in msg
 
 
-@pytest.mark.parametrize('text, words', [('{"alphabet": [', 'unreadable'), ('[1, 2]', 'holds [1, 2], not an object'),
+@pytest.mark.parametrize('text, words',
+                         [('{"alphabet": [', 'unreadable'),
+                          ('[1, 2]', 'holds [1, 2], not an object'),
                                          ('{}', '"dtype" is missing'), ('\udcff', 'unreadable'),
                                          ('[' * 100000, 'unreadable')])
 def test_meta_json_that_is_no_json_object_ends_in_one_line(tmp_path, text, words):
@@ -121,15 +129,17 @@ def test_meta_json_that_is_no_json_object_ends_in_one_line(tmp_path, text, words
 def json_paths(obj, prefix=()):
     """Every (path of keys, value) in a JSON tree."""
     yield prefix, obj
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    items = (obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list)
+             else ())
     for k, v in items:
         yield from json_paths(v, prefix + (k,))
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2, 70000) | st.floats() | st.text(max_size=3),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                       max_size=3),
-                           max_leaves=5)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 70000) | st.floats() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                max_size=3),
+    max_leaves=5)
 
 
 @settings(**HYPOTHESIS_FIXTURES)

@@ -37,7 +37,9 @@ def test_logger_writes_whole_json_lines_and_nothing_to_stdout(tmp_path, capsys):
     assert len(records(tmp_path / 'log.jsonl')) == 3   # other ranks write nothing
 
 
-@pytest.mark.parametrize('tail', [b'{"kind": "train", "st', b'{"kind": "train"}', b'garbage\n', b'\n', b'[1, 2]\n'])
+@pytest.mark.parametrize('tail',
+                         [b'{"kind": "train", "st', b'{"kind": "train"}', b'garbage\n', b'\n',
+                          b'[1, 2]\n'])
 def test_a_cut_last_line_is_repaired_before_appending(tmp_path, capsys, tail):
     path = tmp_path / 'log.jsonl'
     before = [dict(kind='config'), dict(kind='train', step=1)]
@@ -80,7 +82,8 @@ def test_a_full_disk_mid_record_leaves_no_partial_line(tmp_path, monkeypatch, af
     monkeypatch.undo()
     assert len(calls) == 2 and calls[1] < calls[0] or after == 0.0   # the second write was the rest
     msg = str(e.value)
-    assert '\n' not in msg and 'No space left on device' in msg and str(tmp_path / 'log.jsonl') in msg
+    assert '\n' not in msg and 'No space left on device' in msg
+    assert str(tmp_path / 'log.jsonl') in msg
     assert (tmp_path / 'log.jsonl').read_bytes() == before
     log.log(dict(kind='train', step=2, loss=2.0))  # the disk has room again: the log goes on
     assert [r.get('step') for r in records(tmp_path / 'log.jsonl')] == [None, 1, 2]
@@ -110,9 +113,11 @@ def test_resume_drops_the_records_after_the_checkpoint_step(tmp_path, capsys):
     write_log(path, recs, tail=b'{"kind": "train", "step": 1')
     runtime.Logger(tmp_path, NO_SINKS, dict(kind='config', resumed_from=4), resumed_from=4)
     got = records(path)
-    assert [r for r in got if r['kind'] != 'config'] == [dict(kind='train', step=2), dict(kind='train', step=4),
+    assert [r for r in got if r['kind'] != 'config'] == [dict(kind='train', step=2),
+                                                         dict(kind='train', step=4),
                                                          dict(kind='eval', step=4, split='valid')]
-    assert [r for r in got if r['kind'] == 'config'] == [recs[0], recs[-1], dict(kind='config', resumed_from=4)]
+    assert [r for r in got if r['kind'] == 'config'] == [recs[0], recs[-1],
+                                                         dict(kind='config', resumed_from=4)]
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and 'dropped its last line' in err[0], err
     assert err[1] == (f"note: {path}: dropped 3 record(s) of steps after 4, the checkpoint's step "
@@ -132,4 +137,5 @@ def test_resume_rewrite_that_fails_leaves_the_log_as_it_was(tmp_path, monkeypatc
     monkeypatch.setattr(os, 'fsync', full)
     with pytest.raises(OSError, match='No space left on device'):
         runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), resumed_from=2)
-    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']

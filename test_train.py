@@ -51,15 +51,16 @@ def tiny_args(data, boundary):
 
 
 def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
-    """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space closes
-    its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
+    """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space
+    closes its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     alphabet = sorted(set(text))
     ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
     ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
     n_va, n_te = int(len(ids) * valid), int(len(ids) * test)
-    parts = dict(train=ids[:len(ids) - n_va - n_te], valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
+    parts = dict(train=ids[:len(ids) - n_va - n_te],
+                 valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
                  test=ids[len(ids) - n_te:])
     space = alphabet.index(' ') if ' ' in alphabet else None
     for name, arr in parts.items():
@@ -68,8 +69,10 @@ def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
             (arr == space).astype(np.uint8).tofile(root / f'{name}.unigram-1000.bin')
     meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space,
                 newline_id=alphabet.index('\n') if '\n' in alphabet else None, dtype='uint8',
-                sizes={k: len(v) for k, v in parts.items()}, mean_word_length=len(text) / max(1, text.count(' ')),
-                unigram={'vocab_size': 1000, 'model': None, 'shortening_factor': {}} if unigram else None)
+                sizes={k: len(v) for k, v in parts.items()},
+                mean_word_length=len(text) / max(1, text.count(' ')),
+                unigram={'vocab_size': 1000, 'model': None,
+                         'shortening_factor': {}} if unigram else None)
     (root / 'meta.json').write_text(json.dumps(meta))
     return root
 
@@ -77,7 +80,8 @@ def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
 def random_words(n_chars, seed=0, letters='abcdefgh'):
     """Random 'words' from a small alphabet: text that needs no shared data."""
     rng = np.random.default_rng(seed)
-    words = [''.join(rng.choice(list(letters), size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
+    words = [''.join(rng.choice(list(letters),
+                                size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
     return ' '.join(words)[:n_chars]
 
 
@@ -97,8 +101,8 @@ def read_log(out):
 
 
 def user_error(argv, capsys, code=None):
-    """Run train.main in-process, expect a user error: exit code != 0 (or `code`) and exactly one line on
-    stderr."""
+    """Run train.main in-process, expect a user error: exit code != 0 (or `code`) and exactly one
+    line on stderr."""
     capsys.readouterr()
     got = train.main(argv)
     assert got != 0 and got == (code or got)
@@ -136,14 +140,16 @@ def test_train_eval_windows_score_every_position_once(n, window, step):
 
 @pytest.mark.parametrize('boundary', ['none', 'whitespace', 'entropy'])
 def test_train_windowed_eval_equals_naive_per_character(boundary):
-    """Batched overlapping-window evaluation == scoring each character alone, with the context the windows
-    promise: the first `window` characters from the start, later ones from the start of the window whose
-    last `step` characters they are in, the tail from the last window that ends at the text's end."""
+    """Batched overlapping-window evaluation == scoring each character alone, with the context the
+    windows promise: the first `window` characters from the start, later ones from the start of the
+    window whose last `step` characters they are in, the tail from the last window that ends at the
+    text's end."""
     torch.manual_seed(0)
     text = random_words(71, seed=1)
     alphabet = sorted(set(text))
     tokens = np.array([alphabet.index(c) for c in text], dtype=np.uint8)
-    cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, dropatt=0.0,
+    cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0,
+                 dropatt=0.0,
                  layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
     model = DynamicPoolingLM(cfg).eval()
     window, step = 16, 4
@@ -153,7 +159,8 @@ def test_train_windowed_eval_equals_naive_per_character(boundary):
     naive = 0.0
     assert (n - window) % step, 'the text should end in a partial window: the tail case'
     with torch.no_grad():
-        for j in range(n):  # predict character j+1 from the window that scores it, cut right after j
+        # predict character j+1 from the window that scores it, cut right after j
+        for j in range(n):
             start = 0 if j < window else min(-(-(j + 1 - window) // step) * step, n - window)
             logits = model(x[None, start:j + 1]).logits[0, -1]
             naive += F.cross_entropy(logits[None], x[j + 1:j + 2]).item()
@@ -196,7 +203,8 @@ def test_train_stop_and_resume_is_bit_identical(synth, tmp_path, capsys):
     trained(common + ['--out', str(tmp_path / 'b'), '--stop-step', '4'])
     assert 'stopped at step 4' in capsys.readouterr().out
     assert torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)['step'] == 4
-    trained(['--out', str(tmp_path / 'b'), '--resume', '--device', 'cpu'])  # the rest comes from the checkpoint
+    # the rest comes from the checkpoint
+    trained(['--out', str(tmp_path / 'b'), '--resume', '--device', 'cpu'])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
     a = torch.load(tmp_path / 'a' / 'ckpt.pt', weights_only=False)
     b = torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=False)
@@ -206,7 +214,8 @@ def test_train_stop_and_resume_is_bit_identical(synth, tmp_path, capsys):
     ra, rb = read_log(tmp_path / 'a')[-1], read_log(tmp_path / 'b')[-1]  # the same test result ...
     for k in ('kind', 'split', 'step', 'bpc', 'sf', 'eval_chars', 'train_chars'):
         assert ra[k] == rb[k], k
-    assert ra['train_flops'] == pytest.approx(rb['train_flops'], rel=1e-12)  # ... after the same training
+    # ... after the same training
+    assert ra['train_flops'] == pytest.approx(rb['train_flops'], rel=1e-12)
     assert any(r.get('resumed_from') == 4 for r in read_log(tmp_path / 'b'))
 
 
@@ -214,10 +223,12 @@ def test_train_checkpoint_contents_and_data_epochs(tmp_path):
     # 6400 train chars / 65 = 98 chunks = 6 steps of 16 per epoch: step 8 is 2 steps into epoch 1
     data = write_dataset(tmp_path / 'small', random_words(8000))
     out = tmp_path / 'r'
-    trained(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps', '8',
+    trained(tiny_args(data, 'unigram') + ['--seq-len', '64', '--batch-size', '16', '--max-steps',
+                                          '8',
                                                     '--eval-interval', '8', '--out', str(out)])
     ck = torch.load(out / 'ckpt.pt', weights_only=False)
-    for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng', 'args'):
+    for k in ('model', 'optimizer', 'scaler', 'step', 'epoch', 'pos', 'config', 'vocab', 'rng',
+              'args'):
         assert k in ck, k
     assert set(ck['rng']) >= {'torch', 'numpy', 'python', 'cuda'}
     assert (ck['epoch'], ck['pos']) == (1, 32)
@@ -233,10 +244,12 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     off, perm = train.epoch_order(n, seq, seed=3, epoch=0)
     off1, perm1 = train.epoch_order(n, seq, seed=3, epoch=1)
     assert (off, list(perm)) != (off1, list(perm1))  # a new shift and order every epoch ...
-    assert off == train.epoch_order(n, seq, seed=3, epoch=0)[0]  # ... that depends on (seed, epoch) only
+    # ... that depends on (seed, epoch) only
+    assert off == train.epoch_order(n, seq, seed=3, epoch=0)[0]
     stream = np.arange(n)
     chunks = train.get_chunks(stream, off, perm, seq).numpy()
-    # chunk k is the k-th non-overlapping piece of seq+1 characters of the stream rotated by the offset
+    # chunk k is the k-th non-overlapping piece of seq+1 characters of the stream rotated by the
+    # offset
     rotated = np.roll(stream, -off)[:len(perm) * (seq + 1)].reshape(len(perm), seq + 1)
     assert sorted(perm) == list(range(n // (seq + 1)))
     assert (chunks[np.argsort(perm)] == rotated).all()
@@ -248,7 +261,8 @@ def test_train_non_finite_loss_stops_and_keeps_checkpoint(synth, tmp_path, capsy
     msg = user_error(tiny_args(synth, 'none') + ['--lr', '1e30', '--warmup', '1',
                             '--max-steps', '5', '--eval-interval', '1', '--out', str(out)], capsys)
     assert 'non-finite' in msg
-    ck = torch.load(out / 'ckpt.pt', weights_only=False)  # the last checkpoint, written before the failure
+    # the last checkpoint, written before the failure
+    ck = torch.load(out / 'ckpt.pt', weights_only=False)
     assert all(torch.isfinite(v).all() for v in ck['model'].values())
 
 
@@ -261,17 +275,21 @@ def free_port():
 
 @pytest.mark.parametrize('accum', [1, 2])
 def test_train_ddp_two_processes_match_single(synth, tmp_path, accum):
-    """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The processes get
-    the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...), without torchrun's agent."""
+    """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The
+    processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...),
+    without torchrun's agent."""
     argv = tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
                                                            '--dropout', '0', '--dropatt', '0']
     port = str(free_port())
-    # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under no_sync)
+    # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under
+    # no_sync)
     procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp'),
                                                                    '--grad-accum', str(accum)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
-                                       WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r),
+                                       LOCAL_RANK=str(r),
+                                       WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
+                                       MASTER_ADDR='127.0.0.1',
                                        MASTER_PORT=port)) for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
@@ -297,7 +315,8 @@ def ddp_run(argv, out, world=2):
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(out)], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r), LOCAL_RANK=str(r),
+                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r),
+                                       LOCAL_RANK=str(r),
                                        WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                                        MASTER_ADDR='127.0.0.1', MASTER_PORT=port))
              for r in range(world)]
@@ -327,7 +346,8 @@ def test_train_ddp_with_compile_under_gloo(synth, tmp_path):
 
 
 def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
-    argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout', '0',
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-interval', '2', '--dropout',
+                                        '0',
                                                       '--dropatt', '0']
     trained(argv + ['--out', str(tmp_path / 'one')])
     trained(argv + ['--out', str(tmp_path / 'acc'), '--grad-accum', '2'])
@@ -340,7 +360,8 @@ def test_train_grad_accum_keeps_the_global_batch(synth, tmp_path):
 def test_train_short_run_lowers_validation_bpc(boundary, text8, tmp_path):
     out = tmp_path / boundary
     trained(tiny_args(text8, boundary) + ['--seq-len', '64', '--max-steps', '30',
-               '--eval-interval', '30', '--eval-window', '64', '--eval-step', '32', '--log-interval', '10',
+               '--eval-interval', '30', '--eval-window', '64', '--eval-step', '32',
+               '--log-interval', '10',
                '--out', str(out)])
     valid = [r for r in read_log(out) if r.get('split') == 'valid']
     assert [r['step'] for r in valid] == [0, 30]
@@ -364,7 +385,8 @@ def copy_run(run, tmp_path):
 
 
 def test_train_error_missing_data(tmp_path, capsys):
-    msg = user_error(['--data', str(tmp_path / 'nope'), '--device', 'cpu', '--out', str(tmp_path / 'o')], capsys)
+    msg = user_error(['--data', str(tmp_path / 'nope'), '--device', 'cpu', '--out',
+                      str(tmp_path / 'o')], capsys)
     assert 'python prepare_data.py' in msg
     assert not (tmp_path / 'o').exists()
 
@@ -453,7 +475,8 @@ def test_train_error_resume_without_checkpoint(tmp_path, capsys):
 
 
 def test_train_cli_error_is_one_line_without_traceback(tmp_path):
-    """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage dump)."""
+    """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage
+    dump)."""
     cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2),
              (['--seq-len', '0'], 2)]
     procs = [run_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
@@ -465,7 +488,7 @@ def test_train_cli_error_is_one_line_without_traceback(tmp_path):
     assert not (tmp_path / 'o').exists()
 
 
-# ----------------------------------------------------------------------------- bad data, checked at load
+# ------------------------------------------------------------------------ bad data, checked at load
 def spoil(data, what):
     """Spoil one thing of a dataset in place, as a user's files can be spoiled."""
     meta = json.loads((data / 'meta.json').read_text())
@@ -535,7 +558,8 @@ def test_train_disk_full_while_saving_keeps_the_last_checkpoint(synth, tmp_path,
         raise OSError(28, 'No space left on device')  # ... then the disk was full
     monkeypatch.setattr(torch, 'save', save_until_the_disk_fills)
     msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
-                                                                      '--out', str(out)], capsys, code=1)
+                                                                      '--out', str(out)], capsys,
+                                                                      code=1)
     monkeypatch.undo()
     assert saves == [2, 4]
     assert 'No space left on device' in msg and f'{out / "ckpt.pt"} (step 2)' in msg, msg
@@ -592,11 +616,13 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
     assert not list(out.glob('*.tmp'))
 
 
-# ----------------------------------------------------------------------------- the log, the budget, the step
+# ------------------------------------------------------------------- the log, the budget, the step
 SCHEMA = {
-    'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf', 'precision',
+    'train': ['kind', 'step', 'train_chars', 'train_flops', 'train_time', 'loss', 'bpc', 'sf',
+              'precision',
               'recall', 'chars_per_s', 'lr', 'grad_norm', 'mem_mb', 'epoch'],
-    'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'boundary_p', 'eval_chars', 'subset', 'train_chars',
+    'eval': ['kind', 'step', 'split', 'bpc', 'sf', 'boundary_p', 'eval_chars', 'subset',
+             'train_chars',
              'train_flops', 'train_time', 'mem_mb'],
 }
 
@@ -607,11 +633,13 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     formula with each step's measured SF (a vanilla step's FLOPs are a constant)."""
     out = tmp_path / boundary
     trained(tiny_args(synth, boundary) + ['--max-steps', '4', '--eval-interval', '2',
-                                                           '--eval-max-chars', '0', '--out', str(out)])
+                                                           '--eval-max-chars', '0', '--out',
+                                                           str(out)])
     log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
     for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner',
-              'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name', 'world',
+              'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name',
+              'world',
               'amp', 'torch'):
         assert log[0][k] is not None, k
     for r in log[1:]:
@@ -652,7 +680,8 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
 
 def training(model, optimizer, cfg, args):
     """train.py's machinery for one process on CPU, without loss scaling, logger or compile."""
-    return SimpleNamespace(model=model, raw_model=model, optimizer=optimizer, autocast=nullcontext(),
+    return SimpleNamespace(model=model, raw_model=model, optimizer=optimizer,
+                           autocast=nullcontext(),
                            scaler=torch.amp.GradScaler('cpu', enabled=False),
                            stats=runtime.StepStats(cfg, args), procs=runtime.Processes())
 
@@ -750,8 +779,9 @@ def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path)
 
 
 def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path, capsys):
-    """The terminal shows one short line per train record (position, loss, speed, ETA), the config
-    as a summary, not the record, and at the end the checkpoint and a sample.py command that runs."""
+    """The terminal shows one short line per train record (position, loss, speed, ETA), the
+    config as a summary, not the record, and at the end the checkpoint and a sample.py command that
+    runs."""
     import sample
     out = tmp_path / 'run'
     trained(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
@@ -833,7 +863,8 @@ def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_langu
     for lang in ('en', 'fi'):
         none, ws, flops = (read_log(runs / f'{lang}-{n}-s1')
                            for n in ('none', 'whitespace', 'whitespace-flops'))
-        last = lambda log: [x for x in log if x['kind'] == 'train'][-1]
+        def last(log):
+            return [x for x in log if x['kind'] == 'train'][-1]
         assert last(none)['step'] == last(ws)['step'] == 4
         assert flops[0]['flop_budget'] == pytest.approx(last(none)['train_flops'])
         assert last(flops)['step'] > 4 and last(flops)['train_flops'] >= flops[0]['flop_budget']
@@ -842,7 +873,8 @@ def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_langu
         assert ('fi-' in md) == (lang == 'fi')  # each language's runs only
         assert (runs / f'languages-{lang}.png').stat().st_size > 10_000
     summary = (runs / 'languages.md').read_text().split('by dataset')[1]
-    assert '| mode | budget | en | fi |' in summary and (runs / 'languages.png').stat().st_size > 10_000
+    assert '| mode | budget | en | fi |' in summary
+    assert (runs / 'languages.png').stat().st_size > 10_000
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
 
@@ -852,10 +884,11 @@ def test_train_prior_defaults_to_the_datasets(tmp_path):
     data = write_dataset(tmp_path / 'fi', random_words(5000))
     meta = json.loads((data / 'meta.json').read_text())
     plain = train.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
-    (data / 'meta.json').write_text(json.dumps({**meta, 'defaults': {'prior': 0.37, 'unigram': 200}}))
+    (data / 'meta.json').write_text(json.dumps({**meta,
+                                                'defaults': {'prior': 0.37, 'unigram': 200}}))
     fi = train.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
-    given = train.resolve_args(tiny_args(data, 'gumbel') + ['--prior', '0.3', '--out',
-                                                                              str(tmp_path / 'o')])[0]
+    given = train.resolve_args(tiny_args(data, 'gumbel')
+                               + ['--prior', '0.3', '--out', str(tmp_path / 'o')])[0]
     assert (plain.prior, fi.prior, given.prior) == (Config.prior, 0.37, 0.3)
 
 
@@ -870,11 +903,12 @@ def test_train_help_shows_every_default(capsys):
         if action.dest != 'help':
             assert 'default' in action.help, action.option_strings
     for words in ('default entropy', 'segment length k (default 2)', 'default GPU 512, CPU 128',
-                  'default GPU 2,8,2, CPU 1,4,1', 'temperature (default 0.5)', "default the dataset's"):
+                  'default GPU 2,8,2, CPU 1,4,1', 'temperature (default 0.5)',
+                  "default the dataset's"):
         assert words in text, words
 
 
-# ----------------------------------------------------------------------------- GPU paths, checked on CPU
+# ------------------------------------------------------------------------ GPU paths, checked on CPU
 def test_train_fp16_resumes_a_checkpoint_saved_without_loss_scaling(done_run):
     """(issue 20.1) A bf16 or fp32 run saves its disabled GradScaler's empty state; resuming it with
     --amp fp16 (an enabled scaler) starts loss scaling afresh, where loading {} raised."""
@@ -943,7 +977,8 @@ def test_train_mem_mb_is_the_peak_since_the_last_record(monkeypatch):
     before (and an eval record the evaluation's), not the run's so far."""
     peak = [0]
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda device=None: peak[0])
-    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda device=None: peak.__setitem__(0, 0))
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats',
+                        lambda device=None: peak.__setitem__(0, 0))
     peak[0] = 3 * 2**20        # e.g. training
     assert runtime.peak_mem_mb('cuda:0') == 3
     peak[0] = max(peak[0], 2**20)  # then an evaluation that needs less
@@ -958,7 +993,8 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
     and its one GPU where a scheduler shows each process only its own."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: visible)
-    argv, procs = ['--device', 'cuda', '--out', str(tmp_path / 'o')], runtime.Processes(local_rank, local_rank, 8)
+    argv = ['--device', 'cuda', '--out', str(tmp_path / 'o')]
+    procs = runtime.Processes(local_rank, local_rank, 8)
     if device is None:
         with pytest.raises(UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
             train.resolve_args(argv, procs)
@@ -976,7 +1012,8 @@ def test_train_warns_of_settings_that_run_but_mislead(synth, tmp_path, capsys):
     assert train.recipe_warnings(gpus, world=4) == []   # two a GPU
     gpus.device = 'cpu'
     assert train.recipe_warnings(gpus, world=8) == []   # CPU: nothing to launch
-    trained(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out', str(tmp_path / 'w')])
+    trained(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out',
+                                        str(tmp_path / 'w')])
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ['warning: --warmup 2 is not shorter than --max-steps 2: the learning rate never '
                    'reaches its peak --lr 0.003'], err
@@ -1056,7 +1093,8 @@ def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path)
 def test_train_ddp_stop_and_resume_is_bit_identical(synth, tmp_path):
     """2 gloo processes with dropout and Gumbel noise (every rank draws its own): stopped at a
     checkpoint and resumed, the run ends with the weights of one that never stopped."""
-    argv = tiny_args(synth, 'gumbel') + ['--max-steps', '4', '--eval-interval', '2', '--dropout', '0.1',
+    argv = tiny_args(synth, 'gumbel') + ['--max-steps', '4', '--eval-interval', '2', '--dropout',
+                                         '0.1',
                                          '--dropatt', '0.1']
     assert all(rc == 0 for rc, _, _ in ddp_run(argv, tmp_path / 'straight'))
     assert all(rc == 0 for rc, _, _ in ddp_run(argv + ['--stop-step', '2'], tmp_path / 'resumed'))
@@ -1071,7 +1109,8 @@ def test_train_resume_with_nothing_left_to_train_is_refused(synth, tmp_path, cap
     train nothing: one line, exit 2, the run folder untouched. At --max-steps exactly it resumes
     (a run stopped in its final evaluation redoes it)."""
     out = tmp_path / 'run'
-    argv = tiny_args(synth, 'fixed') + ['--max-steps', '4', '--eval-interval', '2', '--out', str(out)]
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '4', '--eval-interval', '2', '--out',
+                                        str(out)]
     trained(argv + ['--stop-step', '2'])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for extra in (['--max-steps', '1'], ['--stop-step', '2'], ['--stop-step', '1']):

@@ -454,7 +454,7 @@ def run(argv, procs):
     rt.check_model_memory(cfg, args.device)
     for line in recipe_warnings(args, procs.world) if procs.rank == 0 else ():
         print(f'warning: {line}', file=sys.stderr, flush=True)
-    say = print if procs.rank == 0 else (lambda *a, **k: None)
+    say = (lambda line: print(line, flush=True)) if procs.rank == 0 else (lambda line: None)
     with rt.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
                       f'{kept(Path(args.out) / "ckpt.pt", state.saved)}'):
         rt.start_processes(args.device, procs)
@@ -475,7 +475,7 @@ def run(argv, procs):
             f'layers {args.layers}, d_model {args.d_model}, {args.n_head} heads x {args.d_head}, '
             f'd_inner {args.d_inner}; {args.device}, amp {amp}, {procs.world} process(es)\n'
             f'  training: {args.batch_size} x {args.seq_len} chars a step, lr {args.lr:g}, '
-            f'{args.warmup} warm-up steps, then a cosine {end}', flush=True)
+            f'{args.warmup} warm-up steps, then a cosine {end}')
         gpu = args.device.startswith('cuda') and torch.cuda.get_device_name(args.device)
         logger = rt.Logger(Path(args.out), args, rank=procs.rank, resumed_from=state.saved,
                            config_record=dict(kind='config', **{**vars(args), 'amp': amp},
@@ -484,8 +484,7 @@ def run(argv, procs):
                                               torch=torch.__version__, resumed_from=state.saved))
         t = SimpleNamespace(model=rt.wrap_model(model, args, procs.world), raw_model=model,
                             optimizer=optimizer, scaler=scaler, autocast=autocast, procs=procs,
-                            stats=rt.StepStats(cfg, args, procs.world), logger=logger,
-                            say=lambda line: say(line, flush=True))
+                            stats=rt.StepStats(cfg, args, procs.world), logger=logger, say=say)
         try:
             why = train(args, cfg, source, splits, labels, state, t, started)
             finish(t, args, splits, meta, state, why)
