@@ -178,7 +178,7 @@ preset = train.GPU_PRESET if device.startswith('cuda') else train.CPU_PRESET
 total = 0
 for line in sys.stdin:
     argv = shlex.split(line)[2:]
-    a = vars(train.parse_args(argv))
+    a = vars(train.parser().parse_args(argv))
     a = {k: v if v is not None else preset.get(k, v) for k, v in a.items()}
     layers = tuple(int(n) for n in str(a['layers']).split(','))
     cfg = Config(vocab_size=27, whitespace_id=0, boundary=a['boundary'], layers=layers,
