@@ -17,6 +17,7 @@ conftest.py; tiny_model returns a fresh copy. Nothing here reads files outside t
 import math
 import re
 import traceback
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -1107,15 +1108,28 @@ def test_greedy_generation_matches_full_forward(mode, prompt_len):
         assert out.boundaries[:, prompt_len:].sum() >= 3, f'{mode}: too few boundaries'
 
 
+def run_sample(model, prompt, n, seed, **kw):
+    """sample.py's generation (sample.generate) of n characters after prompt [L] (a list of ids),
+    for 2 samples → (tokens [2, L+n], boundaries [2, L+n] bool or None, entropies [2, L+n])."""
+    args = SimpleNamespace(num_samples=2, device='cpu', seed=seed, chars=n, greedy=False,
+                           spike_window=None, **{'temperature': 1.0, 'top_k': None, **kw})
+    alphabet = [chr(ord('a') + i) for i in range(model.cfg.vocab_size)]
+    got = sample.generate(args, model, prompt, {'vocab': {'alphabet': alphabet}, 'path': 'tiny'})
+    tokens = torch.tensor([[alphabet.index(c) for c in t] for t in got.texts])
+    b = None if got.boundaries is None else torch.tensor(got.boundaries, dtype=torch.bool)
+    return tokens, b, torch.tensor(got.entropy)
+
+
 @pytest.mark.parametrize('mode', ['none', 'whitespace', 'gumbel', 'hnet'])
 def test_sample_is_generate_plus_what_the_model_did(mode):
-    """sample.sample (a thin wrapper of model.steps) = model.generate for the same generator seed,
-    plus boundaries and entropies that match the full forward of the generated text."""
+    """sample.py's generation (model.steps) = model.generate for the same generator seed, plus
+    boundaries and entropies that match the full forward of the generated text."""
     model = tiny_model(mode)
-    x = random_tokens(torch.Generator().manual_seed(5), 2, 4, p_space=0.3)
+    prompt = random_tokens(torch.Generator().manual_seed(5), 1, 4, p_space=0.3)[0].tolist()
     kw = dict(temperature=0.8, top_k=5)
-    want = model.generate(x, 50, generator=torch.Generator().manual_seed(42), **kw)
-    tokens, b, ent = sample.sample(model, x, 50, generator=torch.Generator().manual_seed(42), **kw)
+    want = model.generate(torch.tensor([prompt] * 2), 50,
+                          generator=torch.Generator().manual_seed(42), **kw)
+    tokens, b, ent = run_sample(model, prompt, 50, 42, **kw)
     assert torch.equal(tokens, want)
     full, full_b, _ = full_forward(model, tokens)
     logp = torch.log_softmax(full, -1)
@@ -1145,8 +1159,8 @@ def test_generation_never_rewrites_what_it_yielded(mode):
 def test_generation_never_picks_ids_beyond_n_valid():
     model = tiny_model('whitespace')
     x = torch.zeros(4, 1, dtype=torch.long)
-    tokens, _, _ = sample.sample(model, x, 60, temperature=5.0, n_valid=3,
-                                 generator=torch.Generator().manual_seed(0))
+    tokens = torch.cat([step.tokens for step in model.steps(
+        x, 60, temperature=5.0, generator=torch.Generator().manual_seed(0), n_valid=3)], 1)
     assert int(tokens.max()) < 3 and int(tokens[:, 1:].max()) == 2   # masked, yet sampling
 
 
