@@ -212,7 +212,9 @@ def significance(groups):
                 better.append(p is not None and p < P_STAR and test.statistic < 0)
             notes += [f'{g["mode"]} {g["flags"]}'.strip() + f' vs {base["mode"]} ({g["data"]}, '
                       f'{g["budget"]}): ' + '; '.join(note)] if note else []
-        g['star'] = bool(better) and all(better)
+        # the paper stars a source (not a baseline) that beats vanilla and fixed pooling alike
+        g['star'] = (g['boundary'] not in BASELINES and all(better)
+                     and any(b['boundary'] == 'none' for b in bases[shape(g)]))
     return notes
 
 

@@ -366,6 +366,18 @@ def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsy
     assert out.count(report.SIGNIFICANCE) == 1      # no star shown: no caption under --by-data
 
 
+def test_no_star_for_a_baseline_nor_without_vanilla(tmp_path, capsys):
+    """The paper stars a source better than vanilla and fixed pooling: never a baseline itself
+    (fixed k=2 far below vanilla), never a source shown against fixed pooling alone."""
+    seeded_runs(tmp_path / 'a', {'none': {1: 2.50, 2: 2.61, 3: 2.55}, 'fixed2': WS})
+    seeded_runs(tmp_path / 'b', {'fixed2': {1: 2.50, 2: 2.61, 3: 2.55}, 'whitespace': WS})
+    for folder, source, base in (('a', 'fixed k=2', 'none'), ('b', 'whitespace', 'fixed k=2')):
+        assert report.main([str(tmp_path / folder), '--markdown']) == 0
+        seeds = md_table(capsys.readouterr().out, 'over seeds')
+        assert significant(seeds[source][f'p vs {base}'])
+        assert not any('*' in row['test BPC'] for row in seeds.values()), folder
+
+
 def test_seeds_that_do_not_pair_get_no_p_and_a_note(tmp_path, capsys):
     """Seed 3 without a vanilla run: left out, the p of seeds 1 and 2 (by hand), a note; fixed k=2
     shares one seed only, and a FLOP-budget run pairs with no equal-step baseline: '-', a note."""
