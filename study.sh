@@ -9,7 +9,7 @@
 #
 # Parts (runs shared between parts, e.g. vanilla at seed 1337, run once):
 #   seeds      the seven sources on the text8 slice: none, fixed2, whitespace, unigram (V=10000),
-#              entropy, gumbel (alpha 0.2), hnet
+#              entropy, gumbel (alpha 0.2), hnet; all: seeds and pareto
 #   pareto     at --pareto-seeds: Unigram V = 200 500 1000 3000 5000 10000, Gumbel alpha = 0.20
 #              0.25 0.30 0.37 0.45, fixed k = 1 (vanilla) 2 3 4 5 6; one panel per --langs
 #              (default text8: the slice; fi he vi: the shared raw text of --raw-dir)
@@ -23,7 +23,7 @@
 #   scaling    test BPC against total layers (--scaling-layers, default 8 12 16 20): 2 + 2 outer
 #              layers and the shortened stage grown, for --modes (default none whitespace)
 # Modes by name: none, fixedK (any K), whitespace, unigram, entropy, gumbel, hnet.
-# Runs land in --out (default runs/<part>-<steps>), one folder each. A finished run (its log has a
+# Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
 # where an interrupted study stopped. Keep the flags after -- the same for one --out.
 # --jobs N runs N at a time, each with OMP_NUM_THREADS=1 (on a 2-core machine two one-thread runs
@@ -68,8 +68,9 @@ while [ $# -gt 0 ]; do
 done
 train_flags=("$@")
 case $part in
-  seeds|pareto|languages|table1|table2|scaling) ;;
-  *) code=2 die "--part must be seeds, pareto, languages, table1, table2 or scaling, not '$part'" ;;
+  seeds|pareto|all|languages|table1|table2|scaling) ;;
+  *) code=2 die "--part must be seeds, pareto, all, languages, table1, table2 or scaling," \
+                "not '$part'" ;;
 esac
 [ "$part" = table1 ] && steps=${steps:-200000}
 steps=${steps:-1000}
@@ -91,7 +92,7 @@ for n in $scaling_layers; do
   [[ $n =~ ^[0-9]+$ && $n -ge 5 ]] || code=2 die "--scaling-layers are totals of at least 5, not '$n'"
 done
 [ -n "$seeds$pareto_seeds" ] || code=2 die "no seeds given"
-out=${out:-runs/$part-$steps}
+out=${out:-runs/study-$steps}
 
 # train.py flags of a mode by name (fixedK: any k); $1 the mode, $2 the language (Gumbel's prior).
 mode_flags() {
@@ -110,9 +111,9 @@ plan=()
 add() { local n=$1; for p in "${plan[@]}"; do [ "${p%% *}" = "$n" ] && return; done; plan+=("$*"); }
 for s in $seeds; do
   case $part in
-    seeds)
-      for m in none fixed2 whitespace unigram entropy gumbel hnet; do
-        add "$m-s$s" "$(dataset text8)" $(mode_flags $m text8) --seed "$s"
+    seeds|all)   # names as the pareto part's, so the runs both parts have run once
+      for m in none fixed2 whitespace unigram-u10000 entropy gumbel-a0.20 hnet; do
+        add "$m-s$s" "$(dataset text8)" $(mode_flags ${m%%-*} text8) --seed "$s"
       done ;;
     languages|table1)
       for l in $langs; do
@@ -137,18 +138,19 @@ for s in $seeds; do
       done ;;
   esac
 done
-if [ "$part" = pareto ]; then
+if [ "$part" = pareto ] || [ "$part" = all ]; then
   for s in $pareto_seeds; do
     for l in $langs; do
+      r=$l-; [ "$l" = text8 ] && r=    # the text8 slice's runs keep their names of part seeds
       for v in 200 500 1000 3000 5000 10000; do
-        add "$l-unigram-u$v-s$s" "$(dataset "$l" $v)" --boundary unigram --seed "$s"
+        add "${r}unigram-u$v-s$s" "$(dataset "$l" $v)" --boundary unigram --seed "$s"
       done
       for a in 0.20 0.25 0.30 0.37 0.45; do
-        add "$l-gumbel-a$a-s$s" "$(dataset "$l")" --boundary gumbel --prior $a --seed "$s"
+        add "${r}gumbel-a$a-s$s" "$(dataset "$l")" --boundary gumbel --prior $a --seed "$s"
       done
-      add "$l-none-s$s" "$(dataset "$l")" --boundary none --seed "$s"    # fixed k = 1 is vanilla
+      add "${r}none-s$s" "$(dataset "$l")" --boundary none --seed "$s"   # fixed k = 1 is vanilla
       for k in 2 3 4 5 6; do
-        add "$l-fixed$k-s$s" "$(dataset "$l")" $(mode_flags fixed$k "$l") --seed "$s"
+        add "${r}fixed$k-s$s" "$(dataset "$l")" $(mode_flags fixed$k "$l") --seed "$s"
       done
     done
   done
