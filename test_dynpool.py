@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sample
-from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, PREDICTOR_MODES, SPACE, V,
-                      assert_close, full_forward, predictor_linear, random_tokens, tiny_config,
-                      tiny_model)
+from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, POOLED_LAST, PREDICTOR_MODES,
+                      SPACE, V, assert_close, full_forward, predictor_linear, random_tokens,
+                      tiny_config, tiny_model)
 from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss,
                      boundary_matrix, downsample, entropy_spikes, sinusoids, step_flops, upsample)
 
@@ -196,10 +196,24 @@ def leak_cases(draw, max_len=300):
 #    position; the batch's max segment count S changes too, which must not matter.
 # =============================================================================================
 @pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
-@pytest.mark.parametrize('mode', MODE_VARIANTS)
+@pytest.mark.parametrize('mode', MODES)
 @settings(max_examples=40, **HYPOTHESIS_FIXTURES)
 @given(case=leak_cases())
 def test_no_leakage_from_future_tokens(tiny, mode, training, case):
+    check_no_leakage(tiny, mode, training, case)
+
+
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+@pytest.mark.parametrize('mode', POOLED_LAST)
+@settings(max_examples=15, **HYPOTHESIS_FIXTURES)
+@given(case=leak_cases())
+def test_no_leakage_with_sub_sampling(tiny, mode, training, case):
+    """Pooling by the last token (Table 2) reads a segment only once it is complete, too; fewer
+    examples than above, as the boundaries and the rest of the model are the mean-pooled ones."""
+    check_no_leakage(tiny, mode, training, case)
+
+
+def check_no_leakage(tiny, mode, training, case):
     n, L, seed, p_space, cuts = case
     model = tiny(mode)
     gen = torch.Generator().manual_seed(seed)
@@ -1020,7 +1034,7 @@ def parity_cases(draw):
     return torch.tensor(rows, dtype=torch.long), L
 
 
-@pytest.mark.parametrize('mode', MODE_VARIANTS)
+@pytest.mark.parametrize('mode', MODES + POOLED_LAST[:2])   # sub-sampling: the short test below
 @settings(max_examples=10, **HYPOTHESIS_FIXTURES)
 @given(case=parity_cases())
 def test_cache_parity_with_full_forward(tiny, mode, case):
