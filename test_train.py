@@ -845,6 +845,32 @@ def test_train_unigram_run_ends_with_its_labels_sf_and_ceiling(tmp_path, capsys)
     assert all(0 < r['boundary_p'] < 1 for r in read_log(tmp_path / 'o') if r['kind'] == 'eval')
     assert 'FLOPs (at most' not in out and 'at most 1000000000' not in out
 
+def test_study_plans_the_papers_experiments():
+    """study.sh --dry-run: table1 is the paper's grid (6 datasets x 8 sources x 3 seeds, the GPU
+    preset's 200k steps on a GPU) with each command's FLOPs and a GPU-hours total; scaling grows
+    the shortened stage between 2 + 2 outer layers; fixed k of any k by name."""
+    def plan(*flags):
+        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        cmds = [shlex.split(x.split('    #')[0]) for x in r.stdout.splitlines()
+                if x.startswith('python train.py')]
+        assert all(x.split('    # ')[1].endswith(' FLOPs') for x in r.stdout.splitlines()
+                   if x.startswith('python train.py'))
+        return [dict(zip(c[2::2], c[3::2])) for c in cmds], r.stdout.splitlines()[-1]
+    table1, total = plan('--part', 'table1', '--device', 'cuda')
+    assert len(table1) == 6 * 8 * 3 and 'GPU-hours' in total
+    grid = {(c['--data'], c['--boundary'], c.get('--fixed-factor'), c['--seed']) for c in table1}
+    assert len(grid) == 144 and {c['--max-steps'] for c in table1} == {'200000'}
+    assert {d.split('/')[-1] for d, *_ in grid} == {'text8', 'wiki40b-en', 'wiki40b-fi',
+                                                    'wiki40b-he', 'wiki40b-vi', 'cc100-en'}
+    assert {k for _, b, k, _ in grid if b == 'fixed'} == {'2', '3', '4'}
+    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1')
+    want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
+            for n in (8, 12, 16, 20)}
+    assert {(c['--boundary'], c.get('--fixed-factor'), c['--layers']) for c in scaling} == want
+
+
 @pytest.mark.slow
 def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_language(tmp_path):
     """study.sh --part languages: per language vanilla, each pooled mode at equal steps and at
