@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import UserError, write_atomic
+from common import UserError, first_line, write_atomic
 from dataset import is_number, meta_problem
 from dynpool import Config, DynamicPoolingLM
 
@@ -142,7 +142,7 @@ def read_checkpoint(path, trust=False):
         if found and not trust:  # a readable file that pickles more than tensors and containers
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
                             f'loading refuses; load it only if you trust the file') from None
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split('. ')[0]
+        why = first_line(e).split('. ')[0]
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
                         f'{why}'[:300]) from None
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
@@ -211,7 +211,7 @@ def save_checkpoint(path, state, saved_step):
         torch.save(state, buf)
         write_atomic(path, write)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
-        why = getattr(e, 'strerror', None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = getattr(e, 'strerror', None) or first_line(e)
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
 
 

@@ -41,7 +41,8 @@ def _out_of_memory(e):
                                                                    'out of memory')))
 
 
-def _first_line(e):
+def first_line(e):
+    """An exception's message in one line: its first, or its type's name where it has none."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
@@ -56,9 +57,9 @@ def error_line(e):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
         where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        return f'{where + ": " if where else ""}{e.strerror or _first_line(e)}', 1
+        return f'{where + ": " if where else ""}{e.strerror or first_line(e)}', 1
     if _out_of_memory(e):
-        return f'out of memory ({_first_line(e)}); try a smaller batch, length or model', 1
+        return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
 
@@ -177,7 +178,7 @@ def write_atomic(path, data):
         fd = None
         os.replace(tmp, path)
     except OSError as e:   # named by the file the caller asked for, not the temporary one
-        raise OSError(e.errno, e.strerror or _first_line(e), str(path)) from None
+        raise OSError(e.errno, e.strerror or first_line(e), str(path)) from None
     finally:
         if fd is not None:
             os.close(fd)

@@ -64,7 +64,7 @@ def _retry_or_raise(what, e, attempt, retries, backoff):
     (but 408 and 429) fail at once: waiting will not help."""
     reason, status = getattr(e, 'reason', e), getattr(e, 'code', None) or getattr(
         getattr(e, 'response', None), 'status_code', None)
-    said, retry = (str(e).strip().splitlines() or [type(e).__name__])[0], True
+    said, retry = common.first_line(e), True
     if isinstance(reason, socket.gaierror):
         said, retry = f'cannot resolve the host ({reason.strerror or reason})', False
     elif isinstance(reason, ConnectionRefusedError):
@@ -256,7 +256,7 @@ def file_pieces(path, downloaded=False):
         if not (isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError))
                 or type(e).__module__.startswith('pyarrow')) or getattr(e, 'errno', None):
             raise
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = common.first_line(e)
         if downloaded:
             Path(os.path.realpath(path)).unlink(missing_ok=True)
             path.unlink(missing_ok=True)
