@@ -1,26 +1,15 @@
-"""
-What every dynpool script shares, written once: the error type and the one error boundary around
-`main`, the command-line parser and its range types, the atomic file write, the run-folder lock,
-and the optional matplotlib import.
-
-A script is a thin entry point:
-
-    def run(args): ...                      # raises UserError for anything the user can fix
-    def main(argv=None):
-        return common.main(lambda: run(parser().parse_args(argv)))
-    if __name__ == '__main__':
-        sys.exit(main())
-
-Validation lives where a thing is defined or read (Config, the data loader, the checkpoint
-reader); the operating system reports what it reports (a missing file, a full disk, a directory
-where a file belongs) as an OSError, which `main` turns into the same one line as a UserError.
+"""What every dynpool script shares, written once: the error type and the one error boundary around
+`main`, the flag parser and its range types, the atomic file write, the run-folder lock, the
+optional matplotlib import. A script is `common.main(lambda: run(parser().parse_args(argv)))`; the
+operating system reports what it reports (a missing file, a full disk) as an OSError, which `main`
+turns into the same one line as a UserError.
 """
 import argparse
 import math
 import os
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -31,14 +20,6 @@ class UserError(Exception):
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.code = code
-
-
-def _out_of_memory(e):
-    """True for the errors Python and torch raise when an allocation fails."""
-    names = {type(c).__name__ for c in type(e).__mro__}
-    return isinstance(e, MemoryError) or 'OutOfMemoryError' in names or (
-        isinstance(e, RuntimeError) and any(s in str(e) for s in ("can't allocate memory",
-                                                                   'out of memory')))
 
 
 def first_line(e):
@@ -58,7 +39,9 @@ def error_line(e):
     if isinstance(e, OSError):
         where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
         return f'{where + ": " if where else ""}{e.strerror or first_line(e)}', 1
-    if _out_of_memory(e):
+    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError saying so
+    if {'MemoryError', 'OutOfMemoryError'} & {c.__name__ for c in type(e).__mro__} or isinstance(
+            e, RuntimeError) and any(s in str(e) for s in ("can't allocate", 'out of memory')):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
@@ -79,16 +62,13 @@ def main(run, rank=0):
         if said is None:
             raise
         if isinstance(e, BrokenPipeError):   # Python's exit would flush into it again
-            try:
+            with suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError):
-                pass
         if rank == 0:
             print(f'error: {said[0]}', file=sys.stderr, flush=True)
         return said[1]
 
 
-# ----------------------------------------------------------------------------- command line
 class Parser(argparse.ArgumentParser):
     """argparse whose mistakes are one UserError line (exit code 2), not the usage and a message."""
 
@@ -96,28 +76,25 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def _parse(s, kind, rule):
-    """s → int or float (finite), or ArgumentTypeError naming the rule."""
-    try:
-        v = kind(s)
-    except (TypeError, ValueError, OverflowError):
-        v = None
-    if v is None or (kind is float and not math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-    return v
+def _number(kind, rule, outside):
+    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError naming rule."""
+    def parse(s):
+        try:
+            v = kind(s)
+        except (TypeError, ValueError, OverflowError):
+            v = None
+        if v is None or kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
+        if outside(v):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
+        return v
+    return parse
 
 
 def int_range(lo, hi=None):
     """Argument type: an integer in [lo, hi] (hi None: no upper end)."""
     rule = f'an integer >= {lo}' if hi is None else f'an integer in [{lo}, {hi}]'
-
-    def parse(s):
-        v = _parse(s, int, rule)
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {v}')
-        return v
-    parse.__name__ = f'int_range({lo}, {hi})'
-    return parse
+    return _number(int, rule, lambda v: v < lo or hi is not None and v > hi)
 
 
 def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
@@ -125,15 +102,8 @@ def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
     ends = [f'{">" if lo_open else ">="} {lo:g}' if lo is not None else '',
             f'{"<" if hi_open else "<="} {hi:g}' if hi is not None else '']
     rule = 'a finite number ' + ' and '.join(e for e in ends if e) if any(ends) else 'a number'
-
-    def parse(s):
-        v = _parse(s, float, rule)
-        if (lo is not None and (v < lo or lo_open and v == lo)
-                or hi is not None and (v > hi or hi_open and v == hi)):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
-        return v
-    parse.__name__ = f'float_range({lo}, {hi})'
-    return parse
+    return _number(float, rule, lambda v: lo is not None and (v < lo or lo_open and v == lo)
+                   or hi is not None and (v > hi or hi_open and v == hi))
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
@@ -153,7 +123,6 @@ def nonblank(s):
     return s
 
 
-# ----------------------------------------------------------------------------- files
 def write_atomic(path, data):
     """Replace `path` by `data` (bytes, str, or a function that writes to the path it is given),
     never half of each: a uniquely named temporary file in the same folder, fsynced, then renamed
@@ -162,26 +131,19 @@ def write_atomic(path, data):
     if path.exists() and not path.is_file():   # /dev/null, a FIFO, a folder: never replaced
         raise UserError(f'{path} is not a regular file: write to a file')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
+    os.close(fd)   # (written by name below)
     try:   # mkstemp makes the file private (0600): give it the mode the file had, or a new one's
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         if callable(data):
-            os.close(fd)
-            fd = None   # closed: a failing data(tmp) must not close it again (EBADF would hide it)
             data(tmp)
-            fd = os.open(tmp, os.O_RDONLY)
         else:
-            view = memoryview(data.encode() if isinstance(data, str) else data)
-            while view:   # os.write may write less than it is given
-                view = view[os.write(fd, view[:1 << 30]):]
-        os.fsync(fd)   # on disk before the rename: a power cut leaves the old file, not none
-        os.close(fd)
-        fd = None
+            Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
+        with open(tmp, 'rb') as f:   # on disk before the rename: a power cut leaves the old file
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:   # named by the file the caller asked for, not the temporary one
         raise OSError(e.errno, e.strerror or first_line(e), str(path)) from None
     finally:
-        if fd is not None:
-            os.close(fd)
         if os.path.lexists(tmp):
             os.remove(tmp)
 
@@ -199,14 +161,12 @@ def locked(folder, what):
     folder.mkdir(parents=True, exist_ok=True)
     lock = filelock.FileLock(folder / '.lock', timeout=0)
     try:
-        lock.acquire()
+        held = lock.acquire()
     except filelock.Timeout:
         raise UserError(f'another process is using {folder} (it holds {folder / ".lock"}): '
                         f'wait for {what} to end or choose another folder') from None
-    try:
+    with held:   # (released at the block's end, however it ends)
         yield
-    finally:
-        lock.release()
 
 
 def import_pyplot(flag):
