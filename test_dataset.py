@@ -53,8 +53,8 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
     assert np.array_equal(labels['valid'], np.fromfile(root / 'valid.unigram-16.bin', np.uint8))
     _, _, labels = dataset.load_data(root, 'unigram', unigram=8)
     assert np.array_equal(labels['test'], np.fromfile(root / 'test.unigram-8.bin', np.uint8))
-    with pytest.raises(UserError, match=r'needs Unigram labels in .*; it has unigram-8, '
-                                        r'unigram-16 \(make them with: .* --unigram 32\)'):
+    with pytest.raises(UserError, match=r'needs Unigram labels in .* \(it has sizes \[8, 16\]; '
+                                        r'make them with: .* --unigram 32\)'):
         dataset.load_data(root, 'unigram', unigram=32)
     # labels under other names are found through "labels"; a set from before "unigram_sets" too
     other, meta2 = make_dataset(tmp_path / 'other', unigram=(8,))
@@ -69,7 +69,8 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
     assert len(dataset.load_data(other, 'unigram', unigram=8)[2]['train']) == 300
     (other / 'meta.json').write_text(json.dumps(dict(old, unigram=None)))
     with pytest.raises(UserError,
-                       match=r'needs Unigram labels in \S+ \(make them with: .*--unigram 10000\)'):
+                       match=r'needs Unigram labels in \S+ \(it has sizes \[\]; make them with: '
+                             r'.*--unigram 10000\)'):
         dataset.load_data(other, 'unigram')
 
 
@@ -86,7 +87,6 @@ DAMAGE = [
     ('alphabet', 'abcde', '"alphabet" is'),
     ('space_id', 1, '"space_id" is'),
     ('space_id', True, '"space_id" is'),
-    ('newline_id', 0, '"newline_id" is'),
     ('vocab_size', 6, '"alphabet" is'),
     ('vocab_size', 5.0, '"vocab_size" is'),
     ('vocab_size', 300, '"vocab_size" is'),
@@ -94,7 +94,6 @@ DAMAGE = [
     ('dtype', ['uint8'], '"dtype" is'),
     ('sizes', {'train': '300'}, '"sizes" is'),
     ('sizes', {'train': 3.5e2}, '"sizes" is'),
-    ('mean_word_length', -1, '"mean_word_length" is'),
     ('defaults', {'prior': 1.5}, '"defaults" is'),
     ('defaults', {'unigram': 'many'}, '"defaults" is'),
 ]
