@@ -1,20 +1,9 @@
 """
-hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025) as a boundary source of dynpool,
-boundary='hnet': a router, selection of the vectors at chunk starts, an EMA over chunks with a
-straight-through confidence on the way back, and a ratio loss towards a target compression. It
-is added as README's "Adding a boundary source" says, through every hook of BoundarySource, so
-that dynpool.py stays the paper's model alone.
-
-    import hnet  # noqa: F401  (registers boundary='hnet', before reading dynpool.BOUNDARY_MODES)
-    model = DynamicPoolingLM(Config(boundary='hnet', ratio_target=6.0))
-
-Causality. The router decides that a chunk starts at t from h_{t-1} and h_t. The shortened stage
-reads the pre-stage vector at each chunk start, which holds x_{<=start}, and token t reads the
-chunk that started last at or before t: logits at t depend on x_{<=t} only. In the project's
-boundary convention (docs/design.md) a chunk starting at t+1 is a segment ending at t, so
-b_t = start_{t+1}: b_t is decided by x_{t+1}, one token later than the other sources decide it,
-and it is never read by token t (token t uses start_{<=t} = b_{<t}). The last token's b is 0: the
-token after it is unknown. Generation reports b_t when token t+1 has decided it (late_boundary).
+hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through the
+hooks of BoundarySource so that dynpool.py stays the paper's model (docs/hnet.md); `import hnet`
+registers it. Causality: token t reads its own chunk, whose vector was selected at its start, so
+logits at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
+never read by token t, 0 for the last token; generation reports it a token later (late_boundary).
 """
 
 from dataclasses import dataclass
@@ -31,11 +20,7 @@ from dynpool import BoundarySource, Routing, register_source, require
 class HNetOptions:
     """hnet's own Config fields (register_source adds them to Config: flags, checkpoints)."""
     ratio_target: float = 6.0          # target compression N of the ratio loss (text8: ~6)
-    # α: the ratio loss pulls the mean p_t with α·N/(N−1)·(N·F − 1), F the fraction of starts, a
-    # spring slack at F = 1/N; the LM pulls towards more chunks, so F settles above 1/N by a gap
-    # that shrinks as α grows. H-Net's α = 0.03 fits its models; on the CPU preset (1,000 steps,
-    # seeds 1337, 2) N = 6 settled at SF 3.69 ± 0.35 with it, 5.95 ± 0.09 with α = 1 (BPC alike).
-    ratio_weight: float = 1.0
+    ratio_weight: float = 1.0          # α (H-Net: 0.03, which left SF 3.69 at N = 6 on our CPU)
 
 
 def start_probability(q, k):
@@ -45,20 +30,17 @@ def start_probability(q, k):
 
 
 def select_starts(h, start, S):
-    """The rows of h [B, L, D] at chunk starts (start [B, L] bool), in order → [B, S, D], zero rows
-    after a row's last chunk; S >= the most chunks of a row."""
-    B, L, D = h.shape
-    t = torch.arange(L, device=h.device).expand(B, L)
-    where = torch.where(start, t, L).sort(1).values[:, :S]             # [B, S] starts; L: none
+    """h [B, L, D] at chunk starts (start [B, L] bool) → [B, S, D], zero rows after the last."""
+    L, D = h.shape[1:]
+    where = torch.where(start, torch.arange(L, device=h.device), L).sort(1).values[:, :S]  # L: none
     z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
     return z * (where < L)[..., None].to(h.dtype)
 
 
 def smooth_chunks(z, P):
     """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i, each product the
-    # exp of a sum of log(1 − P_k). P_k = 1 (cos = −1) would put −inf into the sums, and NaN into
-    # their gradient even where masked: the log reads it as 1 − 1e-6.
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i. P_k = 1 would put
+    # −inf into the log sums and NaN into their gradient even where masked: read as 1 − 1e-6.
     P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
     log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
@@ -69,8 +51,7 @@ def smooth_chunks(z, P):
 
 
 def ratio_loss(start, p, N):
-    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of chunk starts, G the mean start
-    probability, both over the batch: 1 at F = G = 1/N, larger elsewhere while F ≈ G."""
+    """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of starts, G the mean p over the batch."""
     frac, mean_p = start.float().mean(), p.float().mean()
     return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
 
@@ -90,26 +71,23 @@ class ChunkPoolingState:
 
 
 class ChunkPooling(nn.Module):
-    """Chunk starts → the shortened stage (down, by selection); back to tokens (up): token t gets
-    its own chunk's EMA-smoothed output times a straight-through confidence (value 1, gradient of
-    c_t = p_t at a chunk start, 1 − p_t elsewhere), plus a projection of its pre-stage output."""
-
+    """Down: the vectors at chunk starts. Up: token t gets its chunk's z̄ times STE(c_t) (value 1,
+    gradient of c_t = p_t at a start, 1 − p_t elsewhere) plus W_r h_t."""
     def __init__(self, cfg):
         super().__init__()
         self.residual = nn.Linear(cfg.d_model, cfg.d_model)
         self.bucket = cfg.seg_bucket
 
     def down(self, h, routing):
-        """h [B, L, D] → [B, S, D]: the vectors at chunk starts, zero rows padding S to a bucket."""
+        """h [B, L, D] → [B, S, D], zero rows padding S to a bucket."""
         bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
         S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
         return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
-        z_bar = self.smooth(s, routing)
         chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
-        out = z_bar.gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        out = self.smooth(s, routing).gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
         confidence = torch.where(routing.start, routing.p, 1 - routing.p)
         one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
         return out * one + self.residual(h)
@@ -120,11 +98,9 @@ class ChunkPooling(nn.Module):
         return smooth_chunks(s, P[..., 0])
 
     def rows(self, routing):
-        """[B] rows of down()'s output that the shortened stage keeps for generation."""
         return routing.start.sum(1)
 
     def prefill_state(self, h, s, routing):
-        """The running state after a whole prompt: h, s as in down() and up()."""
         last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
         return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
 
@@ -144,8 +120,7 @@ class ChunkPooling(nn.Module):
 
 class HNetBoundaries(BoundarySource):
     """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
-    p_t > ½; trained through the pooling (EMA rates, confidence) and a ratio loss towards a
-    compression N. Measured against the spaces when whitespace_id is set, never trained on them."""
+    p_t > ½; measured against the spaces (whitespace_id), never trained on them."""
     Pooling = ChunkPooling
     Options = HNetOptions
 
@@ -161,11 +136,7 @@ class HNetBoundaries(BoundarySource):
                 f'ratio_weight >= 0, got {cfg.ratio_target} and {cfg.ratio_weight}')
 
     def init_model(self, model):
-        """H-Net's initialisation: W_q = W_k = I (the router compares the pre-stage outputs), a
-        zero residual projection (the token's own path starts closed), embeddings of std 1. Nearly
-        orthogonal neighbours (p_t ≈ ½) flip to "no start" with a small component shared by all
-        tokens, which the first Adam steps add quickly next to embeddings of std 0.02: on the CPU
-        preset no chunk at all at step 20; at std 1 the router keeps chunking from the start."""
+        """H-Net's init: W_q = W_k = I, W_r = 0, embeddings std 1 (0.02 stopped the chunking)."""
         nn.init.eye_(self.q.weight)
         nn.init.eye_(self.k.weight)
         nn.init.zeros_(model.pooling.residual.weight)
@@ -180,8 +151,7 @@ class HNetBoundaries(BoundarySource):
         return self.route(F.pad(p, (1, 0), value=1.0))
 
     def step(self, h, x, state):
-        h_before = state.pooling.last_h                                  # [B, D] h_{t-1}
-        return self.route(start_probability(self.q(h_before), self.k(h[:, 0]))[:, None])
+        return self.route(start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))[:, None])
 
     def late_boundary(self, routing):
         return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment

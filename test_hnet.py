@@ -80,7 +80,7 @@ def test_hnet_smoothing_matches_loop(S, seed, n_ones):
     assert torch.isfinite(P.grad).all()
 
 
-@settings(max_examples=30)
+@settings(max_examples=15)
 @given(L=st.integers(1, 30), seed=st.integers(0, 2**31 - 1))
 def test_hnet_selection_and_upsampling_match_loop(L, seed):
     """The router compares neighbours; the shortened sequence is the vectors at chunk starts; token
@@ -231,8 +231,8 @@ def test_hnet_router_keeps_chunking_early_in_training():
         for step in range(20):
             for group in opt.param_groups:
                 group['lr'] = 1e-3 * (step + 1) / 50   # the CPU preset's warm-up
-            starts = torch.randint(0, len(ids) - 65, (4,), generator=gen)
-            chunk = torch.stack([ids[s:s + 65] for s in starts])
+            starts = torch.randint(0, len(ids) - 33, (2,), generator=gen)   # batch 2 × 32
+            chunk = torch.stack([ids[s:s + 33] for s in starts])
             out = model(chunk[:, :-1], targets=chunk[:, 1:])
             opt.zero_grad()
             out.loss.backward()
