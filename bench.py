@@ -1,6 +1,6 @@
 """
-bench.py: speed and memory of a dynpool training step (vanilla, fixed and dynamic pooling), where
-its time goes, and cached against recomputed generation (docs/performance.md).
+bench.py: speed, memory and MFU of a dynpool training step (vanilla, fixed and dynamic pooling),
+and cached against recomputed generation (docs/performance.md).
 
     python bench.py                                  # CPU sizes: d 256, L 512, batch 4, 12 configs
     python bench.py --threads 1 --clock cpu          # 1 thread, CPU seconds: steady on a shared CPU
@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import inspect
 import json
-import math
 import os
 import re
 import resource
@@ -27,8 +26,9 @@ import torch
 import common
 import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from common import UserError
-from dynpool import PREDICTOR_MODES, Config, DynamicPoolingLM, step_flops
+from dynpool import Config, DynamicPoolingLM, step_flops
 from runtime import pick_device
+from train import layer_counts
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),
@@ -38,16 +38,10 @@ DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy5.5,'
                  'gumbel5.5,hnet5.5')
 GPU_EXTRA = 'vanilla+compile,ws5.5+compile,vanilla+blocked,ws5.5+blocked'  # paper preset on a GPU
-GENERATE_CONFIGS = ('vanilla', 'ws5.5')
 CONFIG = re.compile(r'vanilla|(fixed|ws|unigram|entropy|gumbel|hnet)(\d+(?:\.\d*)?)')
 ATTENTION = ('auto', 'sdpa', 'blocked')
 VOCAB = 27   # text8's alphabet; id 0 is the space
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
-
-
-def layer_counts(s):
-    """Argument type: 'pre,shortened,post' → ints (argparse names a ValueError; Config the rest)."""
-    return tuple(int(n) for n in s.split(','))
 
 
 def parse_args(argv=None):
@@ -62,16 +56,14 @@ def parse_args(argv=None):
                        ('d-head', 'width of one head'), ('d-inner', 'feed-forward width'),
                        ('seq-len', 'characters per sequence (L)'), ('batch', 'sequences per step')):
         a('--' + flag, type=size, help=what)
-    a('--layers', type=layer_counts, default=(2, 8, 2),
-      help='pre,shortened,post layers (2,8,2); vanilla runs their sum at full length')
+    a('--layers', type=layer_counts, default='2,8,2', help='pre,shortened,post (vanilla: the sum)')
     a('--dropout', type=common.fraction, default=0.1, help='residual dropout (0.1, as the paper)')
     a('--dropatt', type=common.fraction, default=0.1, help='attention dropout (0.1)')
     a('--attn-chunk', type=size, help='queries per attention block (Config.attn_chunk)')
     a('--attention', choices=ATTENTION, help='Config.attention of every configuration')
     a('--configs', help='comma-separated: vanilla, fixedK, wsK (K: mean segment length, e.g. '
-      'ws5.5), unigramK, entropyK, gumbelK, hnetK; each optionally with +compile and/or +sdpa, '
-      f'+blocked, +auto. Default: {DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS}, on a GPU '
-      f'also {GPU_EXTRA}')
+      'ws5.5), unigramK, entropyK, gumbelK, hnetK; each optionally +compile, +sdpa, +blocked, '
+      f'+auto. Default: {DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS} (GPU: +{GPU_EXTRA})')
     a('--steps', type=size, help='timed steps per configuration and round (3; 10 on a GPU)')
     a('--warmup', type=common.non_negative_int, help='untimed steps first (1; 3 on a GPU)')
     a('--rounds', type=size, help='rounds over the configurations (2; 1 on a GPU)')
@@ -83,31 +75,28 @@ def parse_args(argv=None):
     a('--adam', choices=['fused', 'foreach', 'loop'], default='fused', help='Adam implementation')
     a('--compile', action='store_true', help='torch.compile every configuration (as +compile)')
     a('--peak-n', type=size, help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
-    a('--peak-flops', type=common.positive_float,
-      help="MFU against this FLOP/s (e.g. the GPU's nominal bf16 peak) instead of the measured")
-    a('--no-pieces', action='store_true', help='skip timing the parts of the pooled steps')
-    a('--timeout', type=common.positive_float,
-      help="seconds one configuration's process may take (default: none; 300 on a GPU)")
+    a('--peak-flops', type=common.positive_float, help="MFU against this FLOP/s (e.g. a GPU's "
+      'nominal bf16 peak) instead of the measured peak')
+    a('--no-pieces', action='store_true', help='no effect (the part timing is gone): old commands')
+    a('--timeout', type=common.positive_float, help="seconds a configuration's process may take "
+      '(default: none; 300 on a GPU)')
     a('--plot', metavar='FILE', help='PNG of step time and memory against shortening factor')
     a('--profile', metavar='CONFIG', help='print the torch.profiler table of one step of CONFIG')
     a('--generate', action='store_true', help='time cached generation against recomputation')
     a('--context', type=size, default=1024, help='--generate: characters of context')
     a('--new', type=size, default=128, help='--generate: characters generated with the cache')
     a('--gen-batch', type=size, default=1, help='--generate: sequences side by side')
-    a('--recompute-steps', type=size, default=8,
-      help='--generate: characters generated by full recomputation (slow)')
+    a('--recompute-steps', type=size, default=8, help='--generate: characters by recomputation')
     a('--seed', type=common.seed_int, default=0, help='seed of weights, characters, boundaries')
     a('--one', metavar='CONFIG', help=argparse.SUPPRESS)   # the child: one configuration → JSON
     args = p.parse_args(argv)
-    dev = torch.device(pick_device(args.device))
-    args.device, cuda = str(dev), dev.type == 'cuda'
-    if dev.type not in ('cpu', 'cuda'):
-        raise UserError(f'--device {dev}: bench.py runs on cpu or cuda', code=2)
-    if args.clock == 'cpu' and cuda:
-        raise UserError('--clock cpu times CPU work only: use it with --device cpu', code=2)
+    args.device = pick_device(args.device)
+    cuda = args.device.startswith('cuda')
+    if args.device == 'mps' or args.clock == 'cpu' and cuda:
+        raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda, and with --clock '
+                        'cpu on cpu only', code=2)
     if args.plot and (args.generate or args.profile):
-        raise UserError('--plot draws the training table, which --generate and --profile do not '
-                        'make: drop one of them', code=2)
+        raise UserError('--plot draws the table, which --generate and --profile do not make', 2)
     default = dict(PRESETS[args.preset], steps=10 if cuda else 3, warmup=3 if cuda else 1,
                    rounds=1 if cuda else 2, peak_n=8192 if cuda else 2048,
                    timeout=300.0 if cuda else None,   # a GPU step is short and steady
@@ -115,70 +104,58 @@ def parse_args(argv=None):
                        f',{GPU_EXTRA}' if cuda else ''))
     args.__dict__.update({k: v for k, v in default.items() if getattr(args, k) is None})
     args.amp = ('bf16' if cuda else 'off') if args.amp == 'auto' else args.amp
-    args.names = list(dict.fromkeys(n for n in args.configs.split(',') if n))
-    if not args.names:
-        raise UserError('--configs is empty: name at least one, e.g. vanilla,ws5.5', code=2)
+    args.layers = tuple(int(n) for n in args.layers.split(','))
+    args.names = list(dict.fromkeys(args.configs.split(',')))   # '' is an unknown configuration
     single = args.one or args.profile
-    for name in GENERATE_CONFIGS if args.generate else [single] if single else args.names:
+    for name in ('vanilla', 'ws5.5') if args.generate else [single] if single else args.names:
         model_config(args, name)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.where = (torch.cuda.get_device_name(dev) if cuda else f'CPU, {torch.get_num_threads()} '
-                  'threads' + ', CPU time' * (args.clock == 'cpu'))
+    args.where = (torch.cuda.get_device_name(args.device) if cuda else f'CPU, '
+                  f'{torch.get_num_threads()} threads' + ', CPU time' * (args.clock == 'cpu'))
     return args
 
 
 # ----------------------------------------------------------------------------- configurations
-def parse_config(name, args):
-    """'ws5.5+compile+blocked' → (boundary mode, factor K or None, compiled?, attention or None)."""
+def model_config(args, name, **override):
+    """'ws5.5+compile+blocked' → (its Config, K or None, compiled?); a bad name or Config's own
+    refusal is one UserError (exit 2)."""
     base, *mods = name.split('+')
     m = CONFIG.fullmatch(base)
     if not m or not set(mods) <= {'compile', *ATTENTION}:
         raise UserError(f'unknown configuration {name!r}: use vanilla, fixedK, wsK, unigramK, '
-                        'entropyK, gumbelK or hnetK (e.g. ws5.5), optionally +compile, +sdpa, '
-                        '+blocked, +auto', code=2)
-    compiled = args.compile or 'compile' in mods
-    attention = next((m for m in reversed(mods) if m != 'compile'), args.attention)
-    if base == 'vanilla':
-        return 'none', None, compiled, attention
-    k = float(m[2])
-    if not 1 <= k <= args.seq_len or (m[1] == 'fixed' and not k.is_integer()):
+                        'entropyK, gumbelK or hnetK, each optionally +compile, +sdpa, +blocked, '
+                        '+auto', code=2)
+    k = None if base == 'vanilla' else float(m[2])
+    if k is not None and not (1 <= k <= args.seq_len and (m[1] != 'fixed' or k.is_integer())):
         raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] (an '
                         f'integer for fixed)', code=2)
-    return {'ws': 'whitespace'}.get(m[1], m[1]), k, compiled, attention
-
-
-def model_config(args, name, **override):
-    """The Config of configuration `name`; Config's own refusal as one UserError (exit 2)."""
-    mode, k, _, attention = parse_config(name, args)
     kw = dict(vocab_size=VOCAB, d_model=args.d_model, n_head=args.n_head, d_head=args.d_head,
               d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt,
-              layers=args.layers, boundary=mode, whitespace_id=0,
-              fixed_factor=int(k) if mode == 'fixed' else 2)
-    kw.update({k: v for k, v in (('attn_chunk', args.attn_chunk), ('attention', attention)) if v})
+              layers=args.layers, boundary={'ws': 'whitespace', None: 'none'}.get(m[1], m[1]),
+              whitespace_id=0, fixed_factor=int(k) if m[1] == 'fixed' else 2)
+    attention = next((a for a in reversed(mods) if a != 'compile'), args.attention)
+    kw.update({f: v for f, v in (('attn_chunk', args.attn_chunk), ('attention', attention)) if v})
     try:
-        return Config(**{**kw, **override})
+        return Config(**{**kw, **override}), k, args.compile or 'compile' in mods
     except ValueError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
 
 
 def prepared(args, name):
-    """(model, step(), outs, (x, y, b)): the seeded model of `name` in training mode (its boundary
-    rate set to about 1/K); a training step (compiled if asked) with Adam at learning rate 0 (an
-    update's arithmetic, weights unchanged, so every step pools alike), its output in outs[0];
-    x, y [B, L] random characters and the next ones; b [B, L] random boundaries for wsK (and
-    unigramK's targets), else None."""
+    """(model, step(), outs, (x, y, b)): the seeded model of `name`, training; a step (compiled if
+    asked) with Adam at learning rate 0 (an update's arithmetic, weights unchanged, so every step
+    pools alike), its output in outs[0]; x, y [B, L] random characters and the next ones; b [B, L]
+    round(L/K) random boundaries per row for wsK (unigramK's targets), else None."""
     torch.manual_seed(args.seed)
-    mode, k, compiled, _ = parse_config(name, args)
-    model = DynamicPoolingLM(model_config(args, name)).to(args.device).train()
+    cfg, k, compiled = model_config(args, name)
+    model = DynamicPoolingLM(cfg).to(args.device).train()
     gen = torch.Generator().manual_seed(args.seed)
     B, L = args.batch, args.seq_len
     x = torch.randint(0, VOCAB, (B, L + 1), generator=gen)
-    b = None if mode not in ('whitespace', 'unigram') else torch.stack([   # round(L/K) per row
+    b = None if cfg.boundary not in ('whitespace', 'unigram') else torch.stack([
         torch.randperm(L, generator=gen) < max(1, round(L / k)) for _ in range(B)]).float()
     x, y, b = (t if t is None else t.to(args.device) for t in (x[:, :-1], x[:, 1:], b))
-    if mode in PREDICTOR_MODES or hasattr(model.source, 'route'):
-        calibrate(model, x, k)
     impl = {'fused': dict(fused=True), 'foreach': dict(foreach=True), 'loop': dict(foreach=False)}
     opt = torch.optim.Adam(model.parameters(), lr=0.0, **impl[args.adam])
     run, outs = torch.compile(model) if compiled else model, [None]
@@ -192,49 +169,15 @@ def prepared(args, name):
     return model, step, outs, (x, y, b)
 
 
-def calibrate(model, x, k):
-    """Shift the boundary source's scores once (a forward hook, kept) so that about 1/k of the
-    tokens of x end a segment: a predictor's logits, or a router's start probabilities p (p_0 = 1
-    stays a start) through its own route(p). Untrained weights would pool at any rate."""
-    predicted = model.cfg.boundary in PREDICTOR_MODES
-    unit, seen = model.source.predictor if predicted else model.source, []
-    hook = unit.register_forward_hook(lambda m, a, out: seen.append(out))
-    with torch.no_grad():
-        model(x)
-    hook.remove()
-    if not predicted:   # p_t > ½ starts a chunk: leave L/k - 1 starts after t = 0 per row
-        p, L = seen[0].p[:, 1:].detach().float().flatten(), x.size(1)
-        shift = 0.5 - torch.quantile(p, 1 - max(L / k - 1, 0) / (L - 1)).item() if L > 1 else 0
-        unit.register_forward_hook(lambda m, a, out: m.route(
-            torch.cat([out.p[:, :1], (out.p[:, 1:] + shift).clamp(0, 1)], 1)))
-        return
-    logits = seen[0].detach().float().flatten()
-    if model.cfg.boundary == 'gumbel':   # a hard sample is 1 with probability σ(logit): bisect
-        lo, hi = -30.0, 30.0
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if torch.sigmoid(logits + mid).mean() < 1 / k else (lo, mid)
-        shift = (lo + hi) / 2
-    else:                                # σ(logit) > threshold: at the (1 - 1/k) quantile
-        t = model.cfg.threshold
-        shift = math.log(t / (1 - t)) - torch.quantile(logits, 1 - 1 / k).item()
-    unit.register_forward_hook(lambda m, a, out: out + shift)
-
-
 # ----------------------------------------------------------------------------- timing, memory
-def sync(args):
-    if args.device.startswith('cuda'):
-        torch.cuda.synchronize()
-
-
 def time_calls(fn, n, args):
-    """Seconds of each of n calls of fn() by args.clock, on a GPU until its work is done (the
-    caller synchronises before the first)."""
+    """Seconds of each of n calls of fn() by args.clock, on a GPU until its work is done."""
     clock, times = CLOCKS[args.clock], []
     for _ in range(n):
         t = clock()
         fn()
-        sync(args)
+        if args.device.startswith('cuda'):
+            torch.cuda.synchronize()
         times.append(clock() - t)
     return times
 
@@ -244,9 +187,7 @@ def matmul_peak(args):
     n, cuda = args.peak_n, args.device.startswith('cuda')
     dtype = torch.bfloat16 if args.amp == 'bf16' else torch.float32
     a, b = (torch.randn(n, n, device=args.device, dtype=dtype) for _ in 'ab')
-    for _ in range(10 if cuda else 1):   # a GPU raises its clocks under load
-        torch.mm(a, b)
-    sync(args)
+    time_calls(lambda: torch.mm(a, b), 10 if cuda else 1, args)   # warm-up: GPU clocks rise
     return 2 * n ** 3 / min(time_calls(lambda: torch.mm(a, b), 20 if cuda else 5, args))
 
 
@@ -261,73 +202,38 @@ def resident(field):
             1 if sys.platform == 'darwin' else 1024)
 
 
-def reset_peak_rss():
-    """Restart VmHWM at the current resident set (Linux; elsewhere the peak stays the process's)."""
-    with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')
-
-
-# ----------------------------------------------------------------------------- one configuration
+# ----------------------------------------------------------------------------- the table
 def run_one(args, name):
-    """The child: warm up, time args.steps steps, time the parts, print one JSON line. Memory: the
-    peak over the timed steps (compilation and autotuning are not in it); step mem is that peak
-    minus what was in use before the warm-up (so the gradients and Adam moments it makes count)."""
-    model, step, outs, batch = prepared(args, name)
+    """The child: warm up, time args.steps steps, print one JSON line (--profile: the profiler's
+    table of one step). Memory: the peak over the timed steps (compilation and autotuning are not
+    in it); step mem: that peak minus the use before the warm-up (gradients, Adam moments count)."""
+    step, outs = prepared(args, name)[1:3]
     cuda = args.device.startswith('cuda')
     base = torch.cuda.memory_allocated() if cuda else resident('VmRSS')
-    for _ in range(args.warmup):
-        step()
-    sync(args)
+    time_calls(step, max(args.warmup, bool(args.profile)), args)
+    if args.profile:
+        with torch.profiler.profile() as prof:   # CPU, and CUDA where there is one
+            time_calls(step, 1, args)
+        sort = f'self_{"device" if cuda else "cpu"}_time_total'
+        return print(prof.key_averages().table(row_limit=25, sort_by=sort))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    else:
-        reset_peak_rss()
+    else:   # restart VmHWM at the resident set of now (Linux; elsewhere the process's peak stays)
+        with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
     times = time_calls(step, args.steps, args)
     peak = torch.cuda.max_memory_allocated() if cuda else resident('VmHWM')
     sf = outs[0].shortening_factor
-    mode, _, compiled, _ = parse_config(name, args)
-    parts = {} if args.no_pieces or compiled or mode == 'none' else time_parts(args, model, *batch)
-    print(json.dumps(dict(name=name, times=times, peak=peak, step_mem=peak - base, parts=parts,
+    print(json.dumps(dict(name=name, times=times, peak=peak, step_mem=peak - base,
                           sf=1.0 if sf is None else float(sf))), flush=True)
 
 
-def time_parts(args, model, x, y, b):
-    """{part: seconds} of forward + backward of each stage, of the pooling (down and up) and of the
-    boundary source, each alone on the inputs the model gives it (caught by hooks, so any source
-    works; median of 3 after one untimed)."""
-    seen, units = {}, {n: getattr(model, n) for n in model.stage_names}
-    hooks = [u.register_forward_pre_hook(lambda m, a, n=n: seen.update({n: a}))
-             for n, u in units.items()]
-    hooks.append(model.source.register_forward_hook(lambda m, a, o: seen.update(source=(a, o))))
-    with torch.no_grad():
-        model(x, targets=y, boundaries=b)
-    for hook in hooks:
-        hook.remove()
-    (h, *inputs), routing = seen['source']   # h: the pre stage's output, pooled too
-    pool = model.pooling
-    fns = {n: (seen[n][0], lambda h, n=n: units[n](h, *seen[n][1:])) for n in units}
-    fns['pooling'] = h, lambda h: pool.up(pool.down(h, routing), routing, h)
-    fns['boundary source'] = h, lambda h: model.source(h, *inputs)
-
-    def fwd_bwd(h, fn):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=args.amp == 'bf16'):
-            out = fn(h.detach().requires_grad_())
-        outs = [v for v in ([out] if torch.is_tensor(out) else vars(out).values())
-                if torch.is_tensor(v) and v.requires_grad]
-        if outs:   # fixed and ws decide without weights: forward only
-            sum(o.float().sum() for o in outs).backward()
-    return {p: statistics.median(time_calls(lambda: fwd_bwd(*f), 4, args)[1:])
-            for p, f in fns.items()}
-
-
-# ----------------------------------------------------------------------------- the table
-def spawn(args, name, pieces):
+def spawn(args, name):
     """Configuration `name` in a fresh process (so its peak memory cannot hide behind another's,
     and --timeout can stop it) → (its record, None) or (None, why it failed)."""
     cmd = [sys.executable, os.path.abspath(__file__), *args.argv, '--one', name]
     try:
-        r = subprocess.run(cmd + ([] if pieces else ['--no-pieces']), capture_output=True,
-                           text=True, timeout=args.timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return None, f'took over {args.timeout:g} s (--timeout)'
     if r.returncode:
@@ -337,9 +243,9 @@ def spawn(args, name, pieces):
 
 
 def measure(args):
-    """Every configuration in interleaved rounds (a noisy neighbour slows all alike; the parts are
-    timed in the first), the matmul peak before each → ({name: row}, {name: why it failed}, peak).
-    A row: the median step over all rounds, peak and step memory, SF, model FLOPs."""
+    """Every configuration in interleaved rounds (a noisy neighbour slows all alike), the matmul
+    peak before each → ({name: row}, {name: why it failed}, peak). A row: the median step over
+    all rounds, peak and step memory, SF, model FLOPs."""
     dtype = 'bf16 autocast' if args.amp == 'bf16' else 'fp32' + ' (TF32 matmuls)' * (
         args.device.startswith('cuda'))
     print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner '
@@ -351,10 +257,9 @@ def measure(args):
     runs, failed, peaks = {n: [] for n in args.names}, {}, []
     for r in range(args.rounds):
         peaks.append(matmul_peak(args))
-        if args.device.startswith('cuda'):
-            torch.cuda.empty_cache()   # the children get the memory the matrices held
+        torch.cuda.empty_cache()   # the children get the memory the matrices held (no-op on CPU)
         for n in [n for n in args.names if n not in failed]:
-            record, why = spawn(args, n, pieces=r == 0)
+            record, why = spawn(args, n)
             if record:
                 runs[n].append(record)
                 why = f'{statistics.median(record["times"]) * 1e3:9.0f} ms'
@@ -370,18 +275,18 @@ def summarise(args, runs):
     """{name: [records]} → {name: row} (see measure)."""
     table = {}
     for n, rs in runs.items():
-        sf, cfg = rs[0]['sf'], model_config(args, n)
+        sf, cfg = rs[0]['sf'], model_config(args, n)[0]
         n_short = None if cfg.boundary == 'none' else 1 + args.seq_len / sf
         table[n] = dict(time=statistics.median(t for r in rs for t in r['times']), sf=sf,
-                        peak=max(r['peak'] for r in rs), parts=rs[0]['parts'],
+                        peak=max(r['peak'] for r in rs),
                         mem=statistics.median(r['step_mem'] for r in rs),
                         flops=step_flops(cfg, args.batch, args.seq_len, n_short))
     return table
 
 
 def print_table(args, table, peak):
-    """The FLOP formula, the table (speed-up and memory ratio against vanilla with the same
-    +suffixes, if measured), the shares of a pooled step's parts."""
+    """The FLOP formula, then the table: speed-up and memory ratio against vanilla with the same
+    +suffixes (or plain vanilla), if measured."""
     doc = '\n'.join('  ' + ln for ln in inspect.cleandoc(step_flops.__doc__).splitlines())
     print(f'model FLOPs (dynpool.step_flops, n_short = 1 + L/SF, SF measured in the step):\n{doc}')
     w = max(8, *map(len, table))
@@ -401,15 +306,6 @@ def print_table(args, table, peak):
     print(f"speed-up: vanilla step time / this one; mem ratio: step mem / vanilla's; SF: "
           f'characters / complete segments; MFU against {peak / 1e9:.1f} GFLOP/s'
           + (' (--peak-flops)' if args.peak_flops else ' (the matmul peak)'))
-    parts = {n: row for n, row in table.items() if row['parts']}
-    if parts:
-        print("\nwhere a pooled step's time goes (each part alone, forward + backward; rest: "
-              'embedding, logits, losses, Adam, overheads):')
-    for n, row in parts.items():
-        shares = {p: t / row['time'] for p, t in row['parts'].items()}
-        print(f'  {n:{w}s} ' + ', '.join(f'{p} {100 * s:.0f}%' for p, s in shares.items())
-              + f', rest {100 * (1 - sum(shares.values())):.0f}%; pooling + boundary source '
-              f'{100 * (shares["pooling"] + shares["boundary source"]):.1f}%')
 
 
 def plot(args, table, plt):
@@ -433,49 +329,31 @@ def plot(args, table, plt):
     print(f'plot written to {args.plot}')
 
 
-# ----------------------------------------------------------------------------- profile, generation
-def profile_step(args, name):
-    """The torch.profiler table of one training step of `name` after warm-up."""
-    step, cuda = prepared(args, name)[1], args.device.startswith('cuda')
-    for _ in range(max(1, args.warmup)):
-        step()
-    sync(args)
-    with torch.profiler.profile() as prof:   # CPU, and CUDA where there is one
-        step()
-        sync(args)
-    print(prof.key_averages().table(row_limit=25, sort_by=f'self_{"device" if cuda else "cpu"}'
-                                                          '_time_total'))
-
-
+# ----------------------------------------------------------------------------- generation
 def bench_generate(args):
-    """Characters/s of cached decoding against recomputing the whole sequence per character, on
-    fixed text-like characters (so every method does the same work)."""
+    """Characters/s of model.generate (cached, prefill included) against recomputing the whole
+    sequence for each character, both greedy from the same text-like prompt x [B, C]."""
     gen = torch.Generator().manual_seed(args.seed)
-    B, C, n, m = args.gen_batch, args.context, args.new, args.recompute_steps
-    x = torch.randint(1, VOCAB, (B, C + max(n, m) + 1), generator=gen)
+    x = torch.randint(1, VOCAB, (args.gen_batch, args.context), generator=gen)
     x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = 0   # spaces: word-like segments for ws5.5
-    x = x.to(args.device)
-    print(f'generation: context {C}, batch {B}, d {args.d_model}, layers {args.layers}, '
-          f'{args.where}; the characters fed are fixed text-like ones, so every method '
-          f'does the same work\n  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
-    for name in GENERATE_CONFIGS:
+    x, n, m = x.to(args.device), args.new, args.recompute_steps
+    print(f'generation: context {args.context}, batch {args.gen_batch}, d {args.d_model}, layers '
+          f'{args.layers}, {args.where}; both methods greedy from the same prompt\n'
+          f'  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
+
+    def recompute(model, seq):
+        for _ in range(m):
+            seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
+    for name in ('vanilla', 'ws5.5'):
         torch.manual_seed(args.seed)
-        model = DynamicPoolingLM(model_config(args, name, dropout=0.0, dropatt=0.0))
+        model = DynamicPoolingLM(model_config(args, name, dropout=0.0, dropatt=0.0)[0])
         model = model.to(args.device).eval()
         with torch.no_grad():
-            _, state = model.prefill(x[:, :C], capacity=C + n)
-            for t in range(C, C + min(4, n)):   # warm-up, within the capacity of the caches
-                model.decode(x[:, t], state)
-            _, state = model.prefill(x[:, :C], capacity=C + n)
-            secs = {'cached decode (prefill excluded)': (n, lambda: [
-                         model.decode(x[:, t], state) for t in range(C, C + n)]),
-                    'model.generate (prefill included)': (n, lambda: model.generate(
-                         x[:, :C], n, top_k=5)),
-                    'full recomputation': (m, lambda: [
-                         model(x[:, :t + 1]).logits[:, -1].argmax(-1) for t in range(C, C + m)])}
-            rates = {k: B * chars / time_calls(fn, 1, args)[0] for k, (chars, fn) in secs.items()}
-        for method, r in rates.items():
-            print(f'  {name:10s} {method:36s} {r:9.1f} {r / rates["full recomputation"]:8.1f}×')
+            time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)   # warm-up
+            rates = [args.gen_batch * k / time_calls(fn, 1, args)[0] for k, fn in (
+                (n, lambda: model.generate(x, n, greedy=True)), (m, lambda: recompute(model, x)))]
+        for method, r in zip(('model.generate (prefill included)', 'full recomputation'), rates):
+            print(f'  {name:10s} {method:36s} {r:9.1f} {r / rates[1]:8.1f}×')
 
 
 # ----------------------------------------------------------------------------- main
@@ -487,8 +365,7 @@ def run(argv):
         torch.cuda.set_device(torch.device(args.device))
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if args.one or args.generate or args.profile:
-        return (run_one(args, args.one) if args.one else bench_generate(args) if args.generate
-                else profile_step(args, args.profile))
+        return bench_generate(args) if args.generate else run_one(args, args.one or args.profile)
     plt = common.import_pyplot('--plot') if args.plot else None   # before minutes of measuring
     table, failed, peak = measure(args)
     if table:
