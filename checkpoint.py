@@ -1,8 +1,5 @@
-"""ckpt.pt: the sealed, atomic write; the read that verifies the seal, loads weights_only, checks
-every field and refuses NaN or inf; the training state it holds, restored exactly on --resume.
-
-    model, ckpt = load_checkpoint('out/text8-entropy')    # a run folder or the file; eval mode
-"""
+"""ckpt.pt: the sealed atomic write; the read that verifies the seal, loads weights_only, checks
+every field and refuses NaN or inf; the training state it holds, restored exactly on --resume."""
 import dataclasses
 import hashlib
 import io
@@ -21,9 +18,8 @@ from common import UserError, first_line, write_atomic
 from dataset import is_number, meta_problem
 from dynpool import Config, DynamicPoolingLM
 
-# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (the archive's
-# last bytes, which torch.load and zip readers skip) is CHECKSUM_TAG and the SHA-256, in hex, of
-# every byte before the hex digits. Any flipped byte, anywhere in the file, fails the check.
+# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its last bytes,
+# which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte before the hex digits.
 CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
 _EOCD = b'PK\x05\x06'  # zip's end-of-central-directory record: 22 bytes, then the comment
 _SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
@@ -40,35 +36,24 @@ def write_sealed(f, data):
     f.write(h.hexdigest().encode())
 
 
-def verify_checksum(path):
-    """True where the checksum matches the content, False for torch.save's archive without one
-    (written before checkpoints carried one); UserError otherwise."""
-    with open(path, 'rb') as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - 22 - _SEAL))
-        tail = f.read()
-        if len(tail) != 22 + _SEAL or tail[:4] != _EOCD and tail[22:-64] != CHECKSUM_TAG:
-            if tail[-22:-18] == _EOCD and tail[-2:] == b'\0\0':
-                return False
-            raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint '
-                            f'(it does not end as one: cut short, or another kind of file)')
-        f.seek(0)
-        h, left = hashlib.sha256(), size - 64
-        while left > 0 and (block := f.read(min(left, 1 << 22))):
-            h.update(block)
-            left -= len(block)
-    if h.hexdigest().encode() != tail[-64:]:
-        raise UserError(f'checkpoint {path} is corrupt: its content does not match the SHA-256 '
-                        f'checksum written with it (a damaged disk or copy); use another copy')
-    return True
+def verify_checksum(data, path):
+    """A checkpoint's bytes → True: checksum matches, False: none (older); else UserError."""
+    tail = bytes(data[-22 - _SEAL:])
+    if len(tail) == 22 + _SEAL and (tail[:4] == _EOCD or tail[22:-64] == CHECKSUM_TAG):
+        if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != tail[-64:]:
+            raise UserError(f'checkpoint {path} is corrupt: its content does not match the SHA-256 '
+                            f'checksum written with it (a damaged disk or copy); use another copy')
+        return True
+    if data[-22:-18] != _EOCD or data[-2:] != b'\0\0':
+        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint (it '
+                        f'does not end as one: cut short, or another kind of file)')
+    return False
 
 
 def non_finite_tensor(obj, name=''):
-    """The name of the first tensor in obj (nested dicts, lists, tuples) that holds NaN or inf,
-    e.g. 'optimizer.state.3.exp_avg'; None if all are finite."""
+    """The name of obj's first tensor holding NaN or inf ('optimizer.state.3.exp_avg'), or None."""
     if isinstance(obj, torch.Tensor):
-        plain = not (obj.is_floating_point() or obj.is_complex())
-        return None if plain or bool(torch.isfinite(obj).all()) else name
+        return name if obj.is_floating_point() and not torch.isfinite(obj).all() else None
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
         obj, (list, tuple)) else ()
     found = (non_finite_tensor(v, f'{name}.{k}' if name else str(k)) for k, v in items)
@@ -76,31 +61,20 @@ def non_finite_tensor(obj, name=''):
 
 
 def config_from_dict(d, **extra):
-    """Config from dataclasses.asdict(Config) and extra; keys that are not Config fields are
-    ignored, missing ones take their defaults (checkpoints from before a new field still load).
-    UserError with exit code 2 (train.py's flags; read_checkpoint names the file instead)."""
-    if not isinstance(d, dict):
-        raise UserError(f'the config is a {type(d).__name__}, expected a dict')
+    """Config from asdict(Config) and extra: other keys ignored, missing ones default (checkpoints
+    from before a new field load); UserError, exit 2 (train.py's flags; read_checkpoint: file)."""
     names = {f.name for f in dataclasses.fields(Config)}
     try:
         return Config(**{k: v for k, v in {**d, **extra}.items() if k in names})
-    except (TypeError, ValueError) as e:
-        raise UserError(f'the config is invalid: {e}', code=2) from None
+    except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)
+        raise UserError(f'the config is invalid: {first_line(e)}', code=2) from None
 
 
-def _rng(v):
-    """train.py's RNG states: torch's and CUDA's byte tensors, numpy's and Python's state tuples."""
-    def byte_tensor(t):
-        return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
-    numpy, python = v.get('numpy'), v.get('python')
-    return (byte_tensor(v.get('torch')) and (v.get('cuda') is None or byte_tensor(v['cuda']))
-            and isinstance(numpy, (tuple, list)) and len(numpy) == 5 and numpy[0] == 'MT19937'
-            and isinstance(python, (tuple, list)) and len(python) == 3)
-
-
-def _is(*types, **keys):
-    """Rule: an instance of types whose keys (a dict's) hold the given types."""
-    return lambda v: isinstance(v, types) and all(isinstance(v.get(k), t) for k, t in keys.items())
+def _dict(keys=str, values=object, **fields):
+    """Rule: a dict of keys and values of these types, whose `fields` are of the given types."""
+    return lambda v: isinstance(v, dict) and all(
+        isinstance(k, keys) and isinstance(x, values) for k, x in v.items()) and all(
+        isinstance(v.get(k), t) for k, t in fields.items())
 
 
 # A checkpoint's fields and what each must be where present: {field: (rule, what it must be)}.
@@ -108,81 +82,73 @@ COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_numbe
 NUMBER_OR_NULL = (lambda v: v is None or is_number(v), 'a number >= 0 or null')
 FIELDS = dict(
     step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER, budget_flops=NUMBER,
-    train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_is(dict), 'a dict'),
-    args=(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), 'a dict of flags'),
-    optimizer=(_is(dict, state=dict, param_groups=list), 'a dict with state and param_groups'),
-    rng=(lambda v: isinstance(v, dict) and _rng(v), 'a dict of torch, cuda, numpy, python states'),
-    model=(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(
-        t, torch.Tensor) for k, t in v.items()), 'a dict of named tensors'),
+    train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_dict(object), 'a dict'),
+    args=(_dict(), 'a dict of flags'),
+    rng=(_dict(object, torch=torch.Tensor, numpy=(tuple, list), python=(tuple, list)),
+         'a dict of torch, cuda, numpy, python states'),
+    optimizer=(_dict(object, state=dict, param_groups=list), 'a dict with state and param_groups'),
+    model=(_dict(str, torch.Tensor), 'a dict of named tensors'),
     vocab=(lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
            'a dict of alphabet, vocab_size and space_id'),
-    dataset=(_is(dict, fingerprint=str), 'a dict with the fingerprint of the data'))
+    dataset=(_dict(object, fingerprint=str), 'a dict with the fingerprint of the data'))
+# numpy's RNG state, pickled as arrays: what weights_only loading must allow besides tensors
+_NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray, np.dtype,
+          *(type(np.dtype(t)) for t in ('u1', 'u2', 'u4', 'i4', 'i8', 'f4', 'f8', '?'))]
 
 
 def read_checkpoint(path, trust=False):
     """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified, loaded safely (tensors, containers, numpy's RNG state; trust=True: any pickle, only
-    for files you trust), every field checked, weights and optimizer state finite; one UserError
-    line for every way it can be wrong. One from before checksums loads with a warning (rank 0)."""
-    path = Path(path)
-    path = path / 'ckpt.pt' if path.is_dir() else path
+    verified (one from before checksums: a warning), loaded weights_only (trust=True: any pickle),
+    every field checked, weights and optimizer state finite; else one UserError line."""
+    path = Path(path) / 'ckpt.pt' if Path(path).is_dir() else Path(path)
     if not path.is_file():  # (a probe: opening a FIFO would hang)
         raise UserError(f'no checkpoint at {path}')
-    verified = verify_checksum(path)
-    core = getattr(np, '_core', None) or np.core  # numpy 2 / numpy 1
-    numpy_rng = [core.multiarray._reconstruct, np.ndarray, np.dtype] + [
-        type(np.dtype(t)) for t in (np.uint8, np.uint16, np.uint32, np.int32, np.int64,
-                                    np.float32, np.float64, np.bool_)]
+    data = path.read_bytes()   # verified and loaded from memory: the same bytes
+    verified = verify_checksum(data, path)
     try:
-        with torch.serialization.safe_globals(numpy_rng):
-            ckpt = torch.load(path, map_location='cpu', weights_only=not trust)
+        with torch.serialization.safe_globals(_NUMPY):
+            ckpt = torch.load(io.BytesIO(data), map_location='cpu', weights_only=not trust)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, TypeError, KeyError, IndexError, RecursionError) as e:
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:  # a readable file that pickles more than tensors and containers
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
                             f'loading refuses; load it only if you trust the file') from None
-        why = first_line(e).split('. ')[0]
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
-                        f'{why}'[:300]) from None
+                        f'{first_line(e).split(". ")[0]}'[:300]) from None
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
         raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by train.py')
     for k, (ok, rule) in FIELDS.items():
-        if k in ckpt and not ok(ckpt[k]):
-            v = ckpt[k]
+        if k in ckpt and not ok(v := ckpt[k]):
             v = v if type(v) in (int, float, str, type(None)) else type(v).__name__
             raise UserError(f'checkpoint {path}: {k} must be {rule}, not {v!r}'[:300])
     try:
         config_from_dict(ckpt['config'])
     except UserError as e:
         raise UserError(f'checkpoint {path}: {e}') from None
-    bad = non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})
-    if bad is not None:
+    if (bad := non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})):
         raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run that '
                         f'diverged?); use an earlier checkpoint')
     if not verified and int(os.environ.get('RANK', 0)) == 0:
         print(f'warning: checkpoint {path} has no checksum (written before checkpoints carried '
-              f'one), so its bytes cannot be verified; loading it as it is', file=sys.stderr,
-              flush=True)
+              f'one): its bytes cannot be verified; loading it as it is', file=sys.stderr)
     return dict(ckpt, path=str(path))
 
 
 def load_weights(model, state, path):
     """A (possibly compiled or DDP) state dict into model; UserError where they do not fit."""
-    state = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v for k, v in state.items()}
     try:
-        model.load_state_dict(state)
+        model.load_state_dict({re.sub(r'^((_orig_mod|module)\.)+', '', k): v
+                               for k, v in state.items()})
     except RuntimeError as e:  # missing, unexpected or other-shaped weights: the first kind named
-        why = (str(e).splitlines() + [''])[1].strip()
+        why = (str(e).splitlines() + [''])[1].strip()[:200]
         raise UserError(f'checkpoint {path}: the weights do not fit its config (boundary='
-                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {why}'[:300]
-                        ) from None
+                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {why}') from None
     return model
 
 
 def load_checkpoint(path, device='cpu', trust=False):
-    """train.py's checkpoint → (model in eval mode on device, checkpoint dict); ckpt['vocab']
-    holds 'alphabet' (index = token id) and 'space_id'."""
+    """train.py's checkpoint → (model in eval mode on device, checkpoint dict with 'vocab')."""
     ckpt = read_checkpoint(path, trust)
     model = DynamicPoolingLM(config_from_dict(ckpt['config']))
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
@@ -190,16 +156,14 @@ def load_checkpoint(path, device='cpu', trust=False):
 
 def kept(path, saved_step):
     """What a stopped run leaves behind, in words."""
-    if saved_step is None:
-        return 'no checkpoint was written yet'
-    return f'the last good checkpoint is {path} (step {saved_step}); continue with --resume'
+    return ('no checkpoint was written yet' if saved_step is None else
+            f'the last good checkpoint is {path} (step {saved_step}); continue with --resume')
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically (common.write_atomic) and sealed, refusing NaN or inf; on any
-    failure the previous checkpoint (of step saved_step, or None) stays as it was."""
-    bad = non_finite_tensor(state)
-    if bad is not None:
+    """Write state atomically and sealed, refusing NaN or inf; on any failure the previous
+    checkpoint (of step saved_step, or None) stays as it was."""
+    if (bad := non_finite_tensor(state)) is not None:
         raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf values; '
                         f'{kept(path, saved_step)}')
     buf = io.BytesIO()  # in memory first: the checksum covers the bytes as torch.save made them
@@ -216,9 +180,8 @@ def save_checkpoint(path, state, saved_step):
 
 
 def training_state(model, optimizer, scaler, counters, cfg, source, args):
-    """Everything train.py needs to continue a run exactly: weights, optimizer, AMP scaler, every
-    RNG (this process's GPU only: all would not restore on a machine with fewer), the run's
-    counters, config, flags (the schedule's too) and `source` (vocab, the data's fingerprint)."""
+    """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler, counters,
+    config, flags, `source` (vocab, the data's fingerprint), every RNG (this process's GPU only)."""
     device = torch.device(args.device)
     rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
                cuda=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
@@ -242,20 +205,16 @@ def restore_training(ckpt, model, optimizer, scaler, device):
 
 
 def check_resumable(ckpt, cfg, source, data):
-    """A resumed run keeps the checkpoint's data (one from before fingerprints: its vocabulary),
-    vocabulary and model (speed-only fields may change)."""
+    """A resumed run keeps its data (before fingerprints: vocabulary) and model (but speed-only)."""
     then = ckpt.get('dataset')
     if then and then['fingerprint'] != source['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '
-                        f'started on ({then.get("path")}, since changed or moved?): a resumed run '
-                        f'keeps its data', code=2)
+                        f'started on ({then.get("path")}, changed or moved?)', code=2)
     if ckpt['vocab'] != source['vocab']:
-        old, new = ''.join(ckpt['vocab']['alphabet']), ''.join(source['vocab']['alphabet'])
-        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary than {data} '
-                        f'(alphabet {old!r} vs {new!r})')
+        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary (alphabet) '
+                        f'than {data}')
     old = config_from_dict(ckpt['config'])
-    diff = [f.name for f in dataclasses.fields(Config) if f.name not in ('attention', 'attn_chunk')
-            and getattr(old, f.name) != getattr(cfg, f.name)]
-    if diff:
+    if diff := [f.name for f in dataclasses.fields(Config) if f.name not in (
+            'attention', 'attn_chunk') and getattr(old, f.name) != getattr(cfg, f.name)]:
         raise UserError(f'checkpoint {ckpt["path"]} has another model config than these flags and '
                         f'data ({", ".join(diff)})')

@@ -46,7 +46,7 @@ def test_checkpoint_is_a_torch_zip_with_its_checksum_and_reads_back(saved, state
     assert zipfile.ZipFile(path).comment.startswith(checkpoint.CHECKSUM_TAG)
     assert data[-64:] == hashlib.sha256(data[:-64]).hexdigest().encode()
     ck = checkpoint.read_checkpoint(path.parent)                  # a run directory works too
-    assert checkpoint.verify_checksum(path) is True and capsys.readouterr().err == ''
+    assert checkpoint.verify_checksum(data, path) is True and capsys.readouterr().err == ''
     for k in ('step', 'epoch', 'pos', 'train_chars', 'args'):
         assert ck[k] == state[k]
     for k, t in state['model'].items():
@@ -73,7 +73,7 @@ def test_checkpoint_with_a_flipped_byte_anywhere_is_refused(saved, state, tmp_pa
               'zip end': [len(data) - checkpoint._SEAL - 10], 'tag': [len(data) - 70],
               'digest': [len(data) - 1], 'first byte': [0]}
     rng = random.Random(0)
-    places['anywhere'] = rng.sample(range(len(data)), 40)
+    places['anywhere'] = rng.sample(range(len(data)), 20)
     for where, offsets in places.items():
         for i in offsets:
             bad = bytearray(data)
@@ -97,7 +97,7 @@ def test_checkpoint_without_checksum_loads_with_one_warning(state, tmp_path, cap
     a refused one says only why it is refused."""
     path = tmp_path / 'old.pt'
     torch.save(state, path)
-    assert checkpoint.verify_checksum(path) is False
+    assert checkpoint.verify_checksum(path.read_bytes(), path) is False
     assert checkpoint.read_checkpoint(path)['step'] == 3
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith('warning: ') and 'no checksum' in err, err
@@ -120,62 +120,54 @@ def nan_in(state, where):
     return s, 'model.lm_head.weight' if where == 'model' else 'optimizer.state.2.exp_avg'
 
 
-@pytest.mark.parametrize('where', ['model', 'optimizer'])
-def test_non_finite_weights_are_never_written(saved, state, where):
+def test_non_finite_weights_are_never_written(saved, state):
     path, before = saved
-    bad, name = nan_in(state, where)
-    with pytest.raises(UserError) as e:
-        checkpoint.save_checkpoint(path, dict(bad, step=6), 3)
-    msg = str(e.value)
-    assert '\n' not in msg and name in msg and f'{path} (step 3)' in msg, msg
-    assert path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+    for where in ('model', 'optimizer'):
+        bad, name = nan_in(state, where)
+        with pytest.raises(UserError) as e:
+            checkpoint.save_checkpoint(path, dict(bad, step=6), 3)
+        msg = str(e.value)
+        assert '\n' not in msg and name in msg and f'{path} (step 3)' in msg, msg
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
 
 
-@pytest.mark.parametrize('where', ['model', 'optimizer'])
-@pytest.mark.parametrize('sealed', [True, False])
-def test_non_finite_weights_are_refused_at_load(state, tmp_path, where, sealed):
-    bad, name = nan_in(state, where)
+def test_non_finite_weights_are_refused_at_load(state, tmp_path):
     path = tmp_path / 'ckpt.pt'
-    buf = io.BytesIO()
-    torch.save(bad, buf)   # written around save_checkpoint's own check
-    with open(path, 'wb') as f:
-        checkpoint.write_sealed(f, buf.getbuffer()) if sealed else f.write(buf.getvalue())
-    refused(path, name, 'NaN or inf')
+    for where in ('model', 'optimizer'):
+        bad, name = nan_in(state, where)
+        buf = io.BytesIO()
+        torch.save(bad, buf)   # written around save_checkpoint's own check
+        for sealed in (True, False):
+            with open(path, 'wb') as f:
+                checkpoint.write_sealed(f, buf.getbuffer()) if sealed else f.write(buf.getvalue())
+            refused(path, name, 'NaN or inf')
 
 
 BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None),
-              ('pos', [4]),
-              ('train_chars', 1.5), ('train_flops', float('nan')), ('train_flops', 'x'),
-              ('train_time', float('inf')), ('train_time', -1.0), ('budget_flops', None),
-              ('args', ['--lr']), ('args', {1: 2}), ('rng', {}), ('rng', 'x'),
-              ('optimizer', {'state': []}),
-              ('optimizer', None), ('scaler', 1), ('model', {'w': [1.0]}),
-              ('model', []), ('vocab', 'abc')]
+              ('pos', [4]), ('train_chars', 1.5), ('train_flops', float('nan')),
+              ('train_flops', 'x'), ('train_time', float('inf')), ('train_time', -1.0),
+              ('budget_flops', None), ('args', ['--lr']), ('args', {1: 2}), ('rng', {}),
+              ('rng', 'x'), ('optimizer', {'state': []}), ('optimizer', None), ('scaler', 1),
+              ('model', {'w': [1.0]}), ('model', []), ('vocab', 'abc'), ('dataset', {})]
+BAD_VOCABS = [dict(alphabet=['a', 'a', ' '], vocab_size=3, space_id=2),
+              dict(alphabet=['ab', ' '], vocab_size=2, space_id=1),
+              dict(alphabet='abc ', vocab_size=4, space_id=3),
+              dict(alphabet=[' ', 'a'], vocab_size=3, space_id=0),
+              dict(alphabet=[' ', 'a'], vocab_size=2, space_id=1),
+              dict(alphabet=[' ', 'a'], vocab_size=2, space_id='0'),
+              dict(alphabet=[' ', 1], vocab_size=2, space_id=0),
+              dict(alphabet=[' ', 'a'], space_id=0)]
 
 
-@pytest.mark.parametrize('field, value', BAD_FIELDS, ids=[f'{k}={v!r}' for k, v in BAD_FIELDS])
-def test_every_checkpoint_field_is_checked_where_it_is_read(state, tmp_path, field, value):
-    path = tmp_path / 'ckpt.pt'
-    checkpoint.save_checkpoint(path, dict(state, **{field: value}), None)
-    msg = refused(path, str(path), field)
-    assert msg.startswith(f'checkpoint {path}: {field}') or 'vocab' in msg, msg
-
-
-@pytest.mark.parametrize('vocab', [
-    dict(alphabet=['a', 'a', ' '], vocab_size=3, space_id=2),
-    dict(alphabet=['ab', ' '], vocab_size=2, space_id=1),
-    dict(alphabet='abc ', vocab_size=4, space_id=3),
-    dict(alphabet=[' ', 'a'], vocab_size=3, space_id=0),
-    dict(alphabet=[' ', 'a'], vocab_size=2, space_id=1),
-    dict(alphabet=[' ', 'a'], vocab_size=2, space_id='0'),
-    dict(alphabet=[' ', 1], vocab_size=2, space_id=0),
-    dict(alphabet=[' ', 'a'], space_id=0),
-])
-def test_checkpoint_vocabulary_is_checked(state, tmp_path, vocab):
-    path = tmp_path / 'ckpt.pt'
-    checkpoint.save_checkpoint(path, dict(state, vocab=vocab), None)
-    refused(path, 'vocab must be')
+def test_every_checkpoint_field_is_checked_where_it_is_read(saved, state, monkeypatch):
+    """Each wrong field (as torch.load returns it: the file itself is sound and sealed) ends in
+    one line naming the file and the field."""
+    path, _ = saved
+    for field, value in BAD_FIELDS + [('vocab', v) for v in BAD_VOCABS]:
+        monkeypatch.setattr(torch, 'load', lambda *a, **k: dict(state, **{field: value}))
+        msg = refused(path, str(path), field)
+        assert msg.startswith(f'checkpoint {path}: {field} must be'), msg
 
 
 def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatch):
