@@ -92,7 +92,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.device = pick_device(args.device)
     cuda = args.device.startswith('cuda')
-    if args.device == 'mps' or args.clock == 'cpu' and cuda:
+    if args.device.startswith('mps') or args.clock == 'cpu' and cuda:
         raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda, and with --clock '
                         'cpu on cpu only', code=2)
     if args.plot and (args.generate or args.profile):
