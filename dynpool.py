@@ -1,5 +1,4 @@
-"""
-dynpool: the dynamic-pooling Transformer in one file.
+"""dynpool: the dynamic-pooling Transformer in one file.
 
 "Efficient Transformers with Dynamic Token Pooling" (Nawrot, Chorowski, Łańcucki, Ponti, ACL 2023):
 an hourglass Transformer for character-level language modelling. A few layers run at full length,
@@ -15,7 +14,6 @@ next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a 
 
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
-    out = model(x, targets=y, n_segments=int((x == 0).sum(1).max()))   # the same, no device read
 """
 
 import dataclasses
@@ -39,9 +37,8 @@ def require(ok, message):
 @dataclass
 class Config:
     """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix). A source's
-    own fields (its `Options`: hnet.py's ratio_target, ratio_weight) are not written here: its
-    import runs register_source, which adds them and makes Config a dataclass again, so Config(),
-    asdict checkpoints and flags see them as any field (kept over an `options: dict` field)."""
+    own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when register_source runs,
+    so Config(), asdict checkpoints and flags see them as any field (kept over an options dict)."""
     vocab_size: int = 27
     d_model: int = 512
     n_head: int = 8
@@ -64,28 +61,24 @@ class Config:
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
-        self.layers = tuple(self.layers)
-        mode = self.boundary
+        self.layers, mode = tuple(self.layers), self.boundary
         require(mode in BOUNDARY_MODES,
                 f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
         require(len(self.layers) == 3 and all(int(n) == n >= 0 for n in self.layers),
                 f'layers must be three counts (pre, shortened, post), got {self.layers!r}')
         require(mode == 'none' or self.layers[1] > 0, f'boundary {mode!r} needs shortened layers')
-        require(self.pooling in ('mean', 'last'), "pooling must be 'mean' or 'last'")
-        require(mode != 'none' or self.pooling == 'mean',
-                "pooling 'last' picks each segment's last token: boundary 'none' has no segments")
+        require(self.pooling == 'mean' or self.pooling == 'last' and mode != 'none',
+                "pooling must be 'mean' or 'last' (not 'last' for boundary 'none')")
         require(mode != 'whitespace' or self.whitespace_id is not None,
                 "boundary 'whitespace' needs whitespace_id (the token id of the space)")
-        require(mode != 'fixed' or self.fixed_factor >= 1,
-                f'fixed_factor must be >= 1, got {self.fixed_factor}')
         require(self.attention in ('auto', 'sdpa', 'blocked') and self.attn_chunk >= 1
                 and self.seg_bucket >= 0, "attention must be 'auto', 'sdpa' or 'blocked', "
                                           "attn_chunk >= 1 and seg_bucket >= 0")
         require(not self.double_sigmoid or mode in ('unigram', 'entropy'),
                 'double_sigmoid is a loss of the unigram and entropy predictors only')
-        require(0 < self.prior < 1, f'prior must be in (0, 1), got {self.prior}')
-        require(self.vocab_size >= 1 and self.d_model % 2 == 0,
-                'vocab_size must be positive and d_model even (sinusoidal positions)')
+        require(self.vocab_size >= 1 and self.d_model % 2 == 0 and self.fixed_factor >= 1
+                and 0 < self.prior < 1, 'vocab_size and fixed_factor must be positive, d_model '
+                'even (sinusoidal positions) and prior in (0, 1)')
         if mode != 'none':
             SOURCES[mode].check_config(self)
 
@@ -118,10 +111,8 @@ class RelativeAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
         self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
         self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
-        self.drop = Dropout(cfg.dropout)
-        self.dropatt = Dropout(cfg.dropatt)
-        self.chunk = cfg.attn_chunk
-        self.attention = cfg.attention
+        self.drop, self.dropatt = Dropout(cfg.dropout), Dropout(cfg.dropatt)
+        self.chunk, self.attention = cfg.attn_chunk, cfg.attention
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, h):
@@ -131,16 +122,14 @@ class RelativeAttention(nn.Module):
             return h.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
 
-    def heads(self, h):
-        """h [B, L, D] → q, k, v, each [B, H, L, d_head] (views)."""
+    def heads(self, h, content_bias, position_bias):
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's dtype (the
+        float32 u, v must not promote a bf16 q)."""
         B, L, _ = h.shape
-        return self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
-
-    def queries(self, q, content_bias, position_bias):
-        """(q + u)/√d and (q + v)/√d [B, H, L, d_head] in q's dtype (float32 u, v promote bf16)."""
+        q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
         return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
-                (q + position_bias.to(q.dtype)[:, None]) * scale)
+                (q + position_bias.to(q.dtype)[:, None]) * scale, k, v)
 
     def position_keys(self, emb):
         """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
@@ -150,9 +139,8 @@ class RelativeAttention(nn.Module):
         """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
         [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
         if fused:
-            dropout_p = self.dropatt.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
-                                                  scale=1.0)
+            p = self.dropatt.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
         B, n_head, m, n = bias.shape
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
@@ -163,50 +151,43 @@ class RelativeAttention(nn.Module):
         y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
         return self.norm(h + self.drop(self.out(y)))
 
-    def attention_bias(self, q_pos, r, a, e, fused):
-        """Position term (q_i + v)·r_{i-j} of queries a … e-1 against keys 0 … e-1, -inf on future
-        keys → [B, H, e-a, e]; r [H, L+1, d] holds distances L-1 … 0 and a zero row."""
-        L = r.size(1) - 1
-        scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))  # [B, H, e-a, e]
-        future = torch.arange(e, device=r.device) > torch.arange(a, e, device=r.device)[:, None]
-        # Added, not masked_fill: the backward then passes the gradient through untouched.
-        causal = torch.zeros_like(future, dtype=scores.dtype).masked_fill_(future, float('-inf'))
-        if not fused:
-            return scores + causal
-        # Rows padded to a multiple of 16 elements (from an aligned base): the fused kernels
-        # take such a mask as it is instead of copying it into a padded one.
-        bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-        return bias.copy_(scores).add_(causal)
-
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
         """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
         cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
         L = h.size(1)
-        q, k, v = self.heads(h)                                            # [B, H, L, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
         if kv is not None:
             kv[0][:, :, :L], kv[1][:, :, :L] = k, v
-        q_content, q_pos = self.queries(q, content_bias, position_bias)
         k, v = k.contiguous(), v.contiguous()
-        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))               # [H, L+1, d_head]
-        if self.fused(h):  # one call for all L queries, no Python loop over L
-            bias = self.attention_bias(q_pos, r, 0, L, True)
-            return self.merge(h, self.attend(q_content, k, v, bias, True))
+        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
         # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
         # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
-        ys = []
-        for a in range(0, L, self.chunk):
-            e = min(a + self.chunk, L)
-            bias = self.attention_bias(q_pos, r, a, e, False)
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, False))
-        return self.merge(h, torch.cat(ys, 2))
+        # Fused: one block, one call for all L queries, no Python loop over L.
+        fused = self.fused(h)
+        chunk, ys = L if fused else self.chunk, []
+        for a in range(0, L, chunk):
+            e = min(a + chunk, L)
+            # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
+            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
+            j = torch.arange(e, device=h.device)
+            future = j > j[a:, None]                                  # [e-a, e]: key j > query i
+            # Added, not masked_fill: the backward then passes the gradient through untouched.
+            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
+            if fused:  # rows padded to a multiple of 16 elements (from an aligned base): the fused
+                # kernels take such a mask as it is instead of copying it into a padded one
+                bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
+                bias = bias.copy_(scores).add_(causal)
+            else:
+                bias = scores + causal
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
+        return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
 
     def step(self, h, content_bias, position_bias, kv, r, at):
         """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
         attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
-        q, k, v = self.heads(h)                                            # [B, H, 1, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
         rows = torch.arange(h.size(0), device=h.device)
         kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
-        q_content, q_pos = self.queries(q, content_bias, position_bias)
         dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
         # einsum, not a broadcast @, so that r is not copied once per row
         bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
@@ -239,9 +220,6 @@ class Layer(nn.Module):
 
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
         return self.ff(self.attn(h, pos_emb, content_bias, position_bias, kv))
-
-    def step(self, h, content_bias, position_bias, kv, r, at):
-        return self.ff(self.attn.step(h, content_bias, position_bias, kv, r, at))
 
 
 @dataclass
@@ -291,7 +269,8 @@ class Stage(nn.Module):
             emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
             cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
         for i, layer in enumerate(self.layers):
-            h = layer.step(h, content_bias, position_bias, (cache.k[i], cache.v[i]), cache.r[i], at)
+            kv = cache.k[i], cache.v[i]
+            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
         cache.length = at + (1 if advance is None else advance.long())
         return h
 
@@ -346,13 +325,9 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
 
 def upsample(s, b):
     """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
+    # No gradient flows to b through upsampling: in the paper's row-normalised matrix it cancels.
     _, m = segments(b)                                                         # [B, L]
-    out = s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))                # [B, L, D]
-    if b.requires_grad:
-        # No gradient flows to b through upsampling (in the paper's row-normalised B it cancels);
-        # this zero term only keeps b in the graph so autograd can be asked for it.
-        out = out + 0 * b.float().cumsum(1)[..., None].to(out.dtype)
-    return out
+    return s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))               # [B, L, D]
 
 
 @dataclass
@@ -364,8 +339,8 @@ class MeanPoolingState:
 
 
 class MeanPooling(nn.Module):
-    """The paper's pooling unit: segments → their means (or last tokens) after a learnable null
-    group (down); back to tokens, each seeing only segments complete at t (up)."""
+    """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable null
+    group, and back to tokens, each seeing only segments complete at t."""
     def __init__(self, cfg):
         super().__init__()
         self.null_group = nn.Parameter(torch.randn(cfg.d_model))
@@ -429,16 +404,14 @@ def gumbel_sigmoid(logits, temperature, noise=None):
     noise = (torch.rand_like(logits) if noise is None else noise.expand_as(logits))
     noise = noise.clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
-    hard = (soft > 0.5).to(soft.dtype)
-    return hard + soft - soft.detach()
+    return (soft > 0.5).to(soft.dtype) + soft - soft.detach()
 
 
 def binomial_prior_loss(b, prior):
-    """-log Binomial(Σ_t b_t; L, α) / L, batch mean: keeps the boundary rate near α (§3.3)."""
-    L, n_boundaries = b.size(1), b.sum(1)
-    log_p = (math.lgamma(L + 1) - torch.lgamma(n_boundaries + 1)
-             - torch.lgamma(L - n_boundaries + 1)
-             + n_boundaries * math.log(prior) + (L - n_boundaries) * math.log(1 - prior))
+    """-log Binomial(k; L, α) / L with k = Σ_t b_t, batch mean: keeps the rate near α (§3.3)."""
+    L, k = b.size(1), b.sum(1)
+    log_p = (math.lgamma(L + 1) - torch.lgamma(k + 1) - torch.lgamma(L - k + 1)
+             + k * math.log(prior) + (L - k) * math.log(1 - prior))
     return -(log_p / L).mean()
 
 
@@ -513,10 +486,9 @@ class BoundarySource(nn.Module):
     def statistics(routing, targets):
         """(shortening factor, precision, recall) of the decisions; the last two need targets."""
         b = routing.b.detach()
-        sf = b.numel() / b.sum().clamp(min=1)
+        sf, pred = b.numel() / b.sum().clamp(min=1), b > 0.5
         if targets is None:
             return sf, None, None
-        pred = b > 0.5
         tp = (pred & targets).sum()
         return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
 
@@ -672,16 +644,13 @@ class DynamicPoolingLM(nn.Module):
             source = SOURCES[cfg.boundary]
             self.pooling, self.source = source.Pooling(cfg), source(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self.apply(self._init_weights)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
         if self.source is not None:
             self.source.init_model(self)
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -708,10 +677,6 @@ class DynamicPoolingLM(nn.Module):
                     f"n_segments is for boundaries known when the batch is cut "
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
-            # More segments only pad with zero rows, as seg_bucket does; fewer would drop some.
-            most = int(self.source(None, x, b).hard.sum(1).max()) if values else 0
-            require(n_segments >= most,
-                    f'n_segments={n_segments} is below the {most} complete segments of a row')
 
     def trunk(self, x, boundaries=None, state=None, n_segments=None):
         """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
@@ -733,24 +698,21 @@ class DynamicPoolingLM(nn.Module):
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones;
-        n_segments: fixed and whitespace only, S = the most complete segments of a row, counted
-        on the host when the batch is cut, so that pooling reads nothing back from the device."""
+        n_segments: S (fixed, whitespace) counted on the host, so that pooling reads no device."""
         self.check_inputs(x, targets, boundaries, n_segments)
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
             out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
-            out.boundary_loss = torch.zeros((), device=x.device)
+            out.boundary_loss, out.boundary_targets = (
+                (torch.zeros((), device=x.device), None) if routing is None
+                else self.source.loss(routing, out.logits, x, boundaries))
+            out.loss = out.lm_loss + out.boundary_loss
         if routing is not None:
             out.boundaries = routing.b
             out.boundary_logits = routing.logits  # unigram, entropy, gumbel (before its noise)
-            if targets is not None:
-                out.boundary_loss, out.boundary_targets = self.source.loss(
-                    routing, out.logits, x, boundaries)
             out.shortening_factor, out.precision, out.recall = self.source.statistics(
                 routing, out.boundary_targets)
-        if targets is not None:
-            out.loss = out.lm_loss + out.boundary_loss
         return out
 
     @torch.no_grad()
@@ -814,12 +776,9 @@ class DynamicPoolingLM(nn.Module):
 
 
 def step_flops(cfg, batch, seq_len, n_short=None):
-    """Model FLOPs of one training step = 3 x forward (backward = 2 x forward): each layer's
-    projections, position projection (once per sequence) and all n^2 attention terms (the usual
-    MFU convention), the logits and the source's own matmuls (flops_per_token); pooling, norms and
-    softmax left out. Pre and post at seq_len, the shortened stage at n_short = 1 + segments (the
-    null group included; a float, or a tensor that stays on its device); vanilla or
-    n_short=None: every layer at seq_len."""
+    """Model FLOPs of one training step, 3 x forward (the usual MFU convention): projections, all
+    n^2 attention terms, logits, the source's flops_per_token; no pooling, norms or softmax. The
+    shortened stage at n_short = 1 + segments (float or tensor), the rest (all if None): seq_len."""
     d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
     n_pre, n_mid, n_post = cfg.layers
     stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
