@@ -4,7 +4,6 @@ Run:   python -m pytest -q test_train.py
 """
 
 
-import argparse
 import json
 import math
 import os
@@ -273,28 +272,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize('accum', [1, 2])
-def test_train_ddp_two_processes_match_single(synth, tmp_path, accum):
+def test_train_ddp_two_processes_match_single(synth, tmp_path):
     """2 gloo processes with 2 sequences each == 1 process with 4 sequences (global batch 4). The
     processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR, ...),
-    without torchrun's agent."""
+    without torchrun's agent. Each takes two micro-steps of one sequence (--grad-accum 2),
+    all-reduced once a step under no_sync: the harder path (DDP's static graph, --grad-accum 1, runs
+    in the --slow tests: DDP stop and resume, DDP with compile)."""
     argv = tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--eval-interval', '3',
-                                                           '--dropout', '0', '--dropatt', '0']
-    port = str(free_port())
-    # (accum 1: DDP's static graph; 2: two micro-steps a process, all-reduced once per step under
-    # no_sync)
-    procs = [subprocess.Popen([sys.executable, 'train.py'] + argv + ['--out', str(tmp_path / 'ddp'),
-                                                                   '--grad-accum', str(accum)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS='1', RANK=str(r),
-                                       LOCAL_RANK=str(r),
-                                       WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
-                                       MASTER_ADDR='127.0.0.1',
-                                       MASTER_PORT=port)) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
-    assert outs[0][0].strip().splitlines()[-1].startswith('test bpc ')
-    assert outs[1][0].strip() == ''  # only rank 0 logs
+                                             '--dropout', '0', '--dropatt', '0']
+    runs = ddp_run(argv + ['--grad-accum', '2'], tmp_path / 'ddp')
+    assert [code for code, _, _ in runs] == [0, 0], [err[-3000:] for _, _, err in runs]
+    assert runs[0][1].strip().splitlines()[-1].startswith('test bpc ')
+    assert runs[1][1].strip() == ''  # only rank 0 logs
     trained(argv + ['--out', str(tmp_path / 'one')])
     ddp, one = read_log(tmp_path / 'ddp'), read_log(tmp_path / 'one')
     assert ddp[0]['world'] == 2 and one[0]['world'] == 1
@@ -474,20 +463,6 @@ def test_train_error_resume_without_checkpoint(tmp_path, capsys):
     assert 'no checkpoint' in msg
 
 
-def test_train_cli_error_is_one_line_without_traceback(tmp_path):
-    """Through the real command line: a missing dataset exits 1, bad flags exit 2 (no usage
-    dump)."""
-    cases = [(['--data', str(tmp_path / 'missing')], 1), (['--no-such-flag'], 2),
-             (['--seq-len', '0'], 2)]
-    procs = [run_cli(args + ['--device', 'cpu', '--out', str(tmp_path / 'o')]) for args, _ in cases]
-    for p, (_, code) in zip(procs, cases):
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == code, err
-        assert err.strip().splitlines() == [err.strip()] and err.startswith('error: '), err
-        assert 'Traceback' not in err + out and 'usage' not in err + out
-    assert not (tmp_path / 'o').exists()
-
-
 # ------------------------------------------------------------------------ bad data, checked at load
 def spoil(data, what):
     """Spoil one thing of a dataset in place, as a user's files can be spoiled."""
@@ -591,20 +566,19 @@ def test_train_ctrl_c_during_a_checkpoint_write_waits_for_it(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pt']
 
 
-def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path):
-    """A second train.py on a run directory in use is refused in one line, and Ctrl-C ends the
-    first with exit code 130 and one line, keeping its last checkpoint whole."""
+def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path, capsys):
+    """`python train.py` as a user runs it: a second train.py on a run directory in use is refused
+    in one line (run in this process), and Ctrl-C ends the first with exit code 130 and one line,
+    no traceback, keeping its last checkpoint whole."""
     out = tmp_path / 'run'
     first = run_cli(tiny_args(synth, 'none') + ['--max-steps', '100000', '--eval-interval', '2',
-                                                                 '--out', str(out)])
+                                                '--out', str(out)])
     try:
         for line in first.stdout:  # wait until it has saved a checkpoint and trains on
             if line.startswith('step 3/'):
                 break
-        second = run_cli(['--out', str(out), '--resume', '--device', 'cpu', '--stop-step', '99999'])
-        _, err = second.communicate(timeout=120)
-        assert second.returncode == 1 and err.splitlines() == [err.strip()], err
-        assert err.startswith(f'error: another process is using {out}') and 'Traceback' not in err
+        msg = user_error(['--out', str(out), '--resume', '--device', 'cpu'], capsys, code=1)
+        assert msg.startswith(f'error: another process is using {out}'), msg
         first.send_signal(signal.SIGINT)
         rest, err = first.communicate(timeout=120)
     finally:
@@ -721,8 +695,8 @@ def test_train_missing_logger_package_is_one_line(synth, tmp_path, capsys, monke
         monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
         msg = user_error(tiny_args(synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
                                 capsys, code=1)
-        assert f'{flag[0]} needs the' in msg and 'pip install' in msg, msg
-        assert not (tmp_path / 'o').exists()
+        assert flag[0] in msg and 'pip install' in msg, msg
+        assert not (tmp_path / 'o' / 'log.jsonl').exists()  # (the run folder holds only .lock)
 
 
 def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatch):
@@ -765,34 +739,20 @@ def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatc
 
 
 
-def test_train_resumes_a_checkpoint_from_before_the_counters(done_run, tmp_path):
-    """A checkpoint without the cumulative counters still resumes: characters follow from the steps,
-    the FLOPs are unknown (null), not a wrong number."""
-    run = copy_run(done_run, tmp_path)
-    ck = torch.load(run / 'ckpt.pt', weights_only=False)
-    for k in ('train_chars', 'train_flops', 'train_time'):
-        del ck[k]
-    torch.save(ck, run / 'ckpt.pt')
-    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
-    last = [r for r in read_log(run) if r['kind'] == 'train'][-1]
-    assert (last['step'], last['train_chars'], last['train_flops']) == (2, 2 * 4 * 32, None)
-
-
 def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path, capsys):
-    """The terminal shows one short line per train record (position, loss, speed, ETA), the
-    config as a summary, not the record, and at the end the checkpoint and a sample.py command that
-    runs."""
+    """The terminal shows one short line per train record (position, loss, speed), the config as
+    a summary, not the record, and at the end the checkpoint and a sample.py command that runs."""
     import sample
     out = tmp_path / 'run'
     trained(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(' ms/step | ' in ln and ' chars/s | eta ' in ln for ln in steps), steps
+    assert all(' ms/step | ' in ln and ln.endswith(' chars/s') for ln in steps), steps
     assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
     assert lines[-1].startswith('test bpc ')
     command = shlex.split(lines[-2].split('sample with: ')[1])
-    assert command[:4] == ['python', 'sample.py', '--ckpt', str(out)] and '--prompt' in command
+    assert command == ['python', 'sample.py', '--ckpt', str(out)]
     sample.main(command[2:] + ['--chars', '5', '--device', 'cpu'])
     assert capsys.readouterr().out.strip()
 
@@ -820,43 +780,40 @@ def test_train_flop_budget_schedule_and_last_step(synth, tmp_path, capsys):
             expected = lr * 0.5 * (1 + math.cos(math.pi * progress))
         assert r['lr'] == pytest.approx(expected, rel=1e-9, abs=1e-15), (k, flops)
     assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
-    msg = user_error(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out',
-                                                        str(out), '--resume'], capsys, code=2)
-    assert 'is finished' in msg and len(read_log(out)) == len(log)  # its budget is spent
 
 
-
-
-def test_train_unigram_run_ends_with_its_labels_sf_and_ceiling(tmp_path, capsys):
-    """A Unigram run's test line is followed by its labels' SF and the left-context ceiling from
-    meta.json, and its eval records carry the predictor's mean p; a FLOP budget's set-up line names
-    no step cap that was not given."""
+def test_train_flop_budget_of_n_vanilla_steps(tmp_path):
+    """--flop-budget vanilla:N is N steps' FLOPs of the vanilla model of the run's shape (what
+    study.sh gives each pooled run); a Unigram run's eval records carry the predictor's mean p."""
     data = write_dataset(tmp_path / 'u', random_words(6000))
-    meta = json.loads((data / 'meta.json').read_text())
-    meta['unigram'].update(shortening_factor={'train': 4.4, 'valid': 4.3, 'test': 4.21},
-                           left_context_ceiling={'split': 'valid', 'shortening_factor': 4.93})
-    (data / 'meta.json').write_text(json.dumps(meta))
     trained(tiny_args(data, 'unigram') + ['--flop-budget', 'vanilla:2', '--out',
-                                             str(tmp_path / 'o')])
-    out = capsys.readouterr().out
-    test_sf = [r for r in read_log(tmp_path / 'o') if r.get('split') == 'test'][0]['sf']
-    assert (f'unigram-1000: the predictor pools at SF {test_sf:.2f} on test, its labels at 4.21; '
-            'the left-context ceiling is SF 4.93 on valid') in out
-    assert all(0 < r['boundary_p'] < 1 for r in read_log(tmp_path / 'o') if r['kind'] == 'eval')
-    assert 'FLOPs (at most' not in out and 'at most 1000000000' not in out
+                                          str(tmp_path / 'o')])
+    log = read_log(tmp_path / 'o')
+    cfg = Config(**{**torch.load(tmp_path / 'o' / 'ckpt.pt', weights_only=False)['config'],
+                    'boundary': 'none'})
+    assert log[0]['flop_budget'] == pytest.approx(2 * step_flops(cfg, 4, 32), rel=1e-12)
+    assert log[-1]['split'] == 'test' and log[-1]['train_flops'] >= log[0]['flop_budget'] * 0.999
+    assert all(0 < r['boundary_p'] < 1 for r in log if r['kind'] == 'eval')
 
-def test_study_plans_the_papers_experiments():
+
+def test_study_plans_the_papers_experiments(tmp_path):
     """study.sh --dry-run: table1 is the paper's grid (6 datasets x 8 sources x 3 seeds, the GPU
-    preset's 200k steps on a GPU) with each command's FLOPs and a GPU-hours total; scaling grows
-    the shortened stage between 2 + 2 outer layers; fixed k of any k by name."""
-    def plan(*flags):
-        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
+    preset's 200k steps on a GPU) with each command's FLOPs (train.py's parser and presets) and a
+    GPU-hours total; scaling grows the shortened stage between 2 + 2 outer layers (its plan read
+    through a stand-in `python` that echoes the commands: one torch import is enough); fixed k of
+    any k by name."""
+    echo = tmp_path / 'bin' / 'python'
+    echo.parent.mkdir()
+    echo.write_text('#!/bin/sh\ncat\n')
+    echo.chmod(0o755)
+
+    def plan(*flags, env=None):
+        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-        cmds = [shlex.split(x.split('    #')[0]) for x in r.stdout.splitlines()
-                if x.startswith('python train.py')]
-        assert all(x.split('    # ')[1].endswith(' FLOPs') for x in r.stdout.splitlines()
-                   if x.startswith('python train.py'))
+        lines = [x for x in r.stdout.splitlines() if x.startswith('python train.py')]
+        assert env or all(x.split('    # ')[1].endswith(' FLOPs') for x in lines)
+        cmds = [shlex.split(x.split('    #')[0]) for x in lines]
         return [dict(zip(c[2::2], c[3::2])) for c in cmds], r.stdout.splitlines()[-1]
     table1, total = plan('--part', 'table1', '--device', 'cuda')
     assert len(table1) == 6 * 8 * 3 and 'GPU-hours' in total
@@ -865,7 +822,8 @@ def test_study_plans_the_papers_experiments():
     assert {d.split('/')[-1] for d, *_ in grid} == {'text8', 'wiki40b-en', 'wiki40b-fi',
                                                     'wiki40b-he', 'wiki40b-vi', 'cc100-en'}
     assert {k for _, b, k, _ in grid if b == 'fixed'} == {'2', '3', '4'}
-    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1')
+    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1',
+                      env=dict(os.environ, PATH=f'{echo.parent}:{os.environ["PATH"]}'))
     want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
             for n in (8, 12, 16, 20)}
     assert {(c['--boundary'], c.get('--fixed-factor'), c['--layers']) for c in scaling} == want
@@ -1028,23 +986,6 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
         assert train.resolve_args(argv, procs)[0].device == device
 
 
-def test_train_warns_of_settings_that_run_but_mislead(synth, tmp_path, capsys):
-    """(issue 20.7, issue 18) One stderr line each: a global batch of 8 over 8 GPUs is one sequence
-    a GPU (launch-bound); a warm-up as long as the run never reaches the peak learning rate."""
-    gpus = argparse.Namespace(warmup=4000, max_steps=200_000, lr=2.5e-4, batch_size=8, grad_accum=1,
-                              device='cuda:0')
-    warned = train.recipe_warnings(gpus, world=8)
-    assert len(warned) == 1 and 'one sequence per process' in warned[0] and '--lr' in warned[0]
-    assert train.recipe_warnings(gpus, world=4) == []   # two a GPU
-    gpus.device = 'cpu'
-    assert train.recipe_warnings(gpus, world=8) == []   # CPU: nothing to launch
-    trained(tiny_args(synth, 'none') + ['--max-steps', '2', '--warmup', '2', '--out',
-                                        str(tmp_path / 'w')])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ['warning: --warmup 2 is not shorter than --max-steps 2: the learning rate never '
-                   'reaches its peak --lr 0.003'], err
-
-
 # ----------------------------------------------------------------------------- fuzz
 ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf', 'nan', '',
                '99999999999999999999', 'x', '1,1', '0x10', ' 2']
@@ -1130,25 +1071,15 @@ def test_train_ddp_stop_and_resume_is_bit_identical(synth, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_train_resume_with_nothing_left_to_train_is_refused(synth, tmp_path, capsys):
-    """--resume with --max-steps below the checkpoint's step, or --stop-step not after it, would
-    train nothing: one line, exit 2, the run folder untouched. At --max-steps exactly it resumes
-    (a run stopped in its final evaluation redoes it)."""
-    out = tmp_path / 'run'
-    argv = tiny_args(synth, 'fixed') + ['--max-steps', '4', '--eval-interval', '2', '--out',
-                                        str(out)]
-    trained(argv + ['--stop-step', '2'])
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    for extra in (['--max-steps', '1'], ['--stop-step', '2'], ['--stop-step', '1']):
-        msg = user_error(argv + ['--resume'] + extra, capsys, code=2)
-        assert f"{extra[0]} {extra[1]} is not after the checkpoint's step 2" in msg, msg
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    trained(argv + ['--resume', '--max-steps', '2'])
+def test_train_resume_of_a_finished_run_evaluates_it_again(done_run, tmp_path, capsys):
+    """--resume of a finished run (or with --max-steps at its step) trains nothing: the final
+    validation and test again, logged at the same step; a larger --max-steps trains on."""
+    run = copy_run(done_run, tmp_path)
+    trained(['--out', str(run), '--resume', '--device', 'cpu'])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('test bpc ')
-    # finished (its test evaluation logged): a second --resume would only evaluate it again
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    msg = user_error(argv + ['--resume', '--max-steps', '2'], capsys, code=2)
-    assert f'the run in {out} is finished (step 2, test bpc ' in msg and 'nothing to resume' in msg
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    trained(argv + ['--resume', '--max-steps', '3'])  # a larger budget trains on
-    assert [r['step'] for r in read_log(out) if r.get('split') == 'test'] == [2, 3]
+    log = read_log(run)
+    assert [r['step'] for r in log if r['kind'] == 'train'] == [1]
+    assert [(r['step'], r['split']) for r in log if r['kind'] == 'eval'][-4:] == [
+        (1, 'valid'), (1, 'test'), (1, 'valid'), (1, 'test')]
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    assert [r['step'] for r in read_log(run) if r.get('split') == 'test'] == [1, 1, 2]
