@@ -466,34 +466,34 @@ def test_plot_layers_draws_test_bpc_against_the_number_of_layers(tmp_path, capsy
     assert f'plot: {png}' in capsys.readouterr().out
     [ax] = seen['--plot-layers'].axes
     points = drawn(ax)
-    assert sorted((label, xy[0]) for label, xy, _ in points) == sorted(
-        (source, depth) for source, depth in bpc
-    )
+    assert sorted((label, xy[0]) for label, xy, _ in points) == sorted(bpc)
     for label, (depth, y), err in points:
         assert y == pytest.approx(statistics.mean(bpc[label, depth]))
         assert err == pytest.approx(statistics.stdev(bpc[label, depth]))
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        'none',
-        'whitespace',
-        'whitespace (last)',
-    ]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ['none', 'whitespace', 'whitespace (last)']
 
 
 def test_plot_without_matplotlib_is_one_line(study, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
-    assert report.main([str(study), '--plot', str(tmp_path / 'study.png')]) == 1
-    out, err = capsys.readouterr()
-    assert out == '' and err.count('\n') == 1 and err.startswith('error: --plot needs matplotlib')
+    rc = report.main([str(study), '--plot', str(tmp_path / 'study.png')])
+    one_error_line(capsys, rc, 1, 'error: --plot needs matplotlib')
     assert not list(tmp_path.glob('study*'))
 
 
 @pytest.mark.plots
 def test_plot_in_an_unknown_format_is_one_line(study, tmp_path, capsys):
     pytest.importorskip('matplotlib')
-    assert report.main([str(study), '--plot', str(tmp_path / 'study.xyz')]) == 1
-    out, err = capsys.readouterr()
-    assert out == '' and err.count('\n') == 1 and "no 'xyz' files" in err
+    one_error_line(capsys, report.main([str(study), '--plot', str(tmp_path / 'study.xyz')]), 1,
+                   "no 'xyz' files")
     assert not list(tmp_path.glob('*study*'))  # nor a temporary file
+
+
+def one_error_line(capsys, rc, code, *words):
+    """Exit `code`, nothing on stdout, one `error:` line on stderr naming each of `words`."""
+    out, err = capsys.readouterr()
+    assert rc == code and out == '' and err.count('\n') == 1 and err.startswith('error: '), err
+    assert all(w in err for w in words), err
 
 
 def odd_run_paths(root):
@@ -501,47 +501,24 @@ def odd_run_paths(root):
     (root / 'run-log-dir' / 'log.jsonl').mkdir(parents=True)
     (root / 'run-log-fifo').mkdir()
     os.mkfifo(root / 'run-log-fifo' / 'log.jsonl')
-    return dict(
-        odd_paths(root),
-        **{
-            'log-is-a-dir': root / 'run-log-dir',
-            'log-is-a-fifo': root / 'run-log-fifo',
-            'log-fifo-itself': root / 'run-log-fifo' / 'log.jsonl',
-        },
-    )
+    return dict(odd_paths(root), **{'log-is-a-dir': root / 'run-log-dir',
+                                    'log-is-a-fifo': root / 'run-log-fifo',
+                                    'log-fifo-itself': root / 'run-log-fifo' / 'log.jsonl'})
 
 
-@pytest.mark.parametrize(
-    'case, words',
-    [
-        ('too-long', 'File name too long'),
-        ('too-deep', 'No such file or directory'),
-        ('through-a-file', 'Not a directory'),
-        ('fifo', 'Not a directory'),
-        ('dir', 'is not a run'),
-        ('log-is-a-dir', 'log.jsonl is not a regular file'),
-        ('log-is-a-fifo', 'log.jsonl is not a regular file'),
-        ('log-fifo-itself', 'log.jsonl is not a regular file'),
-    ],
-)
-def test_odd_run_paths_are_one_line(tmp_path, capsys, case, words):
+def test_odd_run_paths_are_one_line(tmp_path, capsys):
     """A run path that cannot be read: one line naming it, exit 1; never a traceback, never a hang
     on a FIFO. The same for a log.jsonl found below a folder."""
-    path = odd_run_paths(tmp_path)[case]
-    with no_hang():
-        rc = report.main([str(path)])
-    out, err = capsys.readouterr()
-    assert (
-        rc == 1
-        and out == ''
-        and err.count('\n') == 1
-        and err.startswith('error: ')
-        and words in err
-    ), err
-    if case == 'log-is-a-dir':
+    odd = odd_run_paths(tmp_path)
+    for case, words in (('too-long', 'File name too long'), ('too-deep', 'No such file'),
+                        ('through-a-file', 'Not a directory'), ('fifo', 'Not a directory'),
+                        ('dir', 'is not a run'), ('log-is-a-dir', 'is not a regular file'),
+                        ('log-is-a-fifo', 'is not a regular file'),
+                        ('log-fifo-itself', 'is not a regular file')):
         with no_hang():
-            assert report.main([str(tmp_path)]) == 1  # found by the search below a folder
-        assert 'log.jsonl is not a regular file' in capsys.readouterr().err
+            one_error_line(capsys, report.main([str(odd[case])]), 1, words)
+    with no_hang():   # found by the search below a folder
+        one_error_line(capsys, report.main([str(tmp_path)]), 1, 'log.jsonl is not a regular file')
 
 
 def test_unreadable_log_is_one_line(study, capsys, monkeypatch):
@@ -572,55 +549,27 @@ def stand_in_for_matplotlib(monkeypatch):
     monkeypatch.setattr(report, 'draw', lambda plt, flag, rows, done: StandInFigure())
 
 
-@pytest.mark.parametrize(
-    'case, words',
-    [
-        ('too-long', 'File name too long'),
-        ('too-deep', 'No such file'),
-        ('through-a-file', 'Not a directory'),
-        ('fifo', 'not a regular file'),
-        ('dir', 'not a regular file'),
-    ],
-)
-def test_odd_plot_paths_are_one_line_before_any_table(
-    study, tmp_path, capsys, monkeypatch, case, words
-):
+def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch):
     """The OS names what is wrong with a --plot path; the plot is drawn before the tables print."""
     stand_in_for_matplotlib(monkeypatch)
     (tmp_path / 'odd').mkdir()
-    path = odd_run_paths(tmp_path / 'odd')[case].with_suffix('.png')
-    if case in ('dir', 'fifo'):  # a folder or a FIFO where the plot belongs
-        path.mkdir() if case == 'dir' else os.mkfifo(path)
-    with no_hang():
-        rc = report.main([str(study / 'ws-s1'), '--plot', str(path)])
-    out, err = capsys.readouterr()
-    assert (
-        rc == 1
-        and out == ''
-        and err.count('\n') == 1
-        and err.startswith('error: ')
-        and words in err
-    ), err
+    odd = odd_run_paths(tmp_path / 'odd')
+    for case, words in (('too-long', 'File name too long'), ('too-deep', 'No such file'),
+                        ('through-a-file', 'Not a directory'), ('fifo', 'not a regular file'),
+                        ('dir', 'not a regular file')):
+        path = odd[case].with_suffix('.png')
+        if case in ('dir', 'fifo'):  # a folder or a FIFO where the plot belongs
+            path.mkdir() if case == 'dir' else os.mkfifo(path)
+        with no_hang():
+            rc = report.main([str(study / 'ws-s1'), '--plot', str(path)])
+        one_error_line(capsys, rc, 1, words)
 
 
-@pytest.mark.parametrize(
-    'flags',
-    [
-        ['--at-chars', 'nan'],
-        ['--at-flops', 'inf'],
-        ['--at-time', '-1'],
-        ['--at-chars', ''],
-        ['--at-chars', '1e400'],
-        ['--at-chars', 'nanM'],
-        ['--at-flops', 'infk'],
-        ['--at-time', 'lots'],
-        ['--plot', ''],
-    ],
-)
-def test_bad_flags_are_one_line_exit_2(study, capsys, flags):
-    rc = report.main([str(study)] + flags)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == '' and err.count('\n') == 1 and flags[0] in err, err
+def test_bad_flags_are_one_line_exit_2(study, capsys):
+    for flags in (['--at-chars', 'nan'], ['--at-flops', 'inf'], ['--at-time', '-1'],
+                  ['--at-chars', ''], ['--at-chars', '1e400'], ['--at-chars', 'nanM'],
+                  ['--at-flops', 'infk'], ['--at-time', 'lots'], ['--plot', '']):
+        one_error_line(capsys, report.main([str(study)] + flags), 2, flags[0])
 
 
 def test_a_cut_last_line_is_skipped_saying_so(study, capsys):
@@ -635,50 +584,31 @@ def test_a_cut_last_line_is_skipped_saying_so(study, capsys):
     assert err == f'note: {log}: skipped its last line {cut}, cut short\n'
     assert ' 2.1000 ' in out.splitlines()[-1]  # the whole lines: test BPC and all
     lines = whole.splitlines()
-    for damaged, bad in (
-        (lines[:3] + ['{"kind": "tr'] + lines[3:], 4),
-        (lines + ['{"kind": "tr'], len(lines) + 1),
-    ):
+    for damaged, bad in ((lines[:3] + ['{"kind": "tr'] + lines[3:], 4),
+                         (lines + ['{"kind": "tr'], len(lines) + 1)):
         log.write_text('\n'.join(damaged) + '\n')
-        assert report.main([str(study / 'ws-s1')]) == 1
-        out, err = capsys.readouterr()
-        assert out == '' and err.startswith(f'error: {log} line {bad} is not a JSON object')
-        assert err.count('\n') == 1
+        one_error_line(capsys, report.main([str(study / 'ws-s1')]), 1,
+                       f'{log} line {bad} is not a JSON object')
 
 
-@pytest.mark.parametrize(
-    'field, value',
-    [
-        ('bpc', 'abc'),
-        ('step', '100'),
-        ('step', True),
-        ('step', -1),
-        ('train_flops', 10**400),
-        ('sf', [5]),
-        ('resumed_from', 'x'),
-        ('step', None),
-        ('bpc', None),
-    ],
-)
-def test_wrong_field_types_are_one_line_naming_line_and_field(tmp_path, capsys, field, value):
+def test_wrong_field_types_are_one_line_naming_line_and_field(tmp_path, capsys):
     """A record with no number where report.py reads one (a train or eval record: no step) is one
     line naming the log, the line and the field, exit 1. (A null BPC is a record without a number:
     shown as '-'.)"""
-    recs = [config()] + evals_and_steps([4.0, 3.0, 2.5], 2.4)
-    line = 1 if field == 'resumed_from' else len(recs)  # the config, or the test evaluation
-    recs[line - 1] = dict(recs[line - 1], **{field: value})
-    lines = [json.dumps(r) for r in recs]
-    d = tmp_path / 'run'
-    d.mkdir()
-    (d / 'log.jsonl').write_text('\n'.join(lines) + '\n')
-    rc = report.main([str(d)])
-    out, err = capsys.readouterr()
-    if (field, value) == ('bpc', None):
-        assert rc == 0 and err == '' and out.splitlines()[-1].split()[-3] == '-', out
-        return
-    assert rc == 1 and out == '' and err.startswith(f"error: {d / 'log.jsonl'} line {line}: "), err
-    assert f'{field} must be a number' in err
-    assert err.count('\n') == 1
+    for i, (field, value) in enumerate((('bpc', 'abc'), ('step', '100'), ('step', True),
+                                        ('step', -1), ('train_flops', 10**400), ('sf', [5]),
+                                        ('resumed_from', 'x'), ('step', None), ('bpc', None))):
+        recs = [config()] + evals_and_steps([4.0, 3.0, 2.5], 2.4)
+        line = 1 if field == 'resumed_from' else len(recs)  # the config, or the test evaluation
+        recs[line - 1] = dict(recs[line - 1], **{field: value})
+        d = write_run(tmp_path, f'run{i}', recs)
+        rc = report.main([str(d)])
+        if (field, value) == ('bpc', None):
+            out, err = capsys.readouterr()
+            assert rc == 0 and err == '' and out.splitlines()[-1].split()[-3] == '-', out
+        else:
+            one_error_line(capsys, rc, 1, f"{d / 'log.jsonl'} line {line}: ",
+                           f'{field} must be a number')
 
 
 def test_non_finite_bpc_of_seeds_is_shown_as_missing(tmp_path, capsys):
@@ -718,20 +648,14 @@ def _damage(data, log):
     elif how == 'junk line':
         lines = raw.split(b'\n')
         at = data.draw(st.integers(0, len(lines)), label='junk at')
-        junk = data.draw(
-            st.sampled_from(
-                [b'{"kind": "tr', b'hello', b'[1, 2]', b'\x00\xff\xfe', b'"x"', b'{}', b'[' * 5000]
-            ),
-            label='junk',
-        )
+        junk = data.draw(st.sampled_from([b'{"kind": "tr', b'hello', b'[1, 2]', b'\x00\xff\xfe',
+                                          b'"x"', b'{}', b'[' * 5000]), label='junk')
         log.write_bytes(b'\n'.join(lines[:at] + [junk] + lines[at:]))
     elif how == 'field':
         recs = [json.loads(ln) for ln in raw.decode().splitlines()]
         i = data.draw(st.integers(0, len(recs) - 1), label='record')
-        key = data.draw(
-            st.sampled_from(sorted(recs[i]) + ['step', 'bpc', 'kind', 'split', 'resumed_from']),
-            label='key',
-        )
+        key = data.draw(st.sampled_from(sorted(recs[i]) + ['step', 'bpc', 'kind', 'split',
+                                                           'resumed_from']), label='key')
         recs[i][key] = data.draw(st.sampled_from(_ODD_VALUES), label='value')
         log.write_text(''.join(json.dumps(r) + '\n' for r in recs))
 
@@ -751,34 +675,21 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
         write_run(study, 'ws-s1', [config(seed=1)] + evals_and_steps([4.0, 3.0, 2.5], 2.1))
         write_run(study, 'ws-s2', [config(seed=2)] + evals_and_steps([4.0, 3.2], 2.4))
         write_run(study, 'none', [config('none', seed=1)] + evals_and_steps([4.0, 3.1], 2.0))
-        for run in data.draw(
-            st.lists(st.sampled_from(['ws-s1', 'ws-s2', 'none']), unique=True, max_size=2)
-        ):
+        runs = st.lists(st.sampled_from(['ws-s1', 'ws-s2', 'none']), unique=True, max_size=2)
+        for run in data.draw(runs):
             _damage(data, study / run / 'log.jsonl')
-        target = data.draw(
-            st.sampled_from(['study', 'study', 'run', 'log'] + sorted(odd)), label='runs'
-        )
-        argv = [
-            str(
-                odd.get(target)
-                or {'study': study, 'run': study / 'ws-s1', 'log': study / 'none' / 'log.jsonl'}[
-                    target
-                ]
-            )
-        ]
-        for name in data.draw(
-            st.lists(st.sampled_from(['chars', 'flops', 'time']), unique=True, max_size=2)
-        ):
+        named = {'study': study, 'run': study / 'ws-s1', 'log': study / 'none' / 'log.jsonl', **odd}
+        argv = [str(named[data.draw(st.sampled_from(['study', 'study', 'run', 'log'] + sorted(odd)),
+                                    label='runs')])]
+        budgets = st.lists(st.sampled_from(['chars', 'flops', 'time']), unique=True, max_size=2)
+        for name in data.draw(budgets):
             refused = data.draw(st.integers(0, 3), label=f'--at-{name} refused') == 0
-            argv += [
-                f'--at-{name}',
-                data.draw(st.sampled_from(_BUDGETS[refused]), label=f'--at-{name}'),
-            ]
+            argv += [f'--at-{name}', data.draw(st.sampled_from(_BUDGETS[refused]),
+                                               label=f'--at-{name}')]
         argv += data.draw(st.lists(st.sampled_from(['--markdown', '--no-interp']), unique=True))
         if data.draw(st.booleans(), label='--plot'):
-            pick = data.draw(
-                st.sampled_from(['p.png', 'p.png', 'p.xyz'] + sorted(odd)), label='plot path'
-            )
+            pick = data.draw(st.sampled_from(['p.png', 'p.png', 'p.xyz'] + sorted(odd)),
+                             label='plot path')
             argv += ['--plot', str(odd.get(pick, root / pick))]
         rc, out, err = run_main(report.main, argv, capsys)
         event(f'exit {rc}')  # --hypothesis-show-statistics: how many examples got how far
