@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import common
 import runtime
-from common import UserError
 
 
 # ----------------------------------------------------------------------------- log.jsonl
@@ -77,13 +77,12 @@ def test_a_full_disk_mid_record_leaves_no_partial_line(tmp_path, monkeypatch, af
     log.log(dict(kind='train', step=1, loss=3.0))
     before = (tmp_path / 'log.jsonl').read_bytes()
     calls = partial_then_full(monkeypatch, after)
-    with pytest.raises(UserError) as e:
+    with pytest.raises(OSError) as e:
         log.log(dict(kind='train', step=2, loss=2.0, note='x' * 500))
     monkeypatch.undo()
     assert len(calls) == 2 and calls[1] < calls[0] or after == 0.0   # the second write was the rest
-    msg = str(e.value)
-    assert '\n' not in msg and 'No space left on device' in msg
-    assert str(tmp_path / 'log.jsonl') in msg
+    # named by the log: common.main's one line says which file and why
+    assert common.error_line(e.value) == (f'{tmp_path / "log.jsonl"}: No space left on device', 1)
     assert (tmp_path / 'log.jsonl').read_bytes() == before
     log.log(dict(kind='train', step=2, loss=2.0))  # the disk has room again: the log goes on
     assert [r.get('step') for r in records(tmp_path / 'log.jsonl')] == [None, 1, 2]
@@ -120,8 +119,8 @@ def test_resume_drops_the_records_after_the_checkpoint_step(tmp_path, capsys):
                                                          dict(kind='config', resumed_from=4)]
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and 'dropped its last line' in err[0], err
-    assert err[1] == (f"note: {path}: dropped 3 record(s) of steps after 4, the checkpoint's step "
-                      f"(the resumed run redoes them)")
+    assert err[1] == (f'note: {path}: dropped 3 record(s) of steps after step 4, the checkpoint '
+                      f'(the resumed run redoes them)')
     assert sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']
     runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), resumed_from=4)   # nothing more to drop
     assert capsys.readouterr().err == '' and len(records(path)) == len(got) + 1
