@@ -76,35 +76,22 @@ class _CharMap(dict):
         if lang not in LANGS:
             raise ValueError(f"unsupported language {lang!r}; "
                              f"supported: {', '.join(sorted(LANGS))}")
-        L = LANGS[lang]
-        self.letters, self.fold = set(L['letters']) | {'\n'}, fold_accents
-        self.digits = {str(d): f' {w} ' for d, w in enumerate(L['digits'].split())}
+        self.letters, self.fold = set(LANGS[lang]['letters']) | {'\n'}, fold_accents
+        self.digits = {str(d): f' {w} ' for d, w in enumerate(LANGS[lang]['digits'].split())}
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
-        out = self[cp] = self._map(chr(cp))
-        return out
-
-    def _map(self, c):
-        if c in self.letters:
-            return c
-        c = self.homoglyphs.get(c, c)
+        c = chr(cp)
+        c = self.homoglyphs.get(c, c) if c not in self.letters else c
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
-        low = 'i' if c == 'İ' else c.lower()
-        return ''.join(self._keep(ch) for ch in low)
-
-    def _keep(self, ch):
-        if ch in self.letters:
-            return ch
-        if ch in self.digits:  # each digit its own word
-            return self.digits[ch]
-        return self._fold(ch) if self.fold else ' '
+        out = self[cp] = ''.join(ch if ch in self.letters else self.digits.get(ch) or (
+            self._fold(ch) if self.fold else ' ') for ch in ('i' if c == 'İ' else c.lower()))
+        return out   # (a digit: its own word)
 
     def _fold(self, ch):
         """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a space."""
-        d = unicodedata.decimal(ch, None)
-        if d is not None:
-            return self.digits[str(d)]
+        if unicodedata.decimal(ch, None) is not None:
+            return self.digits[str(unicodedata.decimal(ch))]
         t = ''.join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize('NFKC', ch).lower())
         base = ''.join(x for x in unicodedata.normalize('NFD', t) if not unicodedata.combining(x))
         for s in (t, unicodedata.normalize('NFC', base)):
@@ -114,12 +101,10 @@ class _CharMap(dict):
 
 
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
-    """The paper's cleaning of raw text with dynpool's fixes. Output: alphabet letters, single
-    spaces and single newlines only, no empty lines, no spaces at line ends;
-    clean(clean(x)) == clean(x). fold_accents: é -> e etc. instead of a space."""
-    table = _TABLES.get((lang, fold_accents))
-    if table is None:
-        table = _TABLES[lang, fold_accents] = _CharMap(lang, fold_accents)
+    """The paper's cleaning of raw text with dynpool's fixes → alphabet letters, single spaces and
+    newlines, no empty lines or spaces at line ends; clean(clean(x)) == clean(x)."""
+    table = _TABLES.get((lang, fold_accents)) or _TABLES.setdefault(
+        (lang, fold_accents), _CharMap(lang, fold_accents))
     text = MARKERS.sub('\n', text)
     # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
     if not text.isascii() and not unicodedata.is_normalized('NFC', text):
