@@ -363,8 +363,7 @@ def eval_and_log(t, args, splits, split, max_chars, state):
 
 
 def run(argv, procs):
-    """Check flags, data and model before anything is written; then lock the run folder, train;
-    at the end the full validation and test and how to sample, or how to continue."""
+    """Check flags, data and model before anything is written; lock the run folder, train, test."""
     started = time.time()
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
@@ -377,9 +376,8 @@ def run(argv, procs):
                         f'batch ({args.batch_size} x {args.seq_len + 1})')
     state = RunState()
     if ckpt is not None:
-        # (counters from before they were kept, or null: from 0)
         state = RunState(**{k: ckpt[k] for k in vars(state) if ckpt.get(k) is not None},
-                         saved=ckpt['step'])
+                         saved=ckpt['step'])  # (counters a checkpoint lacks or has null: from 0)
         check_resumable(ckpt, cfg, source, args.data)
     rt.check_model_memory(cfg, args.device)
     say = (lambda line: print(line, flush=True)) if procs.rank == 0 else (lambda line: None)
@@ -413,9 +411,9 @@ def run(argv, procs):
                            f'python train.py --out {shlex.quote(args.out)} --resume')
             eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
             r = eval_and_log(t, args, splits, 'test', args.eval_max_chars, state)
-    say(f'checkpoint {Path(args.out) / "ckpt.pt"}, log {Path(args.out) / "log.jsonl"}; sample '
-        f'with: python sample.py --ckpt {shlex.quote(args.out)}\ntest bpc {r["bpc"]:.4f} sf '
-        f'{r["sf"]:.2f}')
+    out = shlex.quote(args.out)
+    say(f'checkpoint {out}/ckpt.pt, log {out}/log.jsonl; sample with: python sample.py --ckpt '
+        f'{out}\ntest bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
 
 
 def train(args, cfg, source, splits, labels, state, t, started):
