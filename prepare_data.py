@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is a terminal
 
 import common
 import dataset
@@ -96,7 +97,9 @@ def download(url, dest, retries=5, backoff=2.0):
                 seen = {'validator': resp.headers['Last-Modified'] if etag[:2] in ('', 'W/')
                         else etag, 'total': int(n) if n.isdigit() else None}
                 common.write_atomic(info, json.dumps(seen))
-            shutil.copyfileobj(resp, f, 1 << 20)
+            with tqdm.wrapattr(resp, 'read', total=seen['total'], initial=f.tell(), disable=None,
+                               leave=False, desc=dest.name) as r:
+                shutil.copyfileobj(r, f, 1 << 20)
             if seen['total'] and f.tell() < seen['total']:   # a cut: the retry resumes it
                 raise http.client.IncompleteRead(b'', seen['total'] - f.tell())
 
@@ -167,7 +170,8 @@ def encode(path, pieces, alphabet, dtype, lang, cap, fold):
     lut = np.full(0x110000, -1, dtype=np.int32)
     lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
     n, pending = 0, ''
-    with open(path, 'wb') as f:
+    with open(path, 'wb') as f, tqdm(total=cap, unit='char', unit_scale=True, disable=None,
+                                     leave=False, desc='cleaning' if lang else 'encoding') as bar:
         def put(text):   # → False once the cap is reached
             nonlocal n
             ids = lut[np.frombuffer(text[:None if cap is None else cap - n].encode('utf-32-le'),
@@ -177,6 +181,7 @@ def encode(path, pieces, alphabet, dtype, lang, cap, fold):
                                 'a-z/space; use --lang en for other English text')
             f.write(ids.astype(dtype).tobytes())
             n += len(ids)
+            bar.update(len(ids))
             return cap is None or n < cap
         for text, sep in pieces:
             text = clean(text, lang, fold) if lang else text
