@@ -113,7 +113,7 @@ def read_checkpoint(path, trust=False):
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:  # a readable file that pickles more than tensors and containers
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
-                            f'loading refuses; load it only if you trust the file') from None
+                            'loading refuses; trust the file? sample.py --trust-ckpt') from None
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
                         f'{first_line(e).split(". ")[0]}'[:300]) from None
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
@@ -210,7 +210,7 @@ def check_resumable(ckpt, cfg, source, data):
     if then and then['fingerprint'] != source['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '
                         f'started on ({then.get("path")}, changed or moved?)', code=2)
-    if ckpt['vocab'] != source['vocab']:
+    if ckpt['vocab']['alphabet'] != source['vocab']['alphabet']:
         raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary (alphabet) '
                         f'than {data}')
     old = config_from_dict(ckpt['config'])

@@ -358,7 +358,7 @@ def eval_and_log(t, args, splits, split, max_chars, state):
     t.logger.log(rec)
     t.say(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
           + ('' if p is None else f'mean p {p:.3f} | ') + f'{r["chars"]:,} chars'
-          + f'{" (a subset)" if subset else ""} | {rt.duration(time.time() - t0)}')
+          + f'{" (a subset)" if subset else ""} | {time.time() - t0:.1f}s')
     return rec
 
 
@@ -367,7 +367,9 @@ def run(argv, procs):
     started = time.time()
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
-    source = dict(vocab={k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
+    cleaning = {k: (meta.get('cleaning') or {}).get(k) for k in ('lang', 'fold_accents')}
+    source = dict(vocab={**{k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
+                         'cleaning': cleaning},   # sample.py cleans a prompt as the data was
                   dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
     cfg = model_config(args, meta, procs.world)
     amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
