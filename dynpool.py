@@ -173,12 +173,7 @@ class RelativeAttention(nn.Module):
             future = j > j[a:, None]                                  # [e-a, e]: key j > query i
             # Added, not masked_fill: the backward then passes the gradient through untouched.
             causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
-            if fused:  # rows padded to a multiple of 16 elements (from an aligned base): the fused
-                # kernels take such a mask as it is instead of copying it into a padded one
-                bias = scores.new_empty(*scores.shape[:-1], -(-e // 16) * 16)[..., :e]
-                bias = bias.copy_(scores).add_(causal)
-            else:
-                bias = scores + causal
+            bias = scores + causal
             ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
         return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
 

@@ -284,7 +284,3 @@ class StepStats:
         self.seen, self.micro_steps, self.host_flops = set(), 0, 0.0
         return r
 
-
-def duration(s):
-    """Seconds for the terminal: 0:09:12; '?' where unknown."""
-    return '?' if s is None or not math.isfinite(s) else str(timedelta(seconds=round(max(0, s))))

@@ -182,10 +182,7 @@ def run(args):
             raise UserError(f'--entropy-plot {args.entropy_plot}: matplotlib writes no .{fmt} '
                             f'files; use .png, .pdf or .svg')
     torch.set_num_threads(args.threads)
-    try:
-        model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
-    except UserError as e:   # name the flag that lifts the one refusal
-        raise UserError(f'{e} (--trust-ckpt)' if 'safe loading' in str(e) else str(e)) from None
+    model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     text, how = clean_prompt(args.prompt, ckpt['vocab'])   # one stderr line if that changed it
     if text != args.prompt:
         print(f'prompt cleaned ({how}): {json.dumps(args.prompt, ensure_ascii=False)} -> '
