@@ -1,12 +1,9 @@
-"""
-bench.py: speed, memory and MFU of a dynpool training step (vanilla, fixed and dynamic pooling),
+"""bench.py: speed, memory and MFU of a dynpool training step (vanilla, fixed and dynamic pooling),
 and cached against recomputed generation (docs/performance.md).
 
     python bench.py                                  # CPU sizes: d 256, L 512, batch 4, 12 configs
-    python bench.py --threads 1 --clock cpu          # 1 thread, CPU seconds: steady on a shared CPU
     python bench.py --preset paper                   # GPU: d 512, L 2048, batch 8, bf16
     python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked --plot bench.png
-    python bench.py --profile ws5.5                  # torch.profiler table of one step
     python bench.py --generate                       # cached vs recomputed generation
 """
 import argparse

@@ -1,5 +1,4 @@
-"""
-The paper's cleaning of raw text (its released text8-style cleaner, with dynpool's fixes), on its
+"""The paper's cleaning of raw text (its released text8-style cleaner, with dynpool's fixes), on its
 own so that sample.py cleans a prompt without importing the downloader.
 
     clean("Café Müller, 1990!", "en")  ->  "caf m ller one nine nine zero"

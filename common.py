@@ -1,9 +1,6 @@
 """What every dynpool script shares, written once: the error type and the one error boundary around
 `main`, the flag parser and its range types, the atomic file write, the run-folder lock, the
-optional matplotlib import. A script is `common.main(lambda: run(parser().parse_args(argv)))`; the
-operating system reports what it reports (a missing file, a full disk) as an OSError, which `main`
-turns into the same one line as a UserError.
-"""
+optional matplotlib import. A script is `common.main(lambda: run(parser().parse_args(argv)))`."""
 import argparse
 import math
 import os

@@ -15,11 +15,9 @@ next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a 
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
 """
-
-import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -587,7 +585,7 @@ def register_source(name, source):
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
     EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
     if source.Options is not None:
-        for f in dataclasses.fields(source.Options):
+        for f in fields(source.Options):
             Config.__annotations__[f.name] = f.type
             setattr(Config, f.name, f.default)
         for method in ('__init__', '__repr__', '__eq__', '__match_args__'):
@@ -683,7 +681,7 @@ class DynamicPoolingLM(nn.Module):
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
         if n_segments is not None:   # counted with the batch: no device read for S
-            routing = dataclasses.replace(routing, n_segments=int(n_segments))
+            routing = replace(routing, n_segments=int(n_segments))
         pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
         lengths = None if state is None else self.pooling.rows(routing)
         s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)

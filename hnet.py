@@ -1,11 +1,9 @@
-"""
-hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through the
+"""hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through the
 hooks of BoundarySource so that dynpool.py stays the paper's model (docs/hnet.md); `import hnet`
 registers it. Causality: token t reads its own chunk, whose vector was selected at its start, so
 logits at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
 never read by token t, 0 for the last token; generation reports it a token later (late_boundary).
 """
-
 from dataclasses import dataclass
 from typing import Optional
 

@@ -5,9 +5,8 @@
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
     python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
-data/<name>/: {train,valid,test}.bin (token ids), meta.json (last), per Unigram size V
-unigram-V.model and {split}.unigram-V.bin (labels), and .splits.json: the options and input
-(size, mtime, SHA-256) of the splits, which the same again skip and others remake."""
+data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made the splits:
+the same options and input again skip them, others remake them); docs/data.md has the layout."""
 import argparse
 import codecs
 import hashlib
@@ -520,8 +519,7 @@ def parser():
     a('--text8-url', type=url, default=env('DYNPOOL_TEXT8_URL', 'http://mattmahoney.net/dc/'
       'text8.zip'), help='(default DYNPOOL_TEXT8_URL, else http://mattmahoney.net/dc/text8.zip)')
     a('--cc100-base', type=url, default=env('DYNPOOL_CC100_BASE', 'https://data.statmt.org/'
-      'cc-100'), help='holds <lang>.txt.xz (default DYNPOOL_CC100_BASE, else '
-      'https://data.statmt.org/cc-100)')
+      'cc-100'), help='holds <lang>.txt.xz (default DYNPOOL_CC100_BASE, else data.statmt.org)')
     a('--retries', type=common.int_range(0, 100), default=5,
       help='retries per download request (default 5; none for an unknown or refusing host)')
     a('--backoff', type=common.float_range(0, 3600), default=2.0,

@@ -347,7 +347,6 @@ def run(argv):
 
 
 def main(argv=None):
-    """The command line → its exit code (common.main: one `error:` line for what goes wrong)."""
     return common.main(lambda: run(argv))
 
 

@@ -1,5 +1,4 @@
-"""
-Generate text from a dynpool checkpoint and show the segments the model chose (docs/generation.md).
+"""Generate text from a dynpool checkpoint; show the segments the model chose (docs/generation.md).
 
     python sample.py --ckpt out/text8-whitespace --prompt "The History of" --show-segments
     python sample.py --ckpt out/text8-entropy --chars 120 --entropy-plot fig2.png
