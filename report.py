@@ -43,7 +43,8 @@ NUMBERS = ('step', 'bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'res
 BASELINES = ('none', 'fixed')
 SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the baseline's runs "
                 "of the same dataset, budget and model shape (a source pooled by its last token: "
-                "also with its mean-pooled runs); seeds on one side only left out; '-': < 2 pairs")
+                "also with its mean-pooled runs); seeds on one side only left out; '-': < 2 pairs; "
+                "*: lower than vanilla and every fixed k at p < 0.05 (the paper's Table 1)")
 
 
 def mode_label(cfg):
@@ -144,6 +145,7 @@ def experiments(rows, budgets):
         twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')   # older logs: no pooling
         twins = [t for t in done if ('pooling', '"last"') in g['key']
                  and tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"')) == twin]
+        beaten = []   # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         for base in [b for b in bases[g['shape']] if b is not g] + twins:
             a, b = ({m['seed']: m['test_bpc'] for m in x['members']} for x in (g, base))
             seeds = sorted(a.keys() & b.keys() - {None})
@@ -151,6 +153,8 @@ def experiments(rows, budgets):
                 warnings.simplefilter('ignore')
                 t = scipy.stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
+            beaten += [t.pvalue < 0.05 and t.statistic < 0] * (base not in twins)
+        g['star'] = g['boundary'] not in BASELINES and 'none' in g['p'] and all(beaten)
     return out
 
 
@@ -185,7 +189,8 @@ def columns(budgets, grouped, baselines=()):
     heads = ['mode', 'data', 'flags', 'budget'] + (['seeds', 'n'] if grouped else ['seed'])
     cols = [(h, lambda r, h=h: str(r[h])) for h in ([] if grouped else ['run']) + heads]
     cols.append(('steps', lambda r: f'{r["steps"]}' + ' unfinished' * (not r['done'])))
-    cols += [(h, lambda r, k=k, kind=kind: fmt(r[k], kind)) for h, k, kind in NUMBER_COLUMNS]
+    cols += [(h, lambda r, k=k, kind=kind: fmt(r[k], kind) + ' *' * (k == 'test_bpc' and bool(
+        r.get('star')))) for h, k, kind in NUMBER_COLUMNS]
     cols += [(f'p vs {b}', lambda r, b=b: fmt(r['p'].get(b), 'p')) for b in baselines]
     unit = dict(chars='chars', flops='FLOPs', time='s')   # short: a column head
     return cols + [(f'valid BPC @ {fmt(budget, name)} {unit[name]}',
@@ -200,7 +205,7 @@ def by_data(groups, markdown):
         key = (mode_label(dict(g['config'], prior=None)), bool(g['flop_budget']))
         row = rows.setdefault(key, dict(mode=key[0], budgets=set(), flop_budget=key[1]))
         row['budgets'].add(g['budget'])   # a FLOP budget of one shape differs between datasets
-        row.setdefault(g['data'], []).append(f'{fmt(g["test_bpc"], "bpc")} '
+        row.setdefault(g['data'], []).append(f'{fmt(g["test_bpc"], "bpc")}{" *" * g["star"]} '
                                              f'({fmt(g["sf"], "sf")}, n={g["n"]})')
     cols = [('mode', lambda r: r['mode']), ('budget', lambda r: ' / '.join(sorted(r['budgets'])))]
     cols += [(d, lambda r, d=d: ' / '.join(r.get(d, ['-'])))

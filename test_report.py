@@ -309,6 +309,45 @@ def hand_p(a, b):
 WS = {1: 1.90, 2: 1.95, 3: 1.88}
 
 
+def significant(cell):
+    return cell == '<0.001' or cell != '-' and float(cell) < 0.05
+
+
+def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsys):
+    """Better than vanilla and fixed k=2 at p < 0.05: a star, in the seeds table and --by-data. A
+    source worse than vanilla at p < 0.05 (entropy), or not significantly better than a fixed k=3
+    added later: none."""
+    seeded_runs(tmp_path, {'none': {1: 2.05, 2: 2.08, 3: 2.04},
+                           'fixed2': {1: 2.00, 2: 2.06, 3: 1.99},
+                           'whitespace': WS, 'entropy': {1: 2.15, 2: 2.20, 3: 2.13}})
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
+    assert all(significant(seeds['whitespace'][f'p vs {b}']) for b in ('none', 'fixed k=2'))
+    assert seeds['whitespace']['test BPC'].endswith(' *')
+    assert ' * (' in data['whitespace']['text8-head']
+    assert significant(seeds['entropy']['p vs none']) and '*' not in seeds['entropy']['test BPC']
+    close = {s: b + d for (s, b), d in zip(WS.items(), (0.10, -0.15, 0.08))}   # a bit worse
+    seeded_runs(tmp_path, {'fixed3': close})
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
+    assert not significant(seeds['whitespace']['p vs fixed k=3'])
+    assert '*' not in seeds['whitespace']['test BPC'] + data['whitespace']['text8-head']
+
+
+def test_no_star_for_a_baseline_nor_without_vanilla(tmp_path, capsys):
+    """The paper stars a source better than vanilla and fixed pooling: never a baseline itself
+    (fixed k=2 far below vanilla), never a source shown against fixed pooling alone."""
+    seeded_runs(tmp_path / 'a', {'none': {1: 2.50, 2: 2.61, 3: 2.55}, 'fixed2': WS})
+    seeded_runs(tmp_path / 'b', {'fixed2': {1: 2.50, 2: 2.61, 3: 2.55}, 'whitespace': WS})
+    for folder, source, base in (('a', 'fixed k=2', 'none'), ('b', 'whitespace', 'fixed k=2')):
+        assert report.main([str(tmp_path / folder), '--markdown']) == 0
+        seeds = md_table(capsys.readouterr().out, 'over seeds')
+        assert significant(seeds[source][f'p vs {base}'])
+        assert not any('*' in row['test BPC'] for row in seeds.values()), folder
+
+
 def test_paired_t_test_against_each_baseline_is_the_hand_computed_one(tmp_path, capsys):
     none, fixed2 = {1: 2.05, 2: 2.08, 3: 2.04}, {1: 1.93, 2: 2.10, 3: 1.95}
     seeded_runs(tmp_path, {'none': none, 'fixed2': fixed2, 'whitespace': WS})
