@@ -190,7 +190,7 @@ class RelativeAttention(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# Feed-forward, layer, stage (layers that share one position grid)
+# Feed-forward, stage (layers that share one position grid)
 class FeedForward(nn.Module):
     """Position-wise MLP with GELU, post-norm residual."""
     def __init__(self, cfg):
@@ -202,17 +202,6 @@ class FeedForward(nn.Module):
 
     def forward(self, h):
         return self.norm(h + self.net(h))
-
-
-class Layer(nn.Module):
-    """Relative attention then feed-forward."""
-    def __init__(self, cfg):
-        super().__init__()
-        self.attn = RelativeAttention(cfg)
-        self.ff = FeedForward(cfg)
-
-    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
-        return self.ff(self.attn(h, pos_emb, content_bias, position_bias, kv))
 
 
 @dataclass
@@ -237,7 +226,9 @@ class Stage(nn.Module):
     def __init__(self, cfg, n_layers):
         super().__init__()
         self.d_model = cfg.d_model
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n_layers))
+        self.layers = nn.ModuleList(   # a layer: relative attention, then feed-forward
+            nn.ModuleDict(dict(attn=RelativeAttention(cfg), ff=FeedForward(cfg)))
+            for _ in range(n_layers))
         self.drop = Dropout(cfg.dropout)
 
     def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
@@ -249,7 +240,7 @@ class Stage(nn.Module):
             cache.reserve(L)
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = layer(h, pos_emb, content_bias, position_bias, kv)
+            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
         if cache is not None:
             cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
         return h

@@ -30,8 +30,9 @@ import sample
 from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, POOLED_LAST, PREDICTOR_MODES,
                       SPACE, V, assert_close, full_forward, predictor_linear, random_tokens,
                       tiny_config, tiny_model)
-from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, Layer, Routing, binomial_prior_loss,
-                     boundary_matrix, downsample, entropy_spikes, sinusoids, step_flops, upsample)
+from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, RelativeAttention, Routing, Stage,
+                     binomial_prior_loss, boundary_matrix, downsample, entropy_spikes, step_flops,
+                     upsample)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,14 +797,14 @@ def test_attention_paths_and_buckets_agree(mode, training):
 
 def test_auto_attention_is_blocked_on_cpu_and_fused_elsewhere():
     """The choice behind 'auto' (README, Performance): blocked was faster on CPU."""
-    attn = Layer(tiny_config('none', attention='auto')).attn
+    attn = RelativeAttention(tiny_config('none', attention='auto'))
     assert not attn.fused(torch.zeros(1, device='cpu'))
     assert attn.fused(torch.zeros(1, device='meta'))
 
 
 def test_attention_queries_stay_bfloat16_under_autocast():
     """The float32 biases u, v must not promote a bf16 q to float32 (a cast per block)."""
-    attn = Layer(tiny_config('none')).attn
+    attn = RelativeAttention(tiny_config('none'))
     with torch.autocast('cpu', dtype=torch.bfloat16):
         q_content, q_pos, k, _ = attn.heads(torch.randn(2, 5, 32), torch.randn(2, 16),
                                             torch.randn(2, 16))
@@ -879,7 +880,7 @@ def independent_step_flops(model, batch, seq_len, n_short):
         if isinstance(module, torch.nn.Linear):
             rows = n if name.endswith('r_net') else batch * n
             fwd += 2 * rows * module.in_features * module.out_features
-        if isinstance(module, Layer):
+        if isinstance(module, RelativeAttention):
             fwd += 3 * 2 * batch * cfg.n_head * n * n * cfg.d_head
     return 3 * fwd
 
@@ -1270,12 +1271,11 @@ def test_whitespace_forward_is_one_graph_when_the_batch_counts_segments():
 
 @pytest.mark.slow
 def test_layer_compiles_without_graph_breaks_in_training():
-    layer = Layer(tiny_config('none', dropout=0.1)).train()
-    compiled = torch.compile(layer, backend='eager', fullgraph=True, dynamic=True)
+    stage = Stage(tiny_config('none', dropout=0.1), 1).train()
+    compiled = torch.compile(stage, backend='eager', fullgraph=True, dynamic=True)
     for L in (10, 17):
         x = torch.randn(2, L, 32, requires_grad=True)
-        pos = sinusoids(torch.arange(L - 1, -1, -1), 32)
-        compiled(x, pos, torch.zeros(2, 16), torch.zeros(2, 16)).sum().backward()
+        compiled(x, torch.zeros(2, 16), torch.zeros(2, 16)).sum().backward()
         assert x.grad is not None
 
 
