@@ -346,7 +346,7 @@ def test_ci_runs_exactly_readmes_marked_commands():
     first = [c.split('#')[0].split() for c in readme]
     assert first[0][:3] == ['pip', 'install', 'torch==2.13.0'], readme
     assert ['pip', 'install', '-r', 'requirements.txt'] in first
-    suite = ['python', '-m', 'pytest', '-q', '-n', 'auto']   # on every core (pytest-xdist)
+    suite = ['python', '-m', 'pytest', '-q']   # on every core: pyproject.toml's addopts
     assert suite in first
     assert first.index(['pip', 'install', '-r', 'requirements.txt']) < first.index(suite)
 
