@@ -172,7 +172,7 @@ echo "study: part $part, $n runs x $steps steps = $((n * steps)) training steps 
 echo "train.py flags: --device $device --max-steps $steps ${train_flags[*]}"
 # The FLOPs of each train.py command read on stdin (the preset's shape), and their total.
 flops_py=$(cat <<'PY'
-import shlex, sys
+import dataclasses, shlex, sys
 import train
 from dynpool import Config, step_flops
 steps, device, sf, mfu, peak = int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:])
@@ -188,6 +188,10 @@ for line in sys.stdin:
                  **{k: a[k] for k in ('d_model', 'n_head', 'd_head', 'd_inner')})
     run_sf = 1 if cfg.boundary == 'none' else cfg.fixed_factor if cfg.boundary == 'fixed' else sf
     flops = steps * step_flops(cfg, a['batch_size'], a['seq_len'], 1 + a['seq_len'] / run_sf)
+    if a['flop_budget'] is not None:  # the budget, not the steps, ends such a run
+        vanilla = dataclasses.replace(cfg, boundary='none')
+        flops = (int(a['flop_budget'][8:]) * step_flops(vanilla, a['batch_size'], a['seq_len'])
+                 if isinstance(a['flop_budget'], str) else a['flop_budget'])
     total += flops
     print(f'{line.rstrip()}    # {flops:.2e} FLOPs')
 hours = total / (mfu * peak * 1e12) / 3600
@@ -291,7 +295,10 @@ if [[ $part == languages || $part == table1 || $part == pareto && $langs != text
   # one table and one plot per language, then all side by side
   for l in $langs; do
     ldirs=()
-    for d in "${dirs[@]}"; do [[ ${d##*/} == "$l"-* ]] && ldirs+=("$d"); done
+    for d in "${dirs[@]}"; do    # a run's language is its name's prefix; none: the text8 slice
+      r=${d##*/}; r=${r%%-*}; [[ " $langs " == *" $r "* ]] || r=text8
+      [ "$r" = "$l" ] && ldirs+=("$d")
+    done
     [ ${#ldirs[@]} -gt 0 ] && report "$part-$l" "${ldirs[@]}"
   done
   # all of them: the last table has a column per language, the plot a panel each

@@ -842,6 +842,49 @@ def test_study_plans_the_papers_experiments(tmp_path):
     want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
             for n in (8, 12, 16, 20)}
     assert {(c['--boundary'], c.get('--fixed-factor'), c['--layers']) for c in scaling} == want
+    # a run trained to a FLOP budget is counted at its budget: vanilla's FLOPs, not its steps'
+    r = subprocess.run(['bash', 'study.sh', '--dry-run', '--part', 'languages', '--langs', 'fi',
+                        '--modes', 'none whitespace', '--seeds', '1', '--steps', '10'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    flops = {x.split(' --out ')[1].split()[0].split('/')[-1]: float(x.split('# ')[1].split()[0])
+             for x in r.stdout.splitlines() if x.startswith('python train.py')}
+    assert flops['fi-whitespace-flops-s1'] == flops['fi-none-s1'] > flops['fi-whitespace-s1']
+
+
+def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_path):
+    """study.sh --part pareto --langs 'text8 fi': the text8 slice's runs keep part seeds' names
+    (no language prefix) and still make the text8 panel, the fi- runs the fi panel. Finished runs
+    (a test record in log.jsonl) are skipped; a stand-in `python` echoes report.py's arguments."""
+    stand_in = tmp_path / 'bin' / 'python'
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/sh\necho "$@"\n')
+    stand_in.chmod(0o755)
+    env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
+    flags = ['--part', 'pareto', '--langs', 'text8 fi', '--data-dir', str(tmp_path / 'data'),
+             '--out', str(tmp_path / 'runs'), '--steps', '4']
+    dry = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    runs = [x.split(' --out ')[1].split()[0] for x in dry.stdout.splitlines()
+            if x.startswith('python train.py')]
+    assert len(runs) == 2 * 17, dry.stdout + dry.stderr
+    for run in runs:
+        (ROOT / run).mkdir(parents=True)
+        (ROOT / run / 'log.jsonl').write_text('{"split": "test"}\n')
+    for x in dry.stdout.splitlines():
+        if x.startswith('python train.py'):
+            data = ROOT / x.split('--data ')[1].split()[0]
+            data.mkdir(parents=True, exist_ok=True)
+            (data / 'meta.json').write_text('{}')
+    r = subprocess.run(['bash', 'study.sh', *flags], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    panels = {lang: (tmp_path / 'runs' / f'pareto-{lang}.md').read_text().split()
+              for lang in ('text8', 'fi')}
+    names = {lang: {a.split('/')[-1] for a in args if a.endswith('-s1337')}
+             for lang, args in panels.items()}
+    assert len(names['text8']) == len(names['fi']) == 17
+    assert 'unigram-u200-s1337' in names['text8'] and 'fi-unigram-u200-s1337' in names['fi']
+    assert not any(n.startswith('fi-') for n in names['text8'])
 
 
 @pytest.mark.slow
