@@ -81,7 +81,7 @@ def _dict(keys=str, values=object, **fields):
 COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_number, 'a number >= 0')
 NUMBER_OR_NULL = (lambda v: v is None or is_number(v), 'a number >= 0 or null')
 FIELDS = dict(
-    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER, budget_flops=NUMBER,
+    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER,
     train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_dict(object), 'a dict'),
     args=(_dict(), 'a dict of flags'),
     rng=(_dict(object, torch=torch.Tensor, numpy=(tuple, list), python=(tuple, list)),
@@ -113,7 +113,8 @@ def read_checkpoint(path, trust=False):
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:  # a readable file that pickles more than tensors and containers
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
-                            'loading refuses; trust the file? sample.py --trust-ckpt') from None
+                            'loading refuses (train.py writes none); a file you trust loads '
+                            'with sample.py --trust-ckpt') from None
         raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
                         f'{first_line(e).split(". ")[0]}'[:300]) from None
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():

@@ -147,7 +147,7 @@ def test_non_finite_weights_are_refused_at_load(state, tmp_path):
 BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None),
               ('pos', [4]), ('train_chars', 1.5), ('train_flops', float('nan')),
               ('train_flops', 'x'), ('train_time', float('inf')), ('train_time', -1.0),
-              ('budget_flops', None), ('args', ['--lr']), ('args', {1: 2}), ('rng', {}),
+              ('warmup_flops', -1.0), ('args', ['--lr']), ('args', {1: 2}), ('rng', {}),
               ('rng', 'x'), ('optimizer', {'state': []}), ('optimizer', None), ('scaler', 1),
               ('model', {'w': [1.0]}), ('model', []), ('vocab', 'abc'), ('dataset', {})]
 BAD_VOCABS = [dict(alphabet=['a', 'a', ' '], vocab_size=3, space_id=2),
