@@ -22,6 +22,7 @@
 #              and by its last token (--pooling last, sub-sampling), on the text8 slice
 #   scaling    test BPC against total layers (--scaling-layers, default 8 12 16 20): 2 + 2 outer
 #              layers and the shortened stage grown, for --modes (default none whitespace)
+#              (table2 and scaling with a GPU --device: the whole text8 and --steps 200000)
 # Modes by name: none, fixedK (any K), whitespace, unigram, entropy, gumbel, hnet.
 # Runs land in --out (default runs/study-<steps>), one folder each. A finished run (its log has a
 # test evaluation) is skipped, one with a checkpoint is resumed, so the same command picks up
@@ -73,6 +74,9 @@ case $part in
                 "not '$part'" ;;
 esac
 [ "$part" = table1 ] && steps=${steps:-200000}
+# On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
+paper_scale=0; [[ $device == cuda* && ( $part == table2 || $part == scaling ) ]] && paper_scale=1
+[ $paper_scale = 1 ] && steps=${steps:-200000}
 steps=${steps:-1000}
 [ "$part" = languages ] && langs=${langs:-text8 fi he vi}
 [ "$part" = table1 ] && langs=${langs:-text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en}
@@ -103,8 +107,13 @@ mode_flags() {
     *) code=2 die "unknown mode '$1' (none, fixedK, whitespace, unigram, entropy, gumbel, hnet)" ;;
   esac
 }
-# The dataset of a language: the text8 slice with Unigram V=10000 labels, else its own name.
-dataset() { if [ "$1" = text8 ]; then echo "text8-head-u${2:-10000}"; else echo "$1${2:+-u$2}"; fi; }
+# The dataset of a language: the text8 slice with Unigram V=10000 labels (at the paper's scale the
+# whole text8), else its own name.
+dataset() {
+  if [ "$1" = text8 ]; then
+    if [ $paper_scale = 1 ]; then echo text8; else echo "text8-head-u${2:-10000}"; fi
+  else echo "$1${2:+-u$2}"; fi
+}
 
 # The plan: one line per run, "name data train.py-flags", names unique per experiment.
 plan=()

@@ -837,6 +837,11 @@ def test_study_plans_the_papers_experiments(tmp_path):
     assert {d.split('/')[-1] for d, *_ in grid} == {'text8', 'wiki40b-en', 'wiki40b-fi',
                                                     'wiki40b-he', 'wiki40b-vi', 'cc100-en'}
     assert {k for _, b, k, _ in grid if b == 'fixed'} == {'2', '3', '4'}
+    for part in ('table2', 'scaling'):  # on a GPU at the paper's scale: the whole text8, 200k steps
+        runs, _ = plan('--part', part, '--device', 'cuda')
+        assert {(c['--data'], c['--max-steps']) for c in runs} == {('data/text8', '200000')}
+    table2, _ = plan('--part', 'table2')  # on the CPU the slice
+    assert {(c['--data'], c['--max-steps']) for c in table2} == {('data/text8-head-u10000', '1000')}
     scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1',
                       env=dict(os.environ, PATH=f'{echo.parent}:{os.environ["PATH"]}'))
     want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
