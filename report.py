@@ -42,8 +42,9 @@ NUMBERS = ('step', 'bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'res
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
 BASELINES = ('none', 'fixed')
 SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the baseline's runs "
-                "of the same dataset, budget and model shape (a source pooled by its last token: "
-                "also with its mean-pooled runs); seeds on one side only left out; '-': < 2 pairs; "
+                "of the same dataset, budget and model shape (a run trained to a FLOP budget: also "
+                "with vanilla's runs of those FLOPs; a source pooled by its last token: also with "
+                "its mean-pooled runs); seeds on one side only left out; '-': < 2 pairs; "
                 "*: lower than vanilla and every fixed k at p < 0.05 (the paper's Table 1)")
 
 
@@ -120,8 +121,9 @@ def value_at(pts, budget, interp):
 def experiments(rows, budgets):
     """One row per experiment (all that defines it but the seed) with (mean, std) over seeds (None
     where a seed lacks the value, std None for one seed, NaN for a diverged one) and p {baseline:
-    p} of its test BPC paired by seed with vanilla's and each fixed k's of its shape (Table 1) and,
-    pooled by the last token, with its mean-pooled twin's (Table 2)."""
+    p} of its test BPC paired by seed with vanilla's and each fixed k's of its shape (Table 1),
+    trained to a FLOP budget also with the vanilla runs that spent it, and, pooled by the last
+    token, with its mean-pooled twin's (Table 2)."""
     groups = collections.defaultdict(list)
     for r in rows:
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in r['config'].items()
@@ -141,12 +143,18 @@ def experiments(rows, budgets):
     bases = collections.defaultdict(list)
     for g in done:
         bases[g['shape']] += [g] * (g['boundary'] in BASELINES)
-    for g in done:
+    def unscheduled(g):   # the shape less how long it trains
+        return [kv for kv in g['shape'] if kv[0] not in ('max_steps', 'flop_budget')]
+    for g in done:   # equal compute: a run trained to a FLOP budget, against the vanilla runs of
+        spent = [v for v in done if g['flop_budget'] and v['boundary'] == 'none'   # its shape that
+                 and not v['flop_budget'] and unscheduled(v) == unscheduled(g)     # spent as much
+                 and v['train_flops'] and math.isclose(v['train_flops'][0], g['flop_budget'],
+                                                      rel_tol=1e-3)]
         twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')   # older logs: no pooling
         twins = [t for t in done if ('pooling', '"last"') in g['key']
                  and tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"')) == twin]
         beaten = []   # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
-        for base in [b for b in bases[g['shape']] if b is not g] + twins:
+        for base in [b for b in bases[g['shape']] + spent if b is not g] + twins:
             a, b = ({m['seed']: m['test_bpc'] for m in x['members']} for x in (g, base))
             seeds = sorted(a.keys() & b.keys() - {None})
             with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'

@@ -391,6 +391,22 @@ def test_seeds_that_do_not_pair_are_left_out(tmp_path, capsys):
     flops = seeds['whitespace @ 1e12 FLOPs']
     assert flops['p vs none'] == flops['p vs fixed k=2'] == '-'
 
+def test_a_flop_budget_run_is_paired_with_the_vanilla_runs_that_spent_its_budget(tmp_path, capsys):
+    """Equal compute: whitespace trained to vanilla's FLOPs (1e11: 100 steps of 1e9) is paired by
+    seed with those vanilla runs (p by hand) and starred; not with vanilla of another shape, nor
+    at another budget (2e11: '-')."""
+    none = {1: 2.05, 2: 2.08, 3: 2.04}
+    seeded_runs(tmp_path / 'none', {'none': none})
+    seeded_runs(tmp_path / 'other', {'none': {1: 1.5, 2: 1.6, 3: 1.55}}, layers='2,8,2')
+    for budget, root in ((1e11, 'spent'), (2e11, 'more')):
+        seeded_runs(tmp_path / root, {'whitespace': WS}, max_steps=10**9, flop_budget=budget)
+    assert report.main([str(tmp_path), '--markdown']) == 0
+    seeds = md_table(capsys.readouterr().out, 'over seeds')
+    spent, more = seeds['whitespace @ 1e11 FLOPs'], seeds['whitespace @ 2e11 FLOPs']
+    assert spent['p vs none'] == f'{hand_p(WS.values(), none.values()):.3f}'
+    assert spent['test BPC'].endswith(' *') and more['p vs none'] == '-'
+
+
 def test_each_source_is_paired_with_the_baselines_of_its_own_model_shape(tmp_path, capsys):
     """Two layer counts: whitespace at 2,8,2 is tested against vanilla at 2,8,2 and whitespace at
     1,4,1 against vanilla at 1,4,1, never across shapes (issue #26); pooling by the last token is
