@@ -206,19 +206,27 @@ def columns(budgets, grouped, baselines=()):
                     lambda r, k=f'at_{name}': fmt(r[k], 'bpc')) for name, budget in budgets]
 
 
+def text_of(g):
+    """The text a run trained on: its dataset's name less a Unigram label set's -u<V> (study.sh
+    names the datasets that differ only in their labels fi-u200, fi-u500, ...)."""
+    name, _, v = g['data'].rpartition('-u')
+    return name if name and v.isdigit() else g['data']
+
+
 def by_data(groups, markdown):
-    """Test BPC (SF, seeds): a column per dataset, a row per source and budget; a language's own
-    Gumbel prior in its source's row, two variants of a source on one dataset in one cell."""
+    """Test BPC (SF, seeds): a column per dataset (text_of), a row per source and budget; a
+    language's own Gumbel prior in its source's row, two variants of a source on one dataset
+    (α, Unigram V) in one cell."""
     rows = {}
     for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK.get(g['boundary'], 9))):
         key = (mode_label(dict(g['config'], prior=None)), bool(g['flop_budget']))
         row = rows.setdefault(key, dict(mode=key[0], budgets=set(), flop_budget=key[1]))
         row['budgets'].add(g['budget'])   # a FLOP budget of one shape differs between datasets
-        row.setdefault(g['data'], []).append(f'{fmt(g["test_bpc"], "bpc")}{" *" * g["star"]} '
+        row.setdefault(text_of(g), []).append(f'{fmt(g["test_bpc"], "bpc")}{" *" * g["star"]} '
                                              f'({fmt(g["sf"], "sf")}, n={g["n"]})')
     cols = [('mode', lambda r: r['mode']), ('budget', lambda r: ' / '.join(sorted(r['budgets'])))]
     cols += [(d, lambda r, d=d: ' / '.join(r.get(d, ['-'])))
-             for d in dict.fromkeys(g['data'] for g in groups)]
+             for d in dict.fromkeys(text_of(g) for g in groups)]
     return table(list(rows.values()), cols, markdown)
 
 
@@ -249,10 +257,10 @@ def draw(plt, flag, rows, done):
         ax.set(xlabel='layers (pre + shortened + post)', ylabel='test BPC',
                title='test BPC against the number of layers')
     elif flag == '--plot-sf':
-        datasets = list(dict.fromkeys(g['data'] for g in done)) or ['no runs']
+        datasets = list(dict.fromkeys(text_of(g) for g in done)) or ['no runs']
         fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.5), squeeze=False)
         for ax, d in zip(axes.flat, datasets):
-            pareto(ax, [g for g in done if g['data'] == d], f'{d}: ')
+            pareto(ax, [g for g in done if text_of(g) == d], f'{d}: ')
     else:   # a line per run, dashed while unfinished; the Pareto figure in the fourth panel
         fig, axes = plt.subplots(2, 2, figsize=(12, 9))
         for ax, (name, key, unit) in zip(axes.flat, BUDGETS):

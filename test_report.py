@@ -257,6 +257,14 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     lines = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
     [gumbel] = [x for x in lines if x.startswith('gumbel')]
     assert ' 1.7000 (5.00, n=1) / 1.6000 (5.00, n=1)' in gumbel
+    # Unigram label sets of one text (study.sh's fi-u200, fi-u500): the fi column, one cell
+    run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
+    run('fi-u500-s1', 'fi-u500', 'unigram', test=1.45)
+    report.main([str(tmp_path), '--by-data', '--markdown'])
+    table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
+    assert table[0] == '| mode | budget | en | fi |'
+    [unigram] = [x for x in table if x.startswith('| unigram')]
+    assert unigram.endswith(' | - | 1.5500 (5.00, n=1) / 1.4500 (5.00, n=1) |')
 
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown', '--at-chars', '500k'])
@@ -498,6 +506,8 @@ def test_plot_sf_draws_a_panel_per_dataset(tmp_path, capsys, monkeypatch):
                                                         flop_budget=1e12)]
                   + evals_and_steps([4.0, 3.0, 2.5], test - 0.1))
     write_run(tmp_path, 'he-ws', [config(data='data/he')] + evals_and_steps([4.0]))  # unfinished
+    write_run(tmp_path, 'fi-u200', [config('unigram', data='data/fi-u200')]   # fi's panel
+              + evals_and_steps([4.0, 3.0], 1.45, sf=3.0))
     seen = spy_on_figures(monkeypatch)
     png = tmp_path / 'sf.png'
     assert report.main([str(tmp_path / 'en-ws'), str(tmp_path / 'en-ws-flops'), str(tmp_path),
@@ -506,9 +516,10 @@ def test_plot_sf_draws_a_panel_per_dataset(tmp_path, capsys, monkeypatch):
     axes = seen['--plot-sf'].axes
     assert [ax.get_title() for ax in axes] == ['en: test BPC against SF',
                                               'fi: test BPC against SF']  # he: unfinished
-    assert sorted(xy for _, xy, _ in drawn(axes[1])) == [(5.0, 1.4), (5.0, 1.5)]
+    assert sorted(xy for _, xy, _ in drawn(axes[1])) == [(3.0, 1.45), (5.0, 1.4), (5.0, 1.5)]
     assert [[t.get_text() for t in ax.get_legend().get_texts()] for ax in axes] == \
-        [['whitespace', 'whitespace, FLOP budget']] * 2
+        [['whitespace', 'whitespace, FLOP budget'],
+         ['whitespace', 'whitespace, FLOP budget', 'unigram']]
     assert f'plot: {png}' in capsys.readouterr().out
     assert report.main([str(tmp_path), '--plot-sf', str(tmp_path / 'sf.xyz')]) == 1
     assert '--plot-sf' in capsys.readouterr().err
