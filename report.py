@@ -213,20 +213,33 @@ def text_of(g):
     return name if name and v.isdigit() else g['data']
 
 
+def variant(g):
+    """The Pareto knob that sets runs of one source and text apart: 'α=0.2', 'V=200' or ''."""
+    if g['boundary'] == 'gumbel':
+        return f'α={g["config"].get("prior")}'
+    v = g['config'].get('unigram') or g['data'][len(text_of(g)) + 2:]   # fi-u200: 200
+    return f'V={v}' if g['boundary'] == 'unigram' and v else ''
+
+
 def by_data(groups, markdown):
     """Test BPC (SF, seeds): a column per dataset (text_of), a row per source and budget; a
-    language's own Gumbel prior in its source's row, two variants of a source on one dataset
-    (α, Unigram V) in one cell."""
+    language's own Gumbel prior in its source's row, the variants of a source on one dataset
+    (α, Unigram V: a Pareto front) in one cell, each named, in the knob's order."""
     rows = {}
-    for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK.get(g['boundary'], 9))):
+    for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK.get(g['boundary'], 9),
+                                           float(variant(g)[2:] or 0))):
         key = (mode_label(dict(g['config'], prior=None)), bool(g['flop_budget']))
         row = rows.setdefault(key, dict(mode=key[0], budgets=set(), flop_budget=key[1]))
         row['budgets'].add(g['budget'])   # a FLOP budget of one shape differs between datasets
-        row.setdefault(text_of(g), []).append(f'{fmt(g["test_bpc"], "bpc")}{" *" * g["star"]} '
-                                             f'({fmt(g["sf"], "sf")}, n={g["n"]})')
+        row.setdefault(text_of(g), []).append((variant(g), f'{fmt(g["test_bpc"], "bpc")}'
+                                               f'{" *" * g["star"]} ({fmt(g["sf"], "sf")}, '
+                                               f'n={g["n"]})'))
+
+    def cell(r, d):
+        named = len(r.get(d, ())) > 1
+        return ' / '.join(f'{k} {v}' if named else v for k, v in r.get(d, ())) or '-'
     cols = [('mode', lambda r: r['mode']), ('budget', lambda r: ' / '.join(sorted(r['budgets'])))]
-    cols += [(d, lambda r, d=d: ' / '.join(r.get(d, ['-'])))
-             for d in dict.fromkeys(text_of(g) for g in groups)]
+    cols += [(d, lambda r, d=d: cell(r, d)) for d in dict.fromkeys(text_of(g) for g in groups)]
     return table(list(rows.values()), cols, markdown)
 
 

@@ -256,7 +256,7 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     report.main([str(tmp_path), '--by-data'])
     lines = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
     [gumbel] = [x for x in lines if x.startswith('gumbel')]
-    assert ' 1.7000 (5.00, n=1) / 1.6000 (5.00, n=1)' in gumbel
+    assert ' α=0.3 1.6000 (5.00, n=1) / α=0.37 1.7000 (5.00, n=1)' in gumbel   # the knob's order
     # Unigram label sets of one text (study.sh's fi-u200, fi-u500): the fi column, one cell
     run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
     run('fi-u500-s1', 'fi-u500', 'unigram', test=1.45)
@@ -264,7 +264,7 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
     assert table[0] == '| mode | budget | en | fi |'
     [unigram] = [x for x in table if x.startswith('| unigram')]
-    assert unigram.endswith(' | - | 1.5500 (5.00, n=1) / 1.4500 (5.00, n=1) |')
+    assert unigram.endswith(' | - | V=200 1.5500 (5.00, n=1) / V=500 1.4500 (5.00, n=1) |')
 
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown', '--at-chars', '500k'])
