@@ -263,7 +263,8 @@ def draw(plt, flag, rows, done):
         lines = collections.defaultdict(list)
         for g in done:
             depth = sum(int(n) for n in str(g['config'].get('layers')).split(',') if n.isdigit())
-            lines[g['mode']].append((depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
+            lines[g['mode'] + ', FLOP budget' * bool(g['flop_budget'])].append(
+                (depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
         for mode in sorted(lines, key=lambda m: (RANK.get(m.split()[0], 9), m)):
             depth, bpc, std = zip(*sorted(lines[mode]))
             ax.errorbar(depth, bpc, yerr=std, fmt='o-', capsize=3, label=mode)

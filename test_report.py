@@ -526,17 +526,20 @@ def test_plot_sf_draws_a_panel_per_dataset(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.plots
 def test_plot_layers_draws_test_bpc_against_the_number_of_layers(tmp_path, capsys, monkeypatch):
-    """--plot-layers (the paper's scaling figure): a line per source, last-token pooling its own,
-    a point per layer count at the mean test BPC over seeds, the seeds' std as error bars."""
+    """--plot-layers (the paper's scaling figure): a line per source, last-token pooling and a
+    FLOP budget (equal compute) each its own, a point per layer count at the mean test BPC over
+    seeds, the seeds' std as error bars."""
     pytest.importorskip('matplotlib')
     bpc = {}
     for depth, layers in ((6, '1,4,1'), (12, '2,8,2')):
-        for source, pooling, base in (('none', 'mean', 2.1), ('whitespace', 'mean', 2.0),
-                                      ('whitespace', 'last', 2.05)):
+        for source, pooling, base, budget in (
+                ('none', 'mean', 2.1, None), ('whitespace', 'mean', 2.0, None),
+                ('whitespace', 'last', 2.05, None), ('whitespace', 'mean', 1.9, 1e12)):
             runs = {s: base - depth / 100 + s / 50 for s in (1, 2, 3)}
-            seeded_runs(tmp_path / f'{source}-{pooling}-{depth}', {source: runs}, layers=layers,
-                        pooling=pooling)
-            bpc[source + ' (last)' * (pooling == 'last'), depth] = list(runs.values())
+            seeded_runs(tmp_path / f'{source}-{pooling}-{depth}-{budget}', {source: runs},
+                        layers=layers, pooling=pooling, flop_budget=budget)
+            label = source + ' (last)' * (pooling == 'last') + ', FLOP budget' * bool(budget)
+            bpc[label, depth] = list(runs.values())
     seen = spy_on_figures(monkeypatch)
     png = tmp_path / 'layers.png'
     assert report.main([str(tmp_path), '--plot-layers', str(png)]) == 0
@@ -549,7 +552,7 @@ def test_plot_layers_draws_test_bpc_against_the_number_of_layers(tmp_path, capsy
         assert y == pytest.approx(statistics.mean(bpc[label, depth]))
         assert err == pytest.approx(statistics.stdev(bpc[label, depth]))
     assert [t.get_text() for t in ax.get_legend().get_texts()] == \
-        ['none', 'whitespace', 'whitespace (last)']
+        ['none', 'whitespace', 'whitespace (last)', 'whitespace, FLOP budget']
 
 
 def test_plot_without_matplotlib_is_one_line(study, tmp_path, monkeypatch, capsys):
