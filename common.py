@@ -89,9 +89,9 @@ def _number(kind, rule, outside):
 
 
 def int_range(lo, hi=None):
-    """Argument type: an integer in [lo, hi] (hi None: no upper end)."""
-    rule = f'an integer >= {lo}' if hi is None else f'an integer in [{lo}, {hi}]'
-    return _number(int, rule, lambda v: v < lo or hi is not None and v > hi)
+    """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size takes)."""
+    rule = f'an integer >= {lo} (below 2**63)' if hi is None else f'an integer in [{lo}, {hi}]'
+    return _number(int, rule, lambda v: v < lo or v > (2 ** 63 - 1 if hi is None else hi))
 
 
 def float_range(lo=None, hi=None, lo_open=False, hi_open=False):

@@ -63,8 +63,14 @@ def setup_precision(amp, device_type):
 
 def check_model_memory(cfg, device):
     """Refuse a model whose weights, gradients and Adam moments (16 B a parameter) exceed memory."""
-    with torch.device('meta'):
-        need = 16 * DynamicPoolingLM(cfg).num_params()
+    try:
+        with torch.device('meta'):
+            need = 16 * DynamicPoolingLM(cfg).num_params()
+    except RuntimeError as e:   # a size whose bytes overflow int64: torch cannot even count it
+        if 'overflow' not in str(e):
+            raise
+        raise UserError(f'the model is too large to build ({common.first_line(e)[:120]}): '
+                        'shrink the model', code=2) from None
     with open('/proc/meminfo') if os.path.exists('/proc/meminfo') else nullcontext(()) as f:
         m = re.search(r'MemAvailable:\s*(\d+)', ''.join(f))
     free = (torch.cuda.mem_get_info(device)[0] if torch.device(device).type == 'cuda' else

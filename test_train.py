@@ -450,6 +450,8 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--layers', '1,2,3,4'], 'argument --layers'),
     (['--fixed-factor', '99999999999999999999'], 'argument --fixed-factor'),
     (['--d-model', '99999998', '--d-inner', '99999999'], 'GiB with gradients and Adam moments'),
+    (['--d-head', str(2 ** 63 - 1)], 'the model is too large to build'),   # bytes overflow int64
+    (['--d-head', str(2 ** 63)], 'argument --d-head: must be an integer >= 1 (below 2**63)'),
 ])
 def test_train_error_bad_flags(synth, tmp_path, capsys, extra, words):
     msg = user_error(tiny_args(synth, 'fixed') + extra + ['--out', str(tmp_path / 'o')], capsys,
