@@ -181,7 +181,7 @@ echo "study: part $part, $n runs x $steps steps = $((n * steps)) training steps 
 echo "train.py flags: --device $device --max-steps $steps ${train_flags[*]}"
 # The FLOPs of each train.py command read on stdin (the preset's shape), and their total.
 flops_py=$(cat <<'PY'
-import dataclasses, shlex, sys
+import shlex, sys
 import train
 from dynpool import Config, step_flops
 steps, device, sf, mfu, peak = int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:])
@@ -198,9 +198,7 @@ for line in sys.stdin:
     run_sf = 1 if cfg.boundary == 'none' else cfg.fixed_factor if cfg.boundary == 'fixed' else sf
     flops = steps * step_flops(cfg, a['batch_size'], a['seq_len'], 1 + a['seq_len'] / run_sf)
     if a['flop_budget'] is not None:  # the budget, not the steps, ends such a run
-        vanilla = dataclasses.replace(cfg, boundary='none')
-        flops = (int(a['flop_budget'][8:]) * step_flops(vanilla, a['batch_size'], a['seq_len'])
-                 if isinstance(a['flop_budget'], str) else a['flop_budget'])
+        flops = train.budget_flops(a['flop_budget'], cfg, a['batch_size'], a['seq_len'])
     total += flops
     print(f'{line.rstrip()}    # {flops:.2e} FLOPs')
 hours = total / (mfu * peak * 1e12) / 3600

@@ -177,11 +177,17 @@ def model_config(args, meta, world=1):
         'd_model', 'n_head', 'd_head', 'd_inner', 'dropout', 'dropatt', 'boundary', 'attention')},
         vocab_size=meta['vocab_size'], whitespace_id=meta.get('space_id'),
         layers=tuple(int(n) for n in args.layers.split(',')))
-    if isinstance(args.flop_budget, str):  # N steps of the vanilla model of this shape
-        vanilla = dataclasses.replace(cfg, boundary='none')
-        args.flop_budget = int(args.flop_budget[8:]) * step_flops(vanilla, args.batch_size,
-                                                                  args.seq_len)
+    if args.flop_budget is not None:
+        args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
     return cfg
+
+
+def budget_flops(budget, cfg, batch_size, seq_len):
+    """--flop-budget as FLOPs: a number as it is, vanilla:N as N steps of cfg's shape unpooled."""
+    if not isinstance(budget, str):
+        return budget
+    return int(budget[8:]) * step_flops(dataclasses.replace(cfg, boundary='none'), batch_size,
+                                        seq_len)
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):
