@@ -25,7 +25,7 @@ import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are
 from common import UserError
 from dynpool import Config, DynamicPoolingLM, step_flops
 from runtime import pick_device
-from train import layer_counts
+from presets import layer_counts
 
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4),

@@ -182,7 +182,7 @@ echo "train.py flags: --device $device --max-steps $steps ${train_flags[*]}"
 # The FLOPs of each train.py command read on stdin (the preset's shape), and their total.
 flops_py=$(cat <<'PY'
 import shlex, sys
-import train
+import presets as train
 from dynpool import Config, step_flops
 steps, device, sf, mfu, peak = int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:])
 preset = train.GPU_PRESET if device.startswith('cuda') else train.CPU_PRESET

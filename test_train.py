@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import checkpoint
 import dataset
 import runtime
+import presets
 import train
 from common import UserError
 from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, run_main, shared_data
@@ -932,11 +933,11 @@ def test_train_prior_defaults_to_the_datasets(tmp_path):
     0.37); a given --prior wins; without defaults, the model's."""
     data = write_dataset(tmp_path / 'fi', random_words(5000))
     meta = json.loads((data / 'meta.json').read_text())
-    plain = train.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
+    plain = presets.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
     (data / 'meta.json').write_text(json.dumps({**meta,
                                                 'defaults': {'prior': 0.37, 'unigram': 200}}))
-    fi = train.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
-    given = train.resolve_args(tiny_args(data, 'gumbel')
+    fi = presets.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
+    given = presets.resolve_args(tiny_args(data, 'gumbel')
                                + ['--prior', '0.3', '--out', str(tmp_path / 'o')])[0]
     assert (plain.prior, fi.prior, given.prior) == (Config.prior, 0.37, 0.3)
 
@@ -947,7 +948,7 @@ def test_train_help_shows_every_default(capsys):
         train.main(['--help'])
     assert e.value.code == 0
     text = ' '.join(capsys.readouterr().out.split())
-    parser = train.parser()
+    parser = presets.parser()
     for action in parser._actions:
         if action.dest != 'help':
             assert 'default' in action.help, action.option_strings
@@ -1003,10 +1004,10 @@ def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, 
     """(issue 20.3) fixed and whitespace boundaries are counted when the batch is cut, so a training
     step, --flop-budget's FLOP count included, never reads the device; entropy decides on the device
     and reads S (the counter's control)."""
-    args, _ = train.resolve_args(tiny_args(synth, boundary) + [
+    args, _ = presets.resolve_args(tiny_args(synth, boundary) + [
         '--flop-budget', '1e15', '--out', str(tmp_path / 'o')])
     meta, splits, _ = dataset.load_data(args.data, args.boundary)
-    cfg = train.model_config(args, meta)
+    cfg = presets.model_config(args, meta)
     model = DynamicPoolingLM(cfg)
     # on CPU the model checks token values per forward (a GPU skips that: it would read the device)
     model.check_inputs = lambda *a, **k: None
@@ -1046,19 +1047,20 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
     procs = runtime.Processes(local_rank, local_rank, 8)
     if device is None:
         with pytest.raises(UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
-            train.resolve_args(argv, procs)
+            presets.resolve_args(argv, procs)
     else:
-        assert train.resolve_args(argv, procs)[0].device == device
+        assert presets.resolve_args(argv, procs)[0].device == device
 
 
 # ----------------------------------------------------------------------------- fuzz
 ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf', 'nan', '',
                '99999999999999999999', 'x', '1,1', '0x10', ' 2']
 ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cuda', 'meta', 'cpu']
-SWITCHES = {flag for flag, kind, _ in train.FLAGS if kind is None} - {'--tensorboard', '--compile'}
+SWITCHES = {flag for flag, kind, _ in presets.FLAGS if kind is None}
+SWITCHES -= {'--tensorboard', '--compile'}
 # (--data and --out are drawn apart; the slow or networked loggers and compile are left out, and the
 # evaluation sizes stay tiny: the contract, not the evaluation's speed, is under test)
-FUZZED = sorted(flag for flag, _, _ in train.FLAGS if flag not in (
+FUZZED = sorted(flag for flag, _, _ in presets.FLAGS if flag not in (
     '--data', '--out', '--tensorboard', '--wandb', '--compile', '--eval-subset-chars',
     '--eval-max-chars', '--eval-batch-size'))
 
@@ -1068,12 +1070,12 @@ def odd_argv(draw, synth, where):
     """train.py's flags: a few drawn at random, each with an odd or an ordinary value."""
     argv = []
     for flag in draw(st.lists(st.sampled_from(FUZZED), max_size=4, unique=True)):
-        kind = dict((f, k) for f, k, _ in train.FLAGS)[flag]
+        kind = dict((f, k) for f, k, _ in presets.FLAGS)[flag]
         if flag in SWITCHES:
             argv.append(flag)
             continue
         values = (st.sampled_from(list(kind) + ['bogus']) if isinstance(kind, tuple) else
-                  st.sampled_from(ODD_TEXT) if kind is train.nonblank else
+                  st.sampled_from(ODD_TEXT) if kind is presets.nonblank else
                   st.sampled_from(ODD_NUMBERS) | st.integers(-3, 4).map(str)
                   | st.floats(allow_nan=True, allow_infinity=True).map(repr))
         argv += [flag, draw(values)]
@@ -1115,8 +1117,8 @@ def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path)
         for value in [None] if flag in SWITCHES else ODD_NUMBERS + ODD_TEXT:
             argv = tiny_args(synth, 'fixed') + [flag] + ([] if value is None else [value])
             try:
-                args, _ = train.resolve_args(argv + ['--out', str(tmp_path / 'o')])
-                train.model_config(args, meta)
+                args, _ = presets.resolve_args(argv + ['--out', str(tmp_path / 'o')])
+                presets.model_config(args, meta)
             except UserError as e:
                 assert e.code in (1, 2) and '\n' not in str(e), (flag, value, str(e))
 
