@@ -24,7 +24,7 @@ import common
 import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from common import UserError
 from dynpool import Config, DynamicPoolingLM, step_flops
-from runtime import pick_device
+from runtime import pick_device, use_tf32
 from presets import layer_counts
 
 PRESETS = {
@@ -358,9 +358,9 @@ def run(argv):
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
     args.argv = argv   # the children are started with the parent's own flags
-    if args.device.startswith('cuda'):   # TF32 matmuls, as train.py trains
+    if args.device.startswith('cuda'):
         torch.cuda.set_device(torch.device(args.device))
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    use_tf32(args.device)   # as train.py trains
     if args.one or args.generate or args.profile:
         return bench_generate(args) if args.generate else run_one(args, args.one or args.profile)
     plt = common.import_pyplot('--plot') if args.plot else None   # before minutes of measuring

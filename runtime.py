@@ -71,13 +71,36 @@ def check_model_memory(cfg, device):
             raise
         raise UserError(f'the model is too large to build ({common.first_line(e)[:120]}): '
                         'shrink the model', code=2) from None
-    with open('/proc/meminfo') if os.path.exists('/proc/meminfo') else nullcontext(()) as f:
-        m = re.search(r'MemAvailable:\s*(\d+)', ''.join(f))
-    free = (torch.cuda.mem_get_info(device)[0] if torch.device(device).type == 'cuda' else
-            int(m.group(1)) * 1024 if m else math.inf)
+    require_memory(need, 'the model, with gradients and Adam moments,', device, 'shrink the model')
+
+
+def free_memory(device):
+    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf unknown)."""
+    if torch.device(device).type == 'cuda':
+        return torch.cuda.mem_get_info(device)[0]
+    if not os.path.exists('/proc/meminfo'):
+        return math.inf
+    with open('/proc/meminfo') as f:
+        m = re.search(r'MemAvailable:\s*(\d+)', f.read())
+    if m is None:
+        return math.inf
+    return int(m.group(1)) * 1024
+
+
+def require_memory(need, what, device, fix):
+    """Refuse, before it is spent, `need` bytes that `what` would take on the device: one
+    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower --gen-batch')."""
+    free = free_memory(device)
     if need > free:
-        raise UserError(f'the model needs {need / 2**30:.3g} GiB with gradients and Adam moments, '
-                        f'over {free / 2**30:.3g} GiB free on {device}: shrink the model', code=2)
+        raise UserError(f'{what} needs about {need / 2**30:.3g} GiB, over the '
+                        f'{free / 2**30:.3g} GiB free on {device}: {fix}', code=2)
+
+
+def use_tf32(device):
+    """TF32 matmuls on a GPU: the same recipe, much faster (every script that runs the model)."""
+    if torch.device(device).type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def peak_mem_mb(device):
@@ -102,8 +125,8 @@ def sum_dtype(device):
 def start_processes(device, procs):
     """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU); TF32 on GPUs."""
     cuda = torch.device(device).type == 'cuda'
-    if cuda:  # TF32 matmuls: same recipe, much faster; the device set first: NCCL binds to it
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    use_tf32(device)
+    if cuda:  # the device set first: NCCL binds to it
         torch.cuda.set_device(device)
     if procs.world > 1:
         torch.distributed.init_process_group('nccl' if cuda else 'gloo')
