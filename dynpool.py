@@ -82,190 +82,6 @@ class Config:
 
 
 # -----------------------------------------------------------------------------
-# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
-# and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
-def sinusoids(distances, dim):
-    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
-    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
-    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
-
-def rel_shift(x):
-    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
-    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
-    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
-    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
-    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
-    m, e = x.size(-2), x.size(-1) - 1
-    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
-
-
-class RelativeAttention(nn.Module):
-    """Causal multi-head attention with learnable relative positions, post-norm residual."""
-    def __init__(self, cfg):
-        super().__init__()
-        self.n_head, self.d_head = cfg.n_head, cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
-        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
-        self.drop, self.dropatt = Dropout(cfg.dropout), Dropout(cfg.dropatt)
-        self.chunk, self.attention = cfg.attn_chunk, cfg.attention
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def fused(self, h):
-        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and under
-        torch.compile (no loop over L, no recompile per length); blocked on CPU, faster there."""
-        if self.attention == 'auto':
-            return h.device.type != 'cpu' or torch.compiler.is_compiling()
-        return self.attention == 'sdpa'
-
-    def heads(self, h, content_bias, position_bias):
-        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's dtype (the
-        float32 u, v must not promote a bf16 q)."""
-        B, L, _ = h.shape
-        q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-        scale = self.d_head ** -0.5
-        return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
-                (q + position_bias.to(q.dtype)[:, None]) * scale, k, v)
-
-    def position_keys(self, emb):
-        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
-        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
-
-    def attend(self, q, k, v, bias, fused):
-        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
-        [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
-        if fused:
-            p = self.dropatt.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-        B, n_head, m, n = bias.shape
-        # [B*H, m, n]: the bias and the content term added by one matmul
-        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
-        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
-
-    def merge(self, h, y):
-        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
-        return self.norm(h + self.drop(self.out(y)))
-
-    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
-        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
-        cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
-        L = h.size(1)
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
-        if kv is not None:
-            kv[0][:, :, :L], kv[1][:, :, :L] = k, v
-        k, v = k.contiguous(), v.contiguous()
-        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
-        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
-        # Fused: one block, one call for all L queries, no Python loop over L.
-        fused = self.fused(h)
-        chunk, ys = L if fused else self.chunk, []
-        for a in range(0, L, chunk):
-            e = min(a + chunk, L)
-            # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
-            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
-            j = torch.arange(e, device=h.device)
-            future = j > j[a:, None]                                  # [e-a, e]: key j > query i
-            # Added, not masked_fill: the backward then passes the gradient through untouched.
-            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
-            bias = scores + causal
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
-        return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
-
-    def step(self, h, content_bias, position_bias, kv, r, at):
-        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
-        attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
-        rows = torch.arange(h.size(0), device=h.device)
-        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
-        # einsum, not a broadcast @, so that r is not copied once per row
-        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
-        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
-        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
-
-
-# -----------------------------------------------------------------------------
-# Feed-forward, stage (layers that share one position grid)
-class FeedForward(nn.Module):
-    """Position-wise MLP with GELU, post-norm residual."""
-    def __init__(self, cfg):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
-                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
-                                 Dropout(cfg.dropout))
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def forward(self, h):
-        return self.norm(h + self.net(h))
-
-
-@dataclass
-class KVCache:
-    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
-
-    def reserve(self, capacity):
-        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
-        C = self.k.size(3)
-        if capacity > C:
-            grow = max(capacity, 2 * C) - C
-            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
-            self.r = None
-
-
-class Stage(nn.Module):
-    """Layers that share one relative-position grid of their own sequence length."""
-    def __init__(self, cfg, n_layers):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.layers = nn.ModuleList(   # a layer: relative attention, then feed-forward
-            nn.ModuleDict(dict(attn=RelativeAttention(cfg), ff=FeedForward(cfg)))
-            for _ in range(n_layers))
-        self.drop = Dropout(cfg.dropout)
-
-    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
-        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
-        L = h.size(1)
-        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
-        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
-        if cache is not None:
-            cache.reserve(L)
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
-        if cache is not None:
-            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
-        return h
-
-    def step(self, h, content_bias, position_bias, cache, advance=None):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
-        at = cache.length
-        cache.reserve(int(at.max()) + 1)
-        if cache.r is None and self.layers:  # position keys once per cache size, not per token
-            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
-            cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
-        for i, layer in enumerate(self.layers):
-            kv = cache.k[i], cache.v[i]
-            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
-        cache.length = at + (1 if advance is None else advance.long())
-        return h
-
-    def empty_cache(self, B, capacity, ref):
-        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
-        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
-        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
-                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
-
-
-# -----------------------------------------------------------------------------
 # Pooling through the boundary matrix (paper §2.2)
 def segments(b):
     """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
@@ -589,6 +405,190 @@ register_source('whitespace', WhitespaceBoundaries)
 register_source('unigram', UnigramBoundaries)
 register_source('entropy', EntropyBoundaries)
 register_source('gumbel', GumbelBoundaries)
+
+
+# -----------------------------------------------------------------------------
+# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
+# and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
+def sinusoids(distances, dim):
+    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
+    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def rel_shift(x):
+    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
+    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
+    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
+    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
+    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
+    m, e = x.size(-2), x.size(-1) - 1
+    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
+
+
+class RelativeAttention(nn.Module):
+    """Causal multi-head attention with learnable relative positions, post-norm residual."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
+        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
+        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
+        self.drop, self.dropatt = Dropout(cfg.dropout), Dropout(cfg.dropatt)
+        self.chunk, self.attention = cfg.attn_chunk, cfg.attention
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def fused(self, h):
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and under
+        torch.compile (no loop over L, no recompile per length); blocked on CPU, faster there."""
+        if self.attention == 'auto':
+            return h.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
+
+    def heads(self, h, content_bias, position_bias):
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's dtype (the
+        float32 u, v must not promote a bf16 q)."""
+        B, L, _ = h.shape
+        q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        scale = self.d_head ** -0.5
+        return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
+                (q + position_bias.to(q.dtype)[:, None]) * scale, k, v)
+
+    def position_keys(self, emb):
+        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
+        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
+    def attend(self, q, k, v, bias, fused):
+        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
+        [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
+        if fused:
+            p = self.dropatt.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+        B, n_head, m, n = bias.shape
+        # [B*H, m, n]: the bias and the content term added by one matmul
+        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
+
+    def merge(self, h, y):
+        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
+        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
+        return self.norm(h + self.drop(self.out(y)))
+
+    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
+        cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
+        L = h.size(1)
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
+        if kv is not None:
+            kv[0][:, :, :L], kv[1][:, :, :L] = k, v
+        k, v = k.contiguous(), v.contiguous()
+        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
+        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
+        # Fused: one block, one call for all L queries, no Python loop over L.
+        fused = self.fused(h)
+        chunk, ys = L if fused else self.chunk, []
+        for a in range(0, L, chunk):
+            e = min(a + chunk, L)
+            # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
+            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
+            j = torch.arange(e, device=h.device)
+            future = j > j[a:, None]                                  # [e-a, e]: key j > query i
+            # Added, not masked_fill: the backward then passes the gradient through untouched.
+            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
+            bias = scores + causal
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
+        return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
+
+    def step(self, h, content_bias, position_bias, kv, r, at):
+        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
+        attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
+        rows = torch.arange(h.size(0), device=h.device)
+        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
+        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
+        # einsum, not a broadcast @, so that r is not copied once per row
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
+        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
+
+
+# -----------------------------------------------------------------------------
+# Feed-forward, stage (layers that share one position grid)
+class FeedForward(nn.Module):
+    """Position-wise MLP with GELU, post-norm residual."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
+                                 Dropout(cfg.dropout))
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, h):
+        return self.norm(h + self.net(h))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
+    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
+    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+
+    def reserve(self, capacity):
+        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
+        C = self.k.size(3)
+        if capacity > C:
+            grow = max(capacity, 2 * C) - C
+            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
+            self.r = None
+
+
+class Stage(nn.Module):
+    """Layers that share one relative-position grid of their own sequence length."""
+    def __init__(self, cfg, n_layers):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.layers = nn.ModuleList(   # a layer: relative attention, then feed-forward
+            nn.ModuleDict(dict(attn=RelativeAttention(cfg), ff=FeedForward(cfg)))
+            for _ in range(n_layers))
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
+        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
+        L = h.size(1)
+        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
+        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
+        if cache is not None:
+            cache.reserve(L)
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
+        if cache is not None:
+            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
+        return h
+
+    def step(self, h, content_bias, position_bias, cache, advance=None):
+        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
+        at = cache.length
+        cache.reserve(int(at.max()) + 1)
+        if cache.r is None and self.layers:  # position keys once per cache size, not per token
+            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
+            cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
+        for i, layer in enumerate(self.layers):
+            kv = cache.k[i], cache.v[i]
+            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
+        cache.length = at + (1 if advance is None else advance.long())
+        return h
+
+    def empty_cache(self, B, capacity, ref):
+        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
+        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
+        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
+                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
 # -----------------------------------------------------------------------------
