@@ -14,6 +14,28 @@ next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a 
 
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
+
+Reading map. The file runs small to large; for the paper's method read, in this order:
+  1. Config                                the hyper-parameters (the defaults: the paper's model)
+  2. segments, boundary_matrix, downsample, upsample
+                                           pooling through the boundary matrix and back (§2.2)
+  3. MeanPooling.down and .up              the pooling unit that the model calls
+  4. BoundarySource, then FixedBoundaries, WhitespaceBoundaries, UnigramBoundaries (§3.1),
+     EntropyBoundaries (§3.2), GumbelBoundaries (§3.3)
+                                           where segments end, and how each source learns it
+  5. DynamicPoolingLM.trunk and .forward   the hourglass of the diagram above, and the losses
+Between 4 and 5 sit Transformer-XL's layers (RelativeAttention, FeedForward, Stage): standard
+machinery, not the paper's. Skip on a first reading:
+  - generation only: every `step` method (each beside the `forward` it mirrors), KVCache,
+    Stage.empty_cache, MeanPooling.rows, .prefill_state, .step_down and .step_up,
+    BoundarySource.late_boundary, DynamicPoolingLM.prefill, .decode, .steps and .generate,
+    GenerationState, GenerationStep, next_token;
+  - speed only (the same values without them): RelativeAttention.fused and .attend and the query
+    blocks in its forward, rel_shift's view, n_segments and seg_bucket (no device reads, repeated
+    shapes), Dropout (cheaper CPU masks);
+  - measurement: BoundarySource.statistics, step_flops (train.py's and bench.py's FLOPs).
+Other sources plug in through BoundarySource's hooks and register_source; hnet.py (H-Net's
+chunking) is one, imported by this file's last line so that BOUNDARY_MODES always lists it.
 """
 import math
 import numbers
@@ -23,6 +45,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 
 # -----------------------------------------------------------------------------
 # Configuration: what the model is
@@ -59,24 +82,27 @@ class Config:
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
-        self.layers, mode = tuple(self.layers), self.boundary
+        self.layers = tuple(self.layers)
+        mode = self.boundary
         require(mode in BOUNDARY_MODES,
                 f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
         require(len(self.layers) == 3 and all(int(n) == n >= 0 for n in self.layers),
                 f'layers must be three counts (pre, shortened, post), got {self.layers!r}')
         require(mode == 'none' or self.layers[1] > 0, f'boundary {mode!r} needs shortened layers')
-        require(self.pooling == 'mean' or self.pooling == 'last' and mode != 'none',
+        require(self.pooling == 'mean' or (self.pooling == 'last' and mode != 'none'),
                 "pooling must be 'mean' or 'last' (not 'last' for boundary 'none')")
         require(mode != 'whitespace' or self.whitespace_id is not None,
                 "boundary 'whitespace' needs whitespace_id (the token id of the space)")
         require(self.attention in ('auto', 'sdpa', 'blocked') and self.attn_chunk >= 1
-                and self.seg_bucket >= 0, "attention must be 'auto', 'sdpa' or 'blocked', "
-                                          "attn_chunk >= 1 and seg_bucket >= 0")
+                and self.seg_bucket >= 0,
+                "attention must be 'auto', 'sdpa' or 'blocked', attn_chunk >= 1 and "
+                'seg_bucket >= 0')
         require(not self.double_sigmoid or mode in ('unigram', 'entropy'),
                 'double_sigmoid is a loss of the unigram and entropy predictors only')
         require(self.vocab_size >= 1 and self.d_model % 2 == 0 and self.fixed_factor >= 1
-                and 0 < self.prior < 1, 'vocab_size and fixed_factor must be positive, d_model '
-                'even (sinusoidal positions) and prior in (0, 1)')
+                and 0 < self.prior < 1,
+                'vocab_size and fixed_factor must be positive, d_model even (sinusoidal positions) '
+                'and prior in (0, 1)')
         if mode != 'none':
             SOURCES[mode].check_config(self)
 
@@ -92,20 +118,28 @@ def segments(b):
     return m - hard, m
 
 
+def padded_count(n_segments, bucket, device):
+    """S, the rows that n_segments segments take: rounded up to a multiple of `bucket`
+    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere), so that compiled shapes repeat."""
+    if bucket == 0:
+        bucket = 64 if device.type == 'cuda' else 1
+    return -(-n_segments // bucket) * bucket
+
+
 def boundary_matrix(b, bucket=1, n_segments=None):
     """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b. S: the
-    most complete segments of a row (n_segments if counted on the host), rounded up to `bucket`."""
+    most complete segments of a row (n_segments if counted on the host), padded_count's rows."""
     c, m = segments(b)
     count = m[:, -1:]                                    # [B, 1] complete segments per row
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
-    S = -(-n_segments // bucket) * bucket
+    S = padded_count(n_segments, bucket, b.device)
     hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]  # [B, L, S]
     # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
     # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
-    return torch.where(hit, (1 + soft_c - soft_c.detach())[..., None],
-                       torch.zeros((), device=b.device))
+    one = 1 + soft_c - soft_c.detach()
+    return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
 
 
 def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
@@ -120,14 +154,20 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
     else:
         lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
         pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
-    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), pooled], 1)
+    null_row = null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype)   # [B, 1, D]
+    return torch.cat([null_row, pooled], 1)
+
+
+def gather_rows(s, index):
+    """out[n, t] = s[n, index[n, t]]: s [B, S, D], index [B, L] int64 → [B, L, D]."""
+    return s.gather(1, index[..., None].expand(-1, -1, s.size(-1)))
 
 
 def upsample(s, b):
     """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
     # No gradient flows to b through upsampling: in the paper's row-normalised matrix it cancels.
     _, m = segments(b)                                                         # [B, L]
-    return s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))               # [B, L, D]
+    return gather_rows(s, m)                                                   # [B, L, D]
 
 
 @dataclass
@@ -149,9 +189,9 @@ class MeanPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        bucket = self.cfg.seg_bucket or (64 if h.device.type == 'cuda' else 1)
-        return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments,
-                                    self.cfg.pooling))
+        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket, routing.n_segments,
+                            self.cfg.pooling)
+        return self.norm(pooled)
 
     def up(self, s, routing, h):
         """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
@@ -165,28 +205,30 @@ class MeanPooling(nn.Module):
         """The running state after a whole prompt: h, s as in down() and up()."""
         c, m = segments(routing.b)
         n_closed = m[:, -1]                                                # [B]
-        open_seg = c == n_closed[:, None]                                  # [B, L] after the last b
-        return MeanPoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
-                                last=s[torch.arange(s.size(0), device=s.device), n_closed])
+        open_segment = c == n_closed[:, None]                              # [B, L] after the last b
+        seg_sum = (h * open_segment[..., None]).sum(1)
+        batch = torch.arange(s.size(0), device=s.device)
+        last = s[batch, n_closed]
+        return MeanPoolingState(seg_sum=seg_sum, seg_len=open_segment.sum(1), last=last)
 
     def step_down(self, h, routing, state):
         """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
         closed = routing.hard[:, 0]
         state.seg_sum += h[:, 0]
         state.seg_len += 1
-        last = self.cfg.pooling == 'last'
-        mean = h[:, 0] if last else state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+        if self.cfg.pooling == 'last':
+            pooled = h[:, 0]
+        else:
+            pooled = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
         state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
         state.seg_len = torch.where(closed, 0, state.seg_len)
-        return self.norm(mean)[:, None], closed
+        return self.norm(pooled)[:, None], closed
 
     def step_up(self, s, routing, h, state):
         """s [B, 1, D] (None: no row closed a segment), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
             state.last = torch.where(routing.hard[:, :1], s[:, 0], state.last)
         return state.last[:, None] + h
-
-
 # -----------------------------------------------------------------------------
 # Boundary sources (paper §3): each decides where segments end, trains that decision (its
 # auxiliary loss) and names the targets its decisions are measured against.
@@ -201,15 +243,17 @@ def entropy_spikes(H, k=2):
 def gumbel_sigmoid(logits, temperature, noise=None):
     """Relaxed Bernoulli sample, hard straight-through (Jang et al. 2017; §3.3); noise: uniform."""
     logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
-    noise = (torch.rand_like(logits) if noise is None else noise.expand_as(logits))
-    noise = noise.clamp(1e-6, 1 - 1e-6)
+    if noise is None:
+        noise = torch.rand_like(logits)
+    noise = noise.expand_as(logits).clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
     return (soft > 0.5).to(soft.dtype) + soft - soft.detach()
 
 
 def binomial_prior_loss(b, prior):
     """-log Binomial(k; L, α) / L with k = Σ_t b_t, batch mean: keeps the rate near α (§3.3)."""
-    L, k = b.size(1), b.sum(1)
+    L = b.size(1)
+    k = b.sum(1)
     log_p = (math.lgamma(L + 1) - torch.lgamma(k + 1) - torch.lgamma(L - k + 1)
              + k * math.log(prior) + (L - k) * math.log(1 - prior))
     return -(log_p / L).mean()
@@ -286,9 +330,10 @@ class BoundarySource(nn.Module):
     def statistics(routing, targets):
         """(shortening factor, precision, recall) of the decisions; the last two need targets."""
         b = routing.b.detach()
-        sf, pred = b.numel() / b.sum().clamp(min=1), b > 0.5
+        sf = b.numel() / b.sum().clamp(min=1)
         if targets is None:
             return sf, None, None
+        pred = b > 0.5
         tp = (pred & targets).sum()
         return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
 
@@ -345,8 +390,9 @@ class PredictedBoundaries(BoundarySource):
 class UnigramBoundaries(PredictedBoundaries):
     """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
     def loss(self, routing, logits, x, boundaries):
-        require(boundaries is not None, "boundary 'unigram' trains its predictor towards Unigram "
-                                        "boundaries: pass boundaries= with targets")
+        require(boundaries is not None,
+                "boundary 'unigram' trains its predictor towards Unigram boundaries: pass "
+                'boundaries= with targets')
         return self.bce(routing, boundaries.bool())
 
 
@@ -385,7 +431,8 @@ SOURCES = {}  # the sources by Config.boundary; 'none' (vanilla) has no source a
 
 def register_source(name, source):
     """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES and the
-    mode lists (import its file before reading them), its Options' fields join Config."""
+    mode lists, its Options' fields join Config. `from dynpool import BOUNDARY_MODES` copies the
+    tuple as it is then: import a source's file first (hnet's is imported by dynpool itself)."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
     BOUNDARY_MODES = ('none',) + tuple(SOURCES)
@@ -407,6 +454,7 @@ register_source('entropy', EntropyBoundaries)
 register_source('gumbel', GumbelBoundaries)
 
 
+# -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
 # Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
 # and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
@@ -431,12 +479,15 @@ class RelativeAttention(nn.Module):
     """Causal multi-head attention with learnable relative positions, post-norm residual."""
     def __init__(self, cfg):
         super().__init__()
-        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        self.n_head = cfg.n_head
+        self.d_head = cfg.d_head
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
         self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
         self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
-        self.drop, self.dropatt = Dropout(cfg.dropout), Dropout(cfg.dropatt)
-        self.chunk, self.attention = cfg.attn_chunk, cfg.attention
+        self.drop = Dropout(cfg.dropout)
+        self.dropatt = Dropout(cfg.dropatt)
+        self.chunk = cfg.attn_chunk
+        self.attention = cfg.attention
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, h):
@@ -452,8 +503,9 @@ class RelativeAttention(nn.Module):
         B, L, _ = h.shape
         q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
-        return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
-                (q + position_bias.to(q.dtype)[:, None]) * scale, k, v)
+        q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
+        q_position = (q + position_bias.to(q.dtype)[:, None]) * scale
+        return q_content, q_position, k, v
 
     def position_keys(self, emb):
         """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
@@ -481,14 +533,17 @@ class RelativeAttention(nn.Module):
         L = h.size(1)
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
         if kv is not None:
-            kv[0][:, :, :L], kv[1][:, :, :L] = k, v
-        k, v = k.contiguous(), v.contiguous()
+            kv[0][:, :, :L] = k
+            kv[1][:, :, :L] = v
+        k = k.contiguous()
+        v = v.contiguous()
         r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
         # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
         # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
         # Fused: one block, one call for all L queries, no Python loop over L.
         fused = self.fused(h)
-        chunk, ys = L if fused else self.chunk, []
+        chunk = L if fused else self.chunk
+        ys = []
         for a in range(0, L, chunk):
             e = min(a + chunk, L)
             # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
@@ -499,14 +554,18 @@ class RelativeAttention(nn.Module):
             causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
             bias = scores + causal
             ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
-        return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
+        y = ys[0]
+        if len(ys) > 1:
+            y = torch.cat(ys, 2)
+        return self.merge(h, y)
 
     def step(self, h, content_bias, position_bias, kv, r, at):
         """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
         attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
         rows = torch.arange(h.size(0), device=h.device)
-        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
+        kv[0][rows, :, at] = k[:, :, 0]
+        kv[1][rows, :, at] = v[:, :, 0]
         dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
         # einsum, not a broadcast @, so that r is not copied once per row
         bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
@@ -543,7 +602,8 @@ class KVCache:
         C = self.k.size(3)
         if capacity > C:
             grow = max(capacity, 2 * C) - C
-            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
+            self.k = F.pad(self.k, (0, 0, 0, grow))
+            self.v = F.pad(self.v, (0, 0, 0, grow))
             self.r = None
 
 
@@ -568,7 +628,9 @@ class Stage(nn.Module):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
         if cache is not None:
-            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
+            if lengths is None:
+                lengths = torch.full_like(cache.length, L)
+            cache.length = lengths
         return h
 
     def step(self, h, content_bias, position_bias, cache, advance=None):
@@ -579,9 +641,12 @@ class Stage(nn.Module):
             emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
             cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
         for i, layer in enumerate(self.layers):
-            kv = cache.k[i], cache.v[i]
+            kv = (cache.k[i], cache.v[i])
             h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
-        cache.length = at + (1 if advance is None else advance.long())
+        if advance is None:
+            cache.length = at + 1
+        else:
+            cache.length = at + advance.long()
         return h
 
     def empty_cache(self, B, capacity, ref):
@@ -591,6 +656,7 @@ class Stage(nn.Module):
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
+# -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
 # The model
 @dataclass
@@ -623,10 +689,14 @@ class DynamicPoolingLM(nn.Module):
             self.full_stack = Stage(cfg, sum(cfg.layers))
             self.stage_names = ('full_stack',)
         else:
-            self.pre, self.shortened, self.post = (Stage(cfg, n) for n in cfg.layers)
+            n_pre, n_shortened, n_post = cfg.layers
+            self.pre = Stage(cfg, n_pre)
+            self.shortened = Stage(cfg, n_shortened)
+            self.post = Stage(cfg, n_post)
             self.stage_names = ('pre', 'shortened', 'post')
-            source = SOURCES[cfg.boundary]
-            self.pooling, self.source = source.Pooling(cfg), source(cfg)
+            source_class = SOURCES[cfg.boundary]
+            self.pooling = source_class.Pooling(cfg)
+            self.source = source_class(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -640,20 +710,21 @@ class DynamicPoolingLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def check_inputs(self, x, targets=None, boundaries=None, n_segments=None):
-        """A ValueError naming a mistake in forward's arguments, before any layer runs. Values are
-        read back on CPU only: on a GPU that is a sync (train.py checks the data at load)."""
+        """A ValueError naming a mistake in forward's arguments, before any layer runs."""
         require(torch.is_tensor(x) and x.dim() == 2 and x.size(1) > 0
                 and x.dtype in (torch.int64, torch.int32),
                 f'x must be integer token ids [B, L], L >= 1, got {getattr(x, "dtype", type(x))} '
                 f'{tuple(getattr(x, "shape", ()))}')
-        values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
-        V, b = self.cfg.vocab_size, boundaries
-        require(not values or not x.numel() or 0 <= int(x.min()) <= int(x.max()) < V,
+        # Values are read back on CPU only: on a GPU that is a sync (train.py checks them at load).
+        read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
+        V = self.cfg.vocab_size
+        require(not read_values or not x.numel() or 0 <= int(x.min()) <= int(x.max()) < V,
                 f'token ids must lie in [0, {V})')
         require(targets is None or getattr(targets, 'shape', None) == x.shape,
                 f'targets must have the shape of x {tuple(x.shape)}')
-        require(b is None or torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
-                and (not values or ((b == 0) | (b == 1)).all()),
+        b = boundaries
+        require(b is None or (torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
+                              and (not read_values or ((b == 0) | (b == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
             require(self.cfg.boundary in EXTERNAL_MODES and isinstance(n_segments, numbers.Integral)
@@ -665,7 +736,7 @@ class DynamicPoolingLM(nn.Module):
     def trunk(self, x, boundaries=None, state=None, n_segments=None):
         """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
         caches = {} if state is None else state.caches
-        biases = self.u, self.v
+        biases = (self.u, self.v)
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
             return self.full_stack(h, *biases, caches.get('full_stack')), None
@@ -688,9 +759,11 @@ class DynamicPoolingLM(nn.Module):
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
             out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
-            out.boundary_loss, out.boundary_targets = (
-                (torch.zeros((), device=x.device), None) if routing is None
-                else self.source.loss(routing, out.logits, x, boundaries))
+            if routing is None:
+                out.boundary_loss = torch.zeros((), device=x.device)
+            else:
+                out.boundary_loss, out.boundary_targets = self.source.loss(routing, out.logits, x,
+                                                                           boundaries)
             out.loss = out.lm_loss + out.boundary_loss
         if routing is not None:
             out.boundaries = routing.b
@@ -705,7 +778,8 @@ class DynamicPoolingLM(nn.Module):
         require(not self.training, 'generation needs eval mode: call model.eval() first')
         self.check_inputs(x)
         B, L = x.shape
-        caches = {name: getattr(self, name).empty_cache(B, max(capacity or 0, L + 1), self.u)
+        capacity = max(capacity or 0, L + 1)
+        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
                   for name in self.stage_names}
         state = GenerationState(caches=caches, length=L)
         h, routing = self.trunk(x, state=state)
@@ -715,7 +789,8 @@ class DynamicPoolingLM(nn.Module):
     @torch.no_grad()
     def decode(self, token, state):
         """Consume one token [B] per row → logits [B, V] for the next; updates state in place."""
-        biases, caches = (self.u, self.v), state.caches
+        biases = (self.u, self.v)
+        caches = state.caches
         h = self.embed(token)[:, None]                                    # [B, 1, D]
         if self.source is None:
             h = self.full_stack.step(h, *biases, caches['full_stack'])
@@ -724,8 +799,9 @@ class DynamicPoolingLM(nn.Module):
             routing = self.source.step(h, token[:, None], state)
             segment, closed = self.pooling.step_down(h, routing, state.pooling)
             # The shortened stage runs only when some row closed a segment, kept only in those rows.
-            s = (self.shortened.step(segment, *biases, caches['shortened'], closed)
-                 if closed.any() else None)
+            s = None
+            if closed.any():
+                s = self.shortened.step(segment, *biases, caches['shortened'], closed)
             h = self.pooling.step_up(s, routing, h, state.pooling)
             h = self.post.step(h, *biases, caches['post'])
             state.boundaries = routing.hard
@@ -763,15 +839,19 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     """Model FLOPs of one training step, 3 x forward (the usual MFU convention): projections, all
     n^2 attention terms, logits, the source's flops_per_token; no pooling, norms or softmax. The
     shortened stage at n_short = 1 + segments (float or tensor), the rest (all if None): seq_len."""
-    d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
+    d = cfg.d_model
+    H = cfg.n_head
+    dh = cfg.d_head
     n_pre, n_mid, n_post = cfg.layers
-    stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
-              else [(n_pre + n_post, seq_len), (n_mid, n_short)])
+    if cfg.boundary == 'none' or n_short is None:
+        stages = [(n_pre + n_mid + n_post, seq_len)]
+    else:
+        stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
     for layers, n in stages:
         # per layer: qkv, output and feed-forward projections; position keys; scores, values
-        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
+        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner)
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
@@ -821,3 +901,6 @@ class Dropout(nn.Dropout):
         keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
         # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
         return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
+
+
+import hnet  # noqa: E402, F401  (registers boundary='hnet'; hnet.py needs only the names above)

@@ -1,8 +1,9 @@
-"""hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through the
-hooks of BoundarySource so that dynpool.py stays the paper's model (docs/hnet.md); `import hnet`
-registers it. Causality: token t reads its own chunk, whose vector was selected at its start, so
-logits at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
-never read by token t, 0 for the last token; generation reports it a token later (late_boundary).
+"""hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through
+the hooks of BoundarySource so that dynpool.py stays the paper's model (docs/hnet.md). Importing
+this file registers it; dynpool.py imports it on its last line, so every importer of dynpool sees
+it. Causality: token t reads its own chunk, whose vector was selected at its start, so logits at t
+depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1}, never read
+by token t, 0 for the last token; generation reports it a token later (late_boundary).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -11,7 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dynpool import BoundarySource, Routing, register_source, require
+# dynpool may be half-imported here (its last line imports this file): use only names it defines
+# above that line.
+from dynpool import BoundarySource, Routing, gather_rows, padded_count, register_source, require
 
 
 @dataclass
@@ -23,15 +26,18 @@ class HNetOptions:
 
 def start_probability(q, k):
     """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
-    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    q = F.normalize(q.to(dtype), dim=-1)
+    k = F.normalize(k.to(dtype), dim=-1)
     return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
 
 
 def select_starts(h, start, S):
     """h [B, L, D] at chunk starts (start [B, L] bool) → [B, S, D], zero rows after the last."""
-    L, D = h.shape[1:]
-    where = torch.where(start, torch.arange(L, device=h.device), L).sort(1).values[:, :S]  # L: none
-    z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
+    L = h.size(1)
+    # the positions of the starts, in order, then L (no start) for the rows' missing ones
+    where = torch.where(start, torch.arange(L, device=h.device), L).sort(1).values[:, :S]
+    z = gather_rows(h, where.clamp(max=L - 1))
     return z * (where < L)[..., None].to(h.dtype)
 
 
@@ -50,7 +56,8 @@ def smooth_chunks(z, P):
 
 def ratio_loss(start, p, N):
     """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of starts, G the mean p over the batch."""
-    frac, mean_p = start.float().mean(), p.float().mean()
+    frac = start.float().mean()
+    mean_p = p.float().mean()
     return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
 
 
@@ -78,14 +85,13 @@ class ChunkPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, S, D], zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
-        return select_starts(h, routing.start, S)
+        n_chunks = int(routing.start.sum(1).max())                       # the one host sync
+        return select_starts(h, routing.start, padded_count(n_chunks, self.bucket, h.device))
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
         chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
-        out = self.smooth(s, routing).gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        out = gather_rows(self.smooth(s, routing), chunk)
         confidence = torch.where(routing.start, routing.p, 1 - routing.p)
         one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
         return out * one + self.residual(h)
@@ -99,8 +105,9 @@ class ChunkPooling(nn.Module):
         return routing.start.sum(1)
 
     def prefill_state(self, h, s, routing):
-        last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
-        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
+        batch = torch.arange(s.size(0), device=s.device)
+        last_chunk = self.rows(routing) - 1
+        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[batch, last_chunk])
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
@@ -110,7 +117,8 @@ class ChunkPooling(nn.Module):
     def step_up(self, s, routing, h, pooling_state):
         """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
-            start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
+            start = routing.start[:, :1]
+            p = routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
             pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
         return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
@@ -130,8 +138,9 @@ class HNetBoundaries(BoundarySource):
     @staticmethod
     def check_config(cfg):
         require(cfg.pooling == 'mean', "boundary 'hnet' pools chunk starts: no pooling 'last'")
-        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0, f'ratio_target must be > 1 and '
-                f'ratio_weight >= 0, got {cfg.ratio_target} and {cfg.ratio_weight}')
+        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0,
+                f'ratio_target must be > 1 and ratio_weight >= 0, got {cfg.ratio_target} and '
+                f'{cfg.ratio_weight}')
 
     def init_model(self, model):
         """H-Net's init: W_q = W_k = I, W_r = 0, embeddings std 1 (0.02 stopped the chunking)."""
@@ -149,7 +158,8 @@ class HNetBoundaries(BoundarySource):
         return self.route(F.pad(p, (1, 0), value=1.0))
 
     def step(self, h, x, state):
-        return self.route(start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))[:, None])
+        p = start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))   # [B]
+        return self.route(p[:, None])
 
     def late_boundary(self, routing):
         return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
