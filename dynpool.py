@@ -1,41 +1,43 @@
 """dynpool: the dynamic-pooling Transformer in one file.
 
-"Efficient Transformers with Dynamic Token Pooling" (Nawrot, Chorowski, Łańcucki, Ponti, ACL 2023):
-an hourglass Transformer for character-level language modelling. A few layers run at full length,
-the sequence is then pooled into variable-length segments, most layers run on the short sequence,
-and the result is upsampled back, without leaking the future, for a few final layers.
+"Efficient Transformers with Dynamic Token Pooling" (Nawrot, Chorowski, Łańcucki, Ponti,
+ACL 2023): an hourglass Transformer for character-level language modelling. A few layers run
+at full length, the sequence is then pooled into variable-length segments, most layers run on
+the short sequence, and the result is upsampled back, without leaking the future, for a few
+final layers.
 
     tokens ─ embed ─ pre ─┬─ source ─ pooling.down ─ shortened ─ pooling.up ─┐
-                          └────────────── skip connection ─────────────────── + ─ post ─ logits
+                          └─────────────── skip connection ──────────────── + ─ post ─ logits
 
-Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries b are
-[B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1 starts the
-next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a boundary are pooled.
+Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries
+b are [B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1
+starts the next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a
+boundary are pooled.
 
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
-    out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
+    out = model(x, targets=y)   # out.loss, out.logits, out.boundaries, out.shortening_factor
 
-Reading map. The file runs small to large; for the paper's method read, in this order:
-  1. Config                                the hyper-parameters (the defaults: the paper's model)
-  2. segments, boundary_matrix, downsample, upsample
-                                           pooling through the boundary matrix and back (§2.2)
-  3. MeanPooling.down and .up              the pooling unit that the model calls
+Reading map. The file runs from small to large. For the paper's method, read in this order:
+  1. Config: the hyper-parameters (the defaults are the paper's model).
+  2. segments, boundary_matrix, downsample, upsample: pooling through the boundary matrix,
+     and back to tokens (§2.2).
+  3. MeanPooling.down and .up: the pooling unit that the model calls.
   4. BoundarySource, then FixedBoundaries, WhitespaceBoundaries, UnigramBoundaries (§3.1),
-     EntropyBoundaries (§3.2), GumbelBoundaries (§3.3)
-                                           where segments end, and how each source learns it
-  5. DynamicPoolingLM.trunk and .forward   the hourglass of the diagram above, and the losses
-Between 4 and 5 sit Transformer-XL's layers (RelativeAttention, FeedForward, Stage): standard
-machinery, not the paper's. Skip on a first reading:
+     EntropyBoundaries (§3.2), GumbelBoundaries (§3.3): where segments end, and how each
+     source learns it.
+  5. DynamicPoolingLM.trunk and .forward: the hourglass drawn above, and the losses.
+Between 4 and 5 come Transformer-XL's layers (RelativeAttention, FeedForward, Stage):
+standard machinery, not the paper's. Skip on a first reading:
   - generation only: every `step` method (each beside the `forward` it mirrors), KVCache,
     Stage.empty_cache, MeanPooling.rows, .prefill_state, .step_down and .step_up,
     BoundarySource.late_boundary, DynamicPoolingLM.prefill, .decode, .steps and .generate,
     GenerationState, GenerationStep, next_token;
-  - speed only (the same values without them): RelativeAttention.fused and .attend and the query
-    blocks in its forward, rel_shift's view, n_segments and seg_bucket (no device reads, repeated
-    shapes), Dropout (cheaper CPU masks);
-  - measurement: BoundarySource.statistics, step_flops (train.py's and bench.py's FLOPs).
-Other sources plug in through BoundarySource's hooks and register_source; hnet.py (H-Net's
-chunking) is one, imported by this file's last line so that BOUNDARY_MODES always lists it.
+  - speed only (the same values without them): RelativeAttention.fused, .attend and the
+    query blocks in its forward, rel_shift's view, n_segments and seg_bucket (no device
+    reads, shapes that repeat), Dropout (cheaper CPU masks);
+  - measurement: BoundarySource.statistics, step_flops (the FLOPs train.py and bench.py use).
+Other sources plug in through BoundarySource's hooks and register_source. hnet.py (H-Net's
+chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lists it.
 """
 import math
 import numbers
@@ -50,16 +52,17 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # Configuration: what the model is
 def require(ok, message):
-    """The one way this file refuses a Config or an input: a ValueError saying what is wrong."""
+    """The one way this file refuses a Config or an input: a ValueError saying what."""
     if not ok:
         raise ValueError(message)
 
 
 @dataclass
 class Config:
-    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix). A source's
-    own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when register_source runs,
-    so Config(), asdict checkpoints and flags see them as any field (kept over an options dict)."""
+    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix).
+    A source's own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when
+    register_source runs, so Config(), asdict checkpoints and flags see them as any field
+    (kept over an options dict)."""
     vocab_size: int = 27
     d_model: int = 512
     n_head: int = 8
@@ -67,19 +70,22 @@ class Config:
     d_inner: int = 2048
     dropout: float = 0.1
     dropatt: float = 0.1
-    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: sum(layers) at full length
+    # (pre, shortened, post); vanilla: sum(layers) at full length
+    layers: tuple = (2, 8, 2)
     boundary: str = 'none'             # one of BOUNDARY_MODES
     pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
-    whitespace_id: Optional[int] = None  # id of the space (whitespace; gumbel precision/recall)
+    # id of the space (whitespace; gumbel precision/recall)
+    whitespace_id: Optional[int] = None
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
-    prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
+    prior: float = 0.2  # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
-    double_sigmoid: bool = False       # unigram/entropy: the released code's loss, BCE of σ(logit)
-    attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
-    attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
-    seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
+    # unigram/entropy: the released code's loss, BCE of σ(logit)
+    double_sigmoid: bool = False
+    attention: str = 'auto'  # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
+    attn_chunk: int = 128  # queries per block of 'blocked' attention: not results
+    seg_bucket: int = 0  # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -88,7 +94,8 @@ class Config:
                 f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
         require(len(self.layers) == 3 and all(int(n) == n >= 0 for n in self.layers),
                 f'layers must be three counts (pre, shortened, post), got {self.layers!r}')
-        require(mode == 'none' or self.layers[1] > 0, f'boundary {mode!r} needs shortened layers')
+        require(mode == 'none' or self.layers[1] > 0,
+                f'boundary {mode!r} needs shortened layers')
         require(self.pooling == 'mean' or (self.pooling == 'last' and mode != 'none'),
                 "pooling must be 'mean' or 'last' (not 'last' for boundary 'none')")
         require(mode != 'whitespace' or self.whitespace_id is not None,
@@ -110,8 +117,9 @@ class Config:
 # -----------------------------------------------------------------------------
 # Pooling through the boundary matrix (paper §2.2)
 def segments(b):
-    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
-    segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
+    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i
+    counts the segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs
+    to."""
     # int64, exact in any dtype: a bf16 running sum is not exact past 256.
     hard = (b.detach() > 0.5).long()
     m = hard.cumsum(1)
@@ -120,36 +128,42 @@ def segments(b):
 
 def padded_count(n_segments, bucket, device):
     """S, the rows that n_segments segments take: rounded up to a multiple of `bucket`
-    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere), so that compiled shapes repeat."""
+    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere), so that compiled shapes
+    repeat."""
     if bucket == 0:
         bucket = 64 if device.type == 'cuda' else 1
     return -(-n_segments // bucket) * bucket
 
 
 def boundary_matrix(b, bucket=1, n_segments=None):
-    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b. S: the
-    most complete segments of a row (n_segments if counted on the host), padded_count's rows."""
+    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable
+    in b. S: the most complete segments of a row (n_segments if counted on the host),
+    padded_count's rows."""
     c, m = segments(b)
-    count = m[:, -1:]                                    # [B, 1] complete segments per row
+    count = m[:, -1:]  # [B, 1] complete segments per row
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
     S = padded_count(n_segments, bucket, b.device)
-    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]  # [B, L, S]
-    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
-    # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
+    # [B, L, S]
+    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]
+    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t,
+    # so a straight-through Gumbel boundary receives gradient through the running sum
+    # (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
     one = 1 + soft_c - soft_c.detach()
     return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
 
 
 def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
-    """Each complete segment of h [B, L, D] → one vector, after the null group → [B, 1+S, D]:
-    the segment's mean (§2.2), or with pooling='last' its last token (sub-sampling, Table 2)."""
+    """Each complete segment of h [B, L, D] → one vector, after the null group →
+    [B, 1+S, D]: the segment's mean (§2.2), or with pooling='last' its last token
+    (sub-sampling, Table 2)."""
     Bm = boundary_matrix(b, bucket, n_segments).to(h.dtype)  # [B, L, S]
     if pooling == 'last':
-        # The last token of a segment is its one token with b_t = 1, so B weighted by b selects
-        # it: exactly h_t in value, and a straight-through Gumbel b_t receives the LM loss's
-        # gradient through the selected vector (d/db_t = h_t), as the mean's b does through B.
+        # The last token of a segment is its one token with b_t = 1, so B weighted by b
+        # selects it: exactly h_t in value, and a straight-through Gumbel b_t receives
+        # the LM loss's gradient through the selected vector (d/db_t = h_t), as the
+        # mean's b does through B.
         pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
     else:
         lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
@@ -165,9 +179,10 @@ def gather_rows(s, index):
 
 def upsample(s, b):
     """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
-    # No gradient flows to b through upsampling: in the paper's row-normalised matrix it cancels.
+    # No gradient flows to b through upsampling: in the paper's row-normalised matrix it
+    # cancels.
     _, m = segments(b)                                                         # [B, L]
-    return gather_rows(s, m)                                                   # [B, L, D]
+    return gather_rows(s, m)  # [B, L, D]
 
 
 @dataclass
@@ -175,12 +190,13 @@ class MeanPoolingState:
     """What MeanPooling carries from one generated token to the next."""
     seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
     seg_len: torch.Tensor  # [B] tokens in the open segment
-    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
+    # [B, D] shortened-stage output of the last closed segment (or null)
+    last: torch.Tensor
 
 
 class MeanPooling(nn.Module):
-    """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable null
-    group, and back to tokens, each seeing only segments complete at t."""
+    """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable
+    null group, and back to tokens, each seeing only segments complete at t."""
     def __init__(self, cfg):
         super().__init__()
         self.null_group = nn.Parameter(torch.randn(cfg.d_model))
@@ -189,8 +205,8 @@ class MeanPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket, routing.n_segments,
-                            self.cfg.pooling)
+        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
+                            routing.n_segments, self.cfg.pooling)
         return self.norm(pooled)
 
     def up(self, s, routing, h):
@@ -205,7 +221,7 @@ class MeanPooling(nn.Module):
         """The running state after a whole prompt: h, s as in down() and up()."""
         c, m = segments(routing.b)
         n_closed = m[:, -1]                                                # [B]
-        open_segment = c == n_closed[:, None]                              # [B, L] after the last b
+        open_segment = c == n_closed[:, None]  # [B, L] after the last b
         seg_sum = (h * open_segment[..., None]).sum(1)
         batch = torch.arange(s.size(0), device=s.device)
         last = s[batch, n_closed]
@@ -235,14 +251,15 @@ class MeanPooling(nn.Module):
 def entropy_spikes(H, k=2):
     """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
     spikes = torch.ones_like(H, dtype=torch.bool)
-    for i in range(1, min(k, H.size(1) - 1) + 1):        # loop over the window, not over time
+    for i in range(1, min(k, H.size(1) - 1) + 1):  # loop over the window, not over time
         spikes[:, i:] &= H[:, i:] > H[:, :-i]
     return spikes
 
 
 def gumbel_sigmoid(logits, temperature, noise=None):
     """Relaxed Bernoulli sample, hard straight-through (Jang et al. 2017; §3.3); noise: uniform."""
-    logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
+    # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
+    logits = logits.float()
     if noise is None:
         noise = torch.rand_like(logits)
     noise = noise.expand_as(logits).clamp(1e-6, 1 - 1e-6)
@@ -273,9 +290,10 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
+    b: torch.Tensor  # [B, L] float 0/1 (straight-through for gumbel)
     logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
-    n_segments: Optional[int] = None       # S counted on the host (external boundaries), if known
+    # S counted on the host (external boundaries), if known
+    n_segments: Optional[int] = None
 
     @property
     def hard(self):
@@ -283,11 +301,13 @@ class Routing:
 
 
 class BoundarySource(nn.Module):
-    """Where segments end: a source decides in `forward`, learns through `loss` and pools with its
-    `Pooling` unit. Subclass it for a new source and register_source it (README, "Adding a
-    boundary source"); the hooks with a default are for sources unlike the paper's (hnet.py)."""
-    Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
-    Options = None         # a dataclass of the source's own Config fields, with their defaults
+    """Where segments end: a source decides in `forward`, learns through `loss` and pools
+    with its `Pooling` unit. Subclass it for a new source and register_source it (README,
+    "Adding a boundary source"); the hooks with a default are for sources unlike the
+    paper's (hnet.py)."""
+    # the pooling unit: down, up, rows, prefill_state, step_down, step_up
+    Pooling = MeanPooling
+    Options = None  # a dataclass of the source's own Config fields, with their defaults
 
     def __init__(self, cfg):
         super().__init__()
@@ -359,8 +379,8 @@ class WhitespaceBoundaries(ExternalBoundaries):
 
 
 class PredictedBoundaries(BoundarySource):
-    """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
-    the threshold, so a decision at t depends on x_{<=t} only."""
+    """A boundary predictor on the pre stage's output; pools with its own decisions,
+    rounded at the threshold, so a decision at t depends on x_{<=t} only."""
     def __init__(self, cfg):
         super().__init__(cfg)
         self.predictor = BoundaryPredictor(cfg)
@@ -379,9 +399,10 @@ class PredictedBoundaries(BoundarySource):
     def bce(self, routing, targets):
         """The predictor's cross-entropy against bool targets [B, L], and the targets."""
         logits = routing.logits.float()
-        # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
-        # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
-        # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
+        # The paper's released code feeds σ(logit) to a loss that applies σ again: the
+        # loss cannot fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only
+        # where the target rate is above σ(0.5) = 0.62. Off by default: the paper's text
+        # says cross-entropy.
         if self.cfg.double_sigmoid:
             logits = torch.sigmoid(logits)
         return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
@@ -399,14 +420,16 @@ class UnigramBoundaries(PredictedBoundaries):
 class EntropyBoundaries(PredictedBoundaries):
     """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
     def loss(self, routing, logits, x, boundaries):
-        logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
-        H = -(logp.exp() * logp).sum(-1)                   # [B, L] entropy of each prediction
+        # no gradient through the targets
+        logp = F.log_softmax(logits.detach().float(), -1)
+        H = -(logp.exp() * logp).sum(-1)  # [B, L] entropy of each prediction
         return self.bce(routing, entropy_spikes(H, self.cfg.entropy_window))
 
 
 class GumbelBoundaries(PredictedBoundaries):
-    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
-    measured against the spaces when whitespace_id is set, never trained towards them."""
+    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior
+    (§3.3); measured against the spaces when whitespace_id is set, never trained towards
+    them."""
     def __init__(self, cfg):
         super().__init__(cfg)
         noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
@@ -415,9 +438,10 @@ class GumbelBoundaries(PredictedBoundaries):
     def decide(self, logits, offset):
         if self.training:
             return gumbel_sigmoid(logits, self.cfg.temperature)
-        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
-        # a predictor held near the prior α rarely fires), but with one fixed noise value per
-        # position: deterministic, and the decision at t still depends on x_{<=t} only.
+        # Evaluation samples as training does (so does the paper's code; the noiseless
+        # rounding of a predictor held near the prior α rarely fires), but with one fixed
+        # noise value per position: deterministic, and the decision at t still depends on
+        # x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
         return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
@@ -426,17 +450,20 @@ class GumbelBoundaries(PredictedBoundaries):
         return binomial_prior_loss(routing.b, self.cfg.prior), self.spaces(x)
 
 
-SOURCES = {}  # the sources by Config.boundary; 'none' (vanilla) has no source and no pooling
+# the sources by Config.boundary; 'none' (vanilla) has no source and no pooling
+SOURCES = {}
 
 
 def register_source(name, source):
-    """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES and the
-    mode lists, its Options' fields join Config. `from dynpool import BOUNDARY_MODES` copies the
-    tuple as it is then: import a source's file first (hnet's is imported by dynpool itself)."""
+    """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES
+    and the mode lists, its Options' fields join Config. `from dynpool import
+    BOUNDARY_MODES` copies the tuple as it is then: import a source's file first (hnet's
+    is imported by dynpool itself)."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
     BOUNDARY_MODES = ('none',) + tuple(SOURCES)
-    PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
+    PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
+                            if issubclass(s, PredictedBoundaries))
     EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
     if source.Options is not None:
         for f in fields(source.Options):
@@ -456,8 +483,9 @@ register_source('gumbel', GumbelBoundaries)
 
 # -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
-# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
-# and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
+# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u
+# (content) and v (position), are content_bias and position_bias here: q, k, v are
+# queries, keys, values.
 def sinusoids(distances, dim):
     """Sinusoidal embeddings [N, dim] of relative distances [N]."""
     freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
@@ -466,11 +494,13 @@ def sinusoids(distances, dim):
 
 
 def rel_shift(x):
-    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
-    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
-    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
-    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
-    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
+    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last
+    column zero) → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i],
+    distance (e-m+i) - j."""
+    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat
+    # run from offset m-1 in rows of e, and row i starts m-1-i columns further right than
+    # its own start. Entries for future keys (j > e-m+i) come out as garbage and are
+    # masked by the caller.
     m, e = x.size(-2), x.size(-1) - 1
     return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
 
@@ -491,17 +521,19 @@ class RelativeAttention(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def fused(self, h):
-        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and under
-        torch.compile (no loop over L, no recompile per length); blocked on CPU, faster there."""
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and
+        under torch.compile (no loop over L, no recompile per length); blocked on CPU,
+        faster there."""
         if self.attention == 'auto':
             return h.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
 
     def heads(self, h, content_bias, position_bias):
-        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's dtype (the
-        float32 u, v must not promote a bf16 q)."""
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's
+        dtype (the float32 u, v must not promote a bf16 q)."""
         B, L, _ = h.shape
-        q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(h).view(B, L, 3, self.n_head, self.d_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
         q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
         q_position = (q + position_bias.to(q.dtype)[:, None]) * scale
@@ -516,31 +548,37 @@ class RelativeAttention(nn.Module):
         [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
         if fused:
             p = self.dropatt.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p,
+                                                  scale=1.0)
         B, n_head, m, n = bias.shape
         # [B*H, m, n]: the bias and the content term added by one matmul
-        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
+        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
+                               k.flatten(0, 1).transpose(1, 2))
         return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
+        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)  # [B, L, H*d_head]
         return self.norm(h + self.drop(self.out(y)))
 
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
-        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
-        cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
+        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
+        kv: (k, v) cache tensors [B, H, capacity, d_head] to fill with this sequence's
+        keys and values."""
         L = h.size(1)
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
+        # [B, H, L, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         if kv is not None:
             kv[0][:, :, :L] = k
             kv[1][:, :, :L] = v
         k = k.contiguous()
         v = v.contiguous()
-        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
-        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
-        # Fused: one block, one call for all L queries, no Python loop over L.
+        # [H, L+1, d_head], a zero row last
+        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
+        # score matrix is never computed, and each block's scores [B, H, e-a, e] stay
+        # small enough for cache. Fused: one block, one call for all L queries, no Python
+        # loop over L.
         fused = self.fused(h)
         chunk = L if fused else self.chunk
         ys = []
@@ -549,27 +587,33 @@ class RelativeAttention(nn.Module):
             # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
             scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
             j = torch.arange(e, device=h.device)
-            future = j > j[a:, None]                                  # [e-a, e]: key j > query i
-            # Added, not masked_fill: the backward then passes the gradient through untouched.
+            future = j > j[a:, None]  # [e-a, e]: key j > query i
+            # Added, not masked_fill: the backward then passes the gradient through
+            # untouched.
             causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
             bias = scores + causal
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
+            y = self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused)
+            ys.append(y)
         y = ys[0]
         if len(ys) > 1:
             y = torch.cat(ys, 2)
         return self.merge(h, y)
 
     def step(self, h, content_bias, position_bias, kv, r, at):
-        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
-        attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
+        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
+        there and attends to positions 0 … at. r [H, capacity, d_head]: position keys by
+        distance."""
+        # [B, H, 1, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         rows = torch.arange(h.size(0), device=h.device)
         kv[0][rows, :, at] = k[:, :, 0]
         kv[1][rows, :, at] = v[:, :, 0]
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
+        # [B, C] to each key
+        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)
         # einsum, not a broadcast @, so that r is not copied once per row
-        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
+        # by key
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))
         bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
         return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
 
@@ -594,8 +638,9 @@ class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
     k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
     v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+    length: torch.Tensor  # [B] int64: valid positions per row, alike in every layer
+    # [n_layers, H, capacity, d_head] position keys by distance
+    r: Optional[torch.Tensor] = None
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -637,12 +682,15 @@ class Stage(nn.Module):
         """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
-        if cache.r is None and self.layers:  # position keys once per cache size, not per token
+        # position keys once per cache size, not per token
+        if cache.r is None and self.layers:
             emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
-            cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
+            keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
+            cache.r = torch.stack(keys)
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i])
-            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
+            h = layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at)
+            h = layer.ff(h)
         if advance is None:
             cache.length = at + 1
         else:
@@ -665,11 +713,14 @@ class ModelOutput:
     logits: torch.Tensor                               # [B, L, V]
     loss: Optional[torch.Tensor] = None                # scalar: lm_loss + boundary_loss
     lm_loss: Optional[torch.Tensor] = None             # scalar: mean nats per character
-    boundary_loss: Optional[torch.Tensor] = None       # scalar: the source's loss (0 if none)
-    boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
-    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
-    shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
-    boundary_logits: Optional[torch.Tensor] = None     # [B, L] a predictor's logit of b_t = 1
+    boundary_loss: Optional[torch.Tensor] = None  # scalar: the source's loss (0 if none)
+    boundaries: Optional[torch.Tensor] = None  # [B, L] used for pooling (None: vanilla)
+    # [B, L] bool, what they are measured against
+    boundary_targets: Optional[torch.Tensor] = None
+    # scalar: tokens / complete segments
+    shortening_factor: Optional[torch.Tensor] = None
+    # [B, L] a predictor's logit of b_t = 1
+    boundary_logits: Optional[torch.Tensor] = None
     precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
     recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
 
@@ -681,7 +732,8 @@ class DynamicPoolingLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        # Transformer-XL's global content (u) and position (v) biases, shared by every layer.
+        # Transformer-XL's global content (u) and position (v) biases, shared by every
+        # layer.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.source = None
@@ -715,10 +767,12 @@ class DynamicPoolingLM(nn.Module):
                 and x.dtype in (torch.int64, torch.int32),
                 f'x must be integer token ids [B, L], L >= 1, got {getattr(x, "dtype", type(x))} '
                 f'{tuple(getattr(x, "shape", ()))}')
-        # Values are read back on CPU only: on a GPU that is a sync (train.py checks them at load).
+        # Values are read back on CPU only: on a GPU that is a sync (train.py checks them
+        # at load).
         read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
         V = self.cfg.vocab_size
-        require(not read_values or not x.numel() or 0 <= int(x.min()) <= int(x.max()) < V,
+        require(not read_values or not x.numel()
+                or 0 <= int(x.min()) <= int(x.max()) < V,
                 f'token ids must lie in [0, {V})')
         require(targets is None or getattr(targets, 'shape', None) == x.shape,
                 f'targets must have the shape of x {tuple(x.shape)}')
@@ -727,7 +781,8 @@ class DynamicPoolingLM(nn.Module):
                               and (not read_values or ((b == 0) | (b == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
-            require(self.cfg.boundary in EXTERNAL_MODES and isinstance(n_segments, numbers.Integral)
+            require(self.cfg.boundary in EXTERNAL_MODES
+                    and isinstance(n_segments, numbers.Integral)
                     and not isinstance(n_segments, bool) and n_segments >= 0,
                     f"n_segments is for boundaries known when the batch is cut "
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
@@ -749,25 +804,30 @@ class DynamicPoolingLM(nn.Module):
         s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
         if state is not None:
             state.pooling = self.pooling.prefill_state(h, s, routing)
-        return self.post(self.pooling.up(s, routing, h), *biases, caches.get('post')), routing
+        h = self.pooling.up(s, routing, h)
+        return self.post(h, *biases, caches.get('post')), routing
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
-        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones;
-        n_segments: S (fixed, whitespace) counted on the host, so that pooling reads no device."""
+        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
+        ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling
+        reads no device."""
         self.check_inputs(x, targets, boundaries, n_segments)
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+            logits = out.logits.flatten(0, 1).float()
+            out.lm_loss = F.cross_entropy(logits, targets.flatten())
             if routing is None:
                 out.boundary_loss = torch.zeros((), device=x.device)
             else:
-                out.boundary_loss, out.boundary_targets = self.source.loss(routing, out.logits, x,
-                                                                           boundaries)
+                loss, targets = self.source.loss(routing, out.logits, x, boundaries)
+                out.boundary_loss = loss
+                out.boundary_targets = targets
             out.loss = out.lm_loss + out.boundary_loss
         if routing is not None:
             out.boundaries = routing.b
-            out.boundary_logits = routing.logits  # unigram, entropy, gumbel (before its noise)
+            # unigram, entropy, gumbel (before its noise)
+            out.boundary_logits = routing.logits
             out.shortening_factor, out.precision, out.recall = self.source.statistics(
                 routing, out.boundary_targets)
         return out
@@ -798,7 +858,8 @@ class DynamicPoolingLM(nn.Module):
             h = self.pre.step(h, *biases, caches['pre'])
             routing = self.source.step(h, token[:, None], state)
             segment, closed = self.pooling.step_down(h, routing, state.pooling)
-            # The shortened stage runs only when some row closed a segment, kept only in those rows.
+            # The shortened stage runs only when some row closed a segment, kept only in
+            # those rows.
             s = None
             if closed.any():
                 s = self.shortened.step(segment, *biases, caches['shortened'], closed)
@@ -810,13 +871,16 @@ class DynamicPoolingLM(nn.Module):
         return self.lm_head(h[:, 0])
 
     @torch.no_grad()
-    def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-        """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a GenerationStep
-        for the prompt, then one per token once its b is final (late_boundary): a token behind."""
+    def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None,
+              n_valid=None):
+        """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a
+        GenerationStep for the prompt, then one per token once its b is final
+        (late_boundary): a token behind."""
         logits, state = self.prefill(x, capacity=x.size(1) + n)
         step = GenerationStep(x, logits, state.boundaries)
         for _ in range(n):
-            token = next_token(step.logits[:, -1], temperature, top_k, greedy, generator, n_valid)
+            token = next_token(step.logits[:, -1], temperature, top_k, greedy, generator,
+                               n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
                 step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
@@ -836,9 +900,10 @@ class DynamicPoolingLM(nn.Module):
 
 
 def step_flops(cfg, batch, seq_len, n_short=None):
-    """Model FLOPs of one training step, 3 x forward (the usual MFU convention): projections, all
-    n^2 attention terms, logits, the source's flops_per_token; no pooling, norms or softmax. The
-    shortened stage at n_short = 1 + segments (float or tensor), the rest (all if None): seq_len."""
+    """Model FLOPs of one training step, 3 x forward (the usual MFU convention):
+    projections, all n^2 attention terms, logits, the source's flops_per_token; no
+    pooling, norms or softmax. The shortened stage at n_short = 1 + segments (float or
+    tensor), the rest (all if None): seq_len."""
     d = cfg.d_model
     H = cfg.n_head
     dh = cfg.d_head
@@ -849,9 +914,11 @@ def step_flops(cfg, batch, seq_len, n_short=None):
         stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
+    # a layer's qkv, output and feed-forward projections, per token
+    projections = 3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner
     for layers, n in stages:
-        # per layer: qkv, output and feed-forward projections; position keys; scores, values
-        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner)
+        # per layer: projections (per token); position keys; scores and values
+        fwd = fwd + layers * (batch * n * 2 * projections
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
@@ -861,20 +928,24 @@ class GenerationState:
     """Everything decoding carries from one token to the next."""
     caches: dict                       # stage name → KVCache
     length: int                        # tokens consumed so far
-    pooling: object = None             # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: b of the token before, if late
+    pooling: object = None  # the pooling unit's running state (None for vanilla)
+    # [B, n] bool decisions of the last call's tokens
+    boundaries: Optional[torch.Tensor] = None
+    # [B, 1] bool: b of the token before, if late
+    late_boundary: Optional[torch.Tensor] = None
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+    tokens: torch.Tensor  # [B, n]: the prompt, then one token at a time
+    logits: torch.Tensor  # [B, n, V]: the prediction after each of them
+    # [B, n] bool: b_t of each (None for vanilla)
+    boundaries: Optional[torch.Tensor] = None
 
 
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
+               n_valid=None):
     """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
     if n_valid is not None and n_valid < logits.size(-1):
         logits = logits.clone()
@@ -889,10 +960,12 @@ def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None
 
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper CPU dropout; nn.Dropout works as well (only the random masks would change).
+# Optional: a cheaper CPU dropout; nn.Dropout works as well (only the random masks would
+# change).
 class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one draw for
-    four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16). GPU: nn.Dropout."""
+    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one
+    draw for four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16).
+    GPU: nn.Dropout."""
     def forward(self, x):
         if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
                 or torch.compiler.is_compiling()):
@@ -903,4 +976,6 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
 
 
-import hnet  # noqa: E402, F401  (registers boundary='hnet'; hnet.py needs only the names above)
+# The sources that ship beside the paper's register here, whatever a script imports first.
+# hnet.py imports only names defined above, so this circular import is safe.
+import hnet  # noqa: E402, F401
