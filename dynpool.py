@@ -70,22 +70,19 @@ class Config:
     d_inner: int = 2048
     dropout: float = 0.1
     dropatt: float = 0.1
-    # (pre, shortened, post); vanilla: sum(layers) at full length
-    layers: tuple = (2, 8, 2)
+    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: all at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
     pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
-    # id of the space (whitespace; gumbel precision/recall)
-    whitespace_id: Optional[int] = None
+    whitespace_id: Optional[int] = None  # the space's id (whitespace; gumbel's recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
-    prior: float = 0.2  # Binomial prior α: expected boundary rate of gumbel
+    prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
-    # unigram/entropy: the released code's loss, BCE of σ(logit)
-    double_sigmoid: bool = False
-    attention: str = 'auto'  # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
-    attn_chunk: int = 128  # queries per block of 'blocked' attention: not results
-    seg_bucket: int = 0  # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
+    double_sigmoid: bool = False       # unigram/entropy: the released code's BCE of σ(logit)
+    attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (GPU: sdpa, CPU: blocked)
+    attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
+    seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -190,8 +187,7 @@ class MeanPoolingState:
     """What MeanPooling carries from one generated token to the next."""
     seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
     seg_len: torch.Tensor  # [B] tokens in the open segment
-    # [B, D] shortened-stage output of the last closed segment (or null)
-    last: torch.Tensor
+    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
 
 
 class MeanPooling(nn.Module):
@@ -290,10 +286,9 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: torch.Tensor  # [B, L] float 0/1 (straight-through for gumbel)
+    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
     logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
-    # S counted on the host (external boundaries), if known
-    n_segments: Optional[int] = None
+    n_segments: Optional[int] = None       # S counted on the host (external boundaries), if known
 
     @property
     def hard(self):
@@ -305,9 +300,8 @@ class BoundarySource(nn.Module):
     with its `Pooling` unit. Subclass it for a new source and register_source it (README,
     "Adding a boundary source"); the hooks with a default are for sources unlike the
     paper's (hnet.py)."""
-    # the pooling unit: down, up, rows, prefill_state, step_down, step_up
-    Pooling = MeanPooling
-    Options = None  # a dataclass of the source's own Config fields, with their defaults
+    Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
+    Options = None         # a dataclass of the source's own Config fields, with their defaults
 
     def __init__(self, cfg):
         super().__init__()
@@ -464,7 +458,8 @@ def register_source(name, source):
     BOUNDARY_MODES = ('none',) + tuple(SOURCES)
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
                             if issubclass(s, PredictedBoundaries))
-    EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
+    EXTERNAL_MODES = tuple(m for m, s in SOURCES.items()
+                           if issubclass(s, ExternalBoundaries))
     if source.Options is not None:
         for f in fields(source.Options):
             Config.__annotations__[f.name] = f.type
@@ -554,7 +549,8 @@ class RelativeAttention(nn.Module):
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
                                k.flatten(0, 1).transpose(1, 2))
-        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
+        y = self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)
+        return y.view(B, n_head, m, -1)
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
@@ -625,8 +621,8 @@ class FeedForward(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
-                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
-                                 Dropout(cfg.dropout))
+                                 Dropout(cfg.dropout),
+                                 nn.Linear(cfg.d_inner, cfg.d_model), Dropout(cfg.dropout))
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, h):
@@ -713,14 +709,11 @@ class ModelOutput:
     logits: torch.Tensor                               # [B, L, V]
     loss: Optional[torch.Tensor] = None                # scalar: lm_loss + boundary_loss
     lm_loss: Optional[torch.Tensor] = None             # scalar: mean nats per character
-    boundary_loss: Optional[torch.Tensor] = None  # scalar: the source's loss (0 if none)
-    boundaries: Optional[torch.Tensor] = None  # [B, L] used for pooling (None: vanilla)
-    # [B, L] bool, what they are measured against
-    boundary_targets: Optional[torch.Tensor] = None
-    # scalar: tokens / complete segments
-    shortening_factor: Optional[torch.Tensor] = None
-    # [B, L] a predictor's logit of b_t = 1
-    boundary_logits: Optional[torch.Tensor] = None
+    boundary_loss: Optional[torch.Tensor] = None       # scalar: the source's loss (0 if none)
+    boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
+    shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
+    boundary_logits: Optional[torch.Tensor] = None     # [B, L] a predictor's logit of b_t = 1
     precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
     recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
 
@@ -883,7 +876,8 @@ class DynamicPoolingLM(nn.Module):
                                n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
-                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
+                earlier = step.boundaries[:, :-1]
+                step.boundaries = torch.cat([earlier, state.late_boundary], 1)
             yield step
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
@@ -928,20 +922,17 @@ class GenerationState:
     """Everything decoding carries from one token to the next."""
     caches: dict                       # stage name → KVCache
     length: int                        # tokens consumed so far
-    pooling: object = None  # the pooling unit's running state (None for vanilla)
-    # [B, n] bool decisions of the last call's tokens
-    boundaries: Optional[torch.Tensor] = None
-    # [B, 1] bool: b of the token before, if late
-    late_boundary: Optional[torch.Tensor] = None
+    pooling: object = None             # the pooling unit's running state (None for vanilla)
+    boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: torch.Tensor  # [B, n]: the prompt, then one token at a time
-    logits: torch.Tensor  # [B, n, V]: the prediction after each of them
-    # [B, n] bool: b_t of each (None for vanilla)
-    boundaries: Optional[torch.Tensor] = None
+    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
+    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
+    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
 
 
 def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
@@ -976,6 +967,6 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
 
 
-# The sources that ship beside the paper's register here, whatever a script imports first.
+# Sources that ship beside the paper's register here, whatever a script imports first.
 # hnet.py imports only names defined above, so this circular import is safe.
 import hnet  # noqa: E402, F401
