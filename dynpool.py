@@ -105,8 +105,8 @@ class Config:
                 'double_sigmoid is a loss of the unigram and entropy predictors only')
         require(self.vocab_size >= 1 and self.d_model % 2 == 0 and self.fixed_factor >= 1
                 and 0 < self.prior < 1,
-                'vocab_size and fixed_factor must be positive, d_model even (sinusoidal positions) '
-                'and prior in (0, 1)')
+                'vocab_size and fixed_factor must be positive, d_model even (sinusoidal '
+                'positions) and prior in (0, 1)')
         if mode != 'none':
             SOURCES[mode].check_config(self)
 
@@ -115,8 +115,7 @@ class Config:
 # Pooling through the boundary matrix (paper §2.2)
 def segments(b):
     """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i
-    counts the segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs
-    to."""
+    counts the segments complete at t; c_t = Σ_{i<t} b_i is token t's segment."""
     # int64, exact in any dtype: a bf16 running sum is not exact past 256.
     hard = (b.detach() > 0.5).long()
     m = hard.cumsum(1)
@@ -124,9 +123,8 @@ def segments(b):
 
 
 def padded_count(n_segments, bucket, device):
-    """S, the rows that n_segments segments take: rounded up to a multiple of `bucket`
-    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere), so that compiled shapes
-    repeat."""
+    """S, the rows that n_segments segments take, rounded up to a multiple of `bucket`
+    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere): compiled shapes repeat."""
     if bucket == 0:
         bucket = 64 if device.type == 'cuda' else 1
     return -(-n_segments // bucket) * bucket
@@ -141,11 +139,11 @@ def boundary_matrix(b, bucket=1, n_segments=None):
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
     S = padded_count(n_segments, bucket, b.device)
-    # [B, L, S]
-    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]
-    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t,
-    # so a straight-through Gumbel boundary receives gradient through the running sum
-    # (paper §3.3).
+    j = torch.arange(S, device=b.device)
+    hit = (c[..., None] == j) & (c < count)[..., None]  # [B, L, S]
+    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in
+    # c_t, so that a straight-through Gumbel boundary receives gradient through the
+    # running sum (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
     one = 1 + soft_c - soft_c.detach()
     return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
@@ -175,11 +173,12 @@ def gather_rows(s, index):
 
 
 def upsample(s, b):
-    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
-    # No gradient flows to b through upsampling: in the paper's row-normalised matrix it
-    # cancels.
-    _, m = segments(b)                                                         # [B, L]
-    return gather_rows(s, m)  # [B, L, D]
+    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t
+    (0: the null group)."""
+    # No gradient flows to b through upsampling: in the paper's row-normalised matrix,
+    # it cancels.
+    _, m = segments(b)              # [B, L]
+    return gather_rows(s, m)        # [B, L, D]
 
 
 @dataclass
@@ -297,9 +296,9 @@ class Routing:
 
 class BoundarySource(nn.Module):
     """Where segments end: a source decides in `forward`, learns through `loss` and pools
-    with its `Pooling` unit. Subclass it for a new source and register_source it (README,
-    "Adding a boundary source"); the hooks with a default are for sources unlike the
-    paper's (hnet.py)."""
+    with its `Pooling` unit. Subclass it for a new source and register_source it
+    (README, "Adding a boundary source"); the hooks with a default serve sources unlike
+    the paper's (hnet.py)."""
     Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
     Options = None         # a dataclass of the source's own Config fields, with their defaults
 
@@ -395,8 +394,8 @@ class PredictedBoundaries(BoundarySource):
         logits = routing.logits.float()
         # The paper's released code feeds σ(logit) to a loss that applies σ again: the
         # loss cannot fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only
-        # where the target rate is above σ(0.5) = 0.62. Off by default: the paper's text
-        # says cross-entropy.
+        # where the target rate is above σ(0.5) = 0.62. It is off by default, since the
+        # paper's text says cross-entropy.
         if self.cfg.double_sigmoid:
             logits = torch.sigmoid(logits)
         return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
@@ -421,9 +420,9 @@ class EntropyBoundaries(PredictedBoundaries):
 
 
 class GumbelBoundaries(PredictedBoundaries):
-    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior
-    (§3.3); measured against the spaces when whitespace_id is set, never trained towards
-    them."""
+    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial
+    prior (§3.3); measured against the spaces when whitespace_id is set, never trained
+    on them."""
     def __init__(self, cfg):
         super().__init__(cfg)
         noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
@@ -433,9 +432,9 @@ class GumbelBoundaries(PredictedBoundaries):
         if self.training:
             return gumbel_sigmoid(logits, self.cfg.temperature)
         # Evaluation samples as training does (so does the paper's code; the noiseless
-        # rounding of a predictor held near the prior α rarely fires), but with one fixed
-        # noise value per position: deterministic, and the decision at t still depends on
-        # x_{<=t} only.
+        # rounding of a predictor held near the prior α rarely fires), but with one
+        # fixed noise value per position: deterministic, and the decision at t still
+        # depends on x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
         return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
@@ -517,8 +516,8 @@ class RelativeAttention(nn.Module):
 
     def fused(self, h):
         """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and
-        under torch.compile (no loop over L, no recompile per length); blocked on CPU,
-        faster there."""
+        under torch.compile (no loop over L, no recompile per length), and blocked on
+        CPU, where that is faster."""
         if self.attention == 'auto':
             return h.device.type != 'cpu' or torch.compiler.is_compiling()
         return self.attention == 'sdpa'
@@ -559,10 +558,10 @@ class RelativeAttention(nn.Module):
 
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
         """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
-        kv: (k, v) cache tensors [B, H, capacity, d_head] to fill with this sequence's
+        kv: (k, v), cache tensors [B, H, capacity, d_head] that receive this sequence's
         keys and values."""
         L = h.size(1)
-        # [B, H, L, d_head]
+        # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         if kv is not None:
             kv[0][:, :, :L] = k
@@ -573,8 +572,8 @@ class RelativeAttention(nn.Module):
         r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
         # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
         # score matrix is never computed, and each block's scores [B, H, e-a, e] stay
-        # small enough for cache. Fused: one block, one call for all L queries, no Python
-        # loop over L.
+        # small enough for cache. Fused: one block, one call for all L queries, and no
+        # Python loop.
         fused = self.fused(h)
         chunk = L if fused else self.chunk
         ys = []
@@ -584,7 +583,7 @@ class RelativeAttention(nn.Module):
             scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
             j = torch.arange(e, device=h.device)
             future = j > j[a:, None]  # [e-a, e]: key j > query i
-            # Added, not masked_fill: the backward then passes the gradient through
+            # Added, not masked_fill, so that the backward passes the gradient through
             # untouched.
             causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
             bias = scores + causal
@@ -597,18 +596,18 @@ class RelativeAttention(nn.Module):
 
     def step(self, h, content_bias, position_bias, kv, r, at):
         """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
-        there and attends to positions 0 … at. r [H, capacity, d_head]: position keys by
-        distance."""
-        # [B, H, 1, d_head]
+        there and attends to positions 0 … at. r [H, capacity, d_head]: the position
+        keys by distance."""
+        # each [B, H, 1, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         rows = torch.arange(h.size(0), device=h.device)
         kv[0][rows, :, at] = k[:, :, 0]
         kv[1][rows, :, at] = v[:, :, 0]
-        # [B, C] to each key
+        # [B, C]: the distance to each key
         dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)
         # einsum, not a broadcast @, so that r is not copied once per row
         bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
-        # by key
+        # [B, H, 1, C] by key
         bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))
         bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
         return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
@@ -725,8 +724,8 @@ class DynamicPoolingLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        # Transformer-XL's global content (u) and position (v) biases, shared by every
-        # layer.
+        # Transformer-XL's global content (u) and position (v) biases, which every layer
+        # shares.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.source = None
@@ -760,8 +759,8 @@ class DynamicPoolingLM(nn.Module):
                 and x.dtype in (torch.int64, torch.int32),
                 f'x must be integer token ids [B, L], L >= 1, got {getattr(x, "dtype", type(x))} '
                 f'{tuple(getattr(x, "shape", ()))}')
-        # Values are read back on CPU only: on a GPU that is a sync (train.py checks them
-        # at load).
+        # Values are read back on CPU only: on a GPU that is a sync (and train.py checks
+        # the data when it loads it).
         read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
         V = self.cfg.vocab_size
         require(not read_values or not x.numel()
@@ -802,8 +801,8 @@ class DynamicPoolingLM(nn.Module):
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
-        ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling
-        reads no device."""
+        ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling reads
+        nothing back from the device."""
         self.check_inputs(x, targets, boundaries, n_segments)
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
@@ -851,8 +850,8 @@ class DynamicPoolingLM(nn.Module):
             h = self.pre.step(h, *biases, caches['pre'])
             routing = self.source.step(h, token[:, None], state)
             segment, closed = self.pooling.step_down(h, routing, state.pooling)
-            # The shortened stage runs only when some row closed a segment, kept only in
-            # those rows.
+            # The shortened stage runs only when some row closed a segment, and its result
+            # is kept only in those rows.
             s = None
             if closed.any():
                 s = self.shortened.step(segment, *biases, caches['shortened'], closed)
@@ -951,12 +950,12 @@ def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None
 
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper CPU dropout; nn.Dropout works as well (only the random masks would
-# change).
+# Optional: a cheaper CPU dropout. nn.Dropout works as well (only the random masks
+# would change).
 class Dropout(nn.Dropout):
     """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one
-    draw for four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16).
-    GPU: nn.Dropout."""
+    draw for four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16);
+    on GPUs, nn.Dropout itself."""
     def forward(self, x):
         if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
                 or torch.compiler.is_compiling()):

@@ -47,18 +47,18 @@ def select_starts(h, start, S):
 
 def smooth_chunks(z, P):
     """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i. P_k = 1
-    # would put −inf into the log sums and NaN into their gradient even where masked:
-    # read as 1 − 1e-6.
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i.
+    # P_k = 1 would put −inf into the log sums, and NaN into their gradient even where
+    # masked: it is read as 1 − 1e-6.
     P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
     log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))  # [B, S] log(1 − P_k)
     later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
-    # [B, j, i]: Σ_{i<k<=j}
+    # [B, j, i]: Σ_{i<k<=j} log(1 − P_k)
     decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)
-    # 0 where i > j
+    # [B, j, i]: the weight of z_i in z̄_j, 0 where i > j
     weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]
-    return weight.to(z.dtype) @ z                                       # [B, S, D]
+    return weight.to(z.dtype) @ z  # [B, S, D]
 
 
 def ratio_loss(start, p, N):
@@ -102,7 +102,7 @@ class ChunkPooling(nn.Module):
         chunk = routing.start.long().cumsum(1) - 1  # [B, L] token t's chunk
         out = gather_rows(self.smooth(s, routing), chunk)
         confidence = torch.where(routing.start, routing.p, 1 - routing.p)
-        # 1; gradient of c
+        # 1 in value, with the gradient of c
         one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)
         return out * one + self.residual(h)
 
@@ -169,7 +169,7 @@ class HNetBoundaries(BoundarySource):
         return 2 * 3 * cfg.d_model * cfg.d_model
 
     def forward(self, h, x, boundaries=None, offset=0):
-        # [B, L-1] for t = 1 …
+        # [B, L-1], for t = 1 … L-1
         p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))
         return self.route(F.pad(p, (1, 0), value=1.0))
 
