@@ -47,6 +47,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
 
 
 # -----------------------------------------------------------------------------
@@ -184,9 +185,9 @@ def upsample(s, b):
 @dataclass
 class MeanPoolingState:
     """What MeanPooling carries from one generated token to the next."""
-    seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
-    seg_len: torch.Tensor  # [B] tokens in the open segment
-    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
+    seg_sum: Tensor  # [B, D] sum of the pre stage's outputs over the open segment
+    seg_len: Tensor  # [B] tokens in the open segment
+    last: Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
 
 
 class MeanPooling(nn.Module):
@@ -285,9 +286,9 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
-    logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
-    n_segments: Optional[int] = None       # S counted on the host (external boundaries), if known
+    b: Tensor                         # [B, L] float 0/1 (straight-through for gumbel)
+    logits: Optional[Tensor] = None   # [B, L] the predictor's logits, if it has one
+    n_segments: Optional[int] = None  # S counted on the host (external boundaries), if known
 
     @property
     def hard(self):
@@ -631,11 +632,11 @@ class FeedForward(nn.Module):
 @dataclass
 class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    length: torch.Tensor  # [B] int64: valid positions per row, alike in every layer
+    k: Tensor       # [n_layers, B, H, capacity, d_head]
+    v: Tensor       # [n_layers, B, H, capacity, d_head]
+    length: Tensor  # [B] int64: valid positions per row, alike in every layer
     # [n_layers, H, capacity, d_head] position keys by distance
-    r: Optional[torch.Tensor] = None
+    r: Optional[Tensor] = None
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -705,16 +706,16 @@ class Stage(nn.Module):
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
-    logits: torch.Tensor                               # [B, L, V]
-    loss: Optional[torch.Tensor] = None                # scalar: lm_loss + boundary_loss
-    lm_loss: Optional[torch.Tensor] = None             # scalar: mean nats per character
-    boundary_loss: Optional[torch.Tensor] = None       # scalar: the source's loss (0 if none)
-    boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
-    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
-    shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
-    boundary_logits: Optional[torch.Tensor] = None     # [B, L] a predictor's logit of b_t = 1
-    precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
-    recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
+    logits: Tensor                              # [B, L, V]
+    loss: Optional[Tensor] = None               # scalar: lm_loss + boundary_loss
+    lm_loss: Optional[Tensor] = None            # scalar: mean nats per character
+    boundary_loss: Optional[Tensor] = None      # scalar: the source's loss (0 if none)
+    boundaries: Optional[Tensor] = None         # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Optional[Tensor] = None   # [B, L] bool, what they are measured against
+    shortening_factor: Optional[Tensor] = None  # scalar: tokens / complete segments
+    boundary_logits: Optional[Tensor] = None    # [B, L] a predictor's logit of b_t = 1
+    precision: Optional[Tensor] = None          # scalar: against boundary_targets
+    recall: Optional[Tensor] = None             # scalar: against boundary_targets
 
 
 class DynamicPoolingLM(nn.Module):
@@ -919,19 +920,19 @@ def step_flops(cfg, batch, seq_len, n_short=None):
 @dataclass
 class GenerationState:
     """Everything decoding carries from one token to the next."""
-    caches: dict                       # stage name → KVCache
-    length: int                        # tokens consumed so far
-    pooling: object = None             # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: b of the token before, if late
+    caches: dict                            # stage name → KVCache
+    length: int                             # tokens consumed so far
+    pooling: object = None                  # the pooling unit's running state (None for vanilla)
+    boundaries: Optional[Tensor] = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Optional[Tensor] = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+    tokens: Tensor                       # [B, n]: the prompt, then one token at a time
+    logits: Tensor                       # [B, n, V]: the prediction after each of them
+    boundaries: Optional[Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
 
 
 def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
 
 # dynpool may be half-imported here (its last line imports this file): use only names it
 # defines above that line.
@@ -71,16 +72,15 @@ def ratio_loss(start, p, N):
 @dataclass
 class ChunkRouting(Routing):
     """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+    p: Optional[Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Optional[Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
 
 
 @dataclass
 class ChunkPoolingState:
     """What ChunkPooling carries from one generated token to the next."""
-    # [B, D] the last token's pre-stage output (the router's h_{t-1})
-    last_h: torch.Tensor
-    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
+    last_h: Tensor  # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: Tensor   # [B, D] the smoothed output of the last token's chunk
 
 
 class ChunkPooling(nn.Module):
@@ -108,7 +108,7 @@ class ChunkPooling(nn.Module):
 
     def smooth(self, s, routing):
         """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        # [B, S, 1]; pads: 0
+        # [B, S, 1], zero on the padding rows
         P = select_starts(routing.p[..., None], routing.start, s.size(1))
         return smooth_chunks(s, P[..., 0])
 
@@ -123,8 +123,7 @@ class ChunkPooling(nn.Module):
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
-        # the router compares the next token with this one
-        pooling_state.last_h = h[:, 0]
+        pooling_state.last_h = h[:, 0]  # the router compares the next token with this one
         return h, routing.start[:, 0]
 
     def step_up(self, s, routing, h, pooling_state):
@@ -165,8 +164,7 @@ class HNetBoundaries(BoundarySource):
 
     @staticmethod
     def flops_per_token(cfg):
-        # the router's W_q, W_k; the residual projection
-        return 2 * 3 * cfg.d_model * cfg.d_model
+        return 2 * 3 * cfg.d_model * cfg.d_model  # W_q, W_k and the residual W_r
 
     def forward(self, h, x, boundaries=None, offset=0):
         # [B, L-1], for t = 1 … L-1
