@@ -725,8 +725,7 @@ class DynamicPoolingLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        # Transformer-XL's global content (u) and position (v) biases, which every layer
-        # shares.
+        # Transformer-XL's global content (u) and position (v) biases, shared by all layers.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.source = None
@@ -813,9 +812,8 @@ class DynamicPoolingLM(nn.Module):
             if routing is None:
                 out.boundary_loss = torch.zeros((), device=x.device)
             else:
-                loss, targets = self.source.loss(routing, out.logits, x, boundaries)
-                out.boundary_loss = loss
-                out.boundary_targets = targets
+                out.boundary_loss, out.boundary_targets = self.source.loss(
+                    routing, out.logits, x, boundaries)
             out.loss = out.lm_loss + out.boundary_loss
         if routing is not None:
             out.boundaries = routing.b
