@@ -219,8 +219,7 @@ class MeanPooling(nn.Module):
         n_closed = m[:, -1]                                                # [B]
         open_segment = c == n_closed[:, None]  # [B, L] after the last b
         seg_sum = (h * open_segment[..., None]).sum(1)
-        batch = torch.arange(s.size(0), device=s.device)
-        last = s[batch, n_closed]
+        last = gather_rows(s, n_closed[:, None])[:, 0]   # s[n, n_closed[n]]
         return MeanPoolingState(seg_sum=seg_sum, seg_len=open_segment.sum(1), last=last)
 
     def step_down(self, h, routing, state):
@@ -632,11 +631,10 @@ class FeedForward(nn.Module):
 @dataclass
 class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: Tensor       # [n_layers, B, H, capacity, d_head]
-    v: Tensor       # [n_layers, B, H, capacity, d_head]
-    length: Tensor  # [B] int64: valid positions per row, alike in every layer
-    # [n_layers, H, capacity, d_head] position keys by distance
-    r: Optional[Tensor] = None
+    k: Tensor                   # [n_layers, B, H, capacity, d_head]
+    v: Tensor                   # [n_layers, B, H, capacity, d_head]
+    length: Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: Optional[Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -700,7 +698,6 @@ class Stage(nn.Module):
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
-# -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
 # The model
 @dataclass

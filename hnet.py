@@ -116,9 +116,8 @@ class ChunkPooling(nn.Module):
         return routing.start.sum(1)
 
     def prefill_state(self, h, s, routing):
-        batch = torch.arange(s.size(0), device=s.device)
         last_chunk = self.rows(routing) - 1
-        z_bar = self.smooth(s, routing)[batch, last_chunk]
+        z_bar = gather_rows(self.smooth(s, routing), last_chunk[:, None])[:, 0]
         return ChunkPoolingState(last_h=h[:, -1], z_bar=z_bar)
 
     def step_down(self, h, routing, pooling_state):
