@@ -32,9 +32,9 @@ standard machinery, not the paper's. Skip on a first reading:
     Stage.empty_cache, MeanPooling.rows, .prefill_state, .step_down and .step_up,
     BoundarySource.late_boundary, DynamicPoolingLM.prefill, .decode, .steps and .generate,
     GenerationState, GenerationStep, next_token;
-  - speed only (the same values without them): RelativeAttention.fused, .attend and the
-    query blocks in its forward, rel_shift's view, n_segments and seg_bucket (no device
-    reads, shapes that repeat), Dropout (cheaper CPU masks);
+  - speed only: RelativeAttention.fused, .attend and the query blocks in its forward,
+    rel_shift's view, n_segments and seg_bucket (no device reads, shapes that repeat), each
+    giving the values of the plain way; Dropout (cheaper CPU masks, other random draws);
   - measurement: BoundarySource.statistics, step_flops (the FLOPs train.py and bench.py use).
 Other sources plug in through BoundarySource's hooks and register_source. hnet.py (H-Net's
 chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lists it.
