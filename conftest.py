@@ -14,7 +14,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 
-import hnet  # noqa: F401  (registers boundary='hnet', before BOUNDARY_MODES is read)
 from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.

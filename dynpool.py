@@ -1,19 +1,43 @@
 """dynpool: the dynamic-pooling Transformer in one file.
 
-"Efficient Transformers with Dynamic Token Pooling" (Nawrot, Chorowski, Łańcucki, Ponti, ACL 2023):
-an hourglass Transformer for character-level language modelling. A few layers run at full length,
-the sequence is then pooled into variable-length segments, most layers run on the short sequence,
-and the result is upsampled back, without leaking the future, for a few final layers.
+"Efficient Transformers with Dynamic Token Pooling" (Nawrot, Chorowski, Łańcucki, Ponti,
+ACL 2023): an hourglass Transformer for character-level language modelling. A few layers run
+at full length, the sequence is then pooled into variable-length segments, most layers run on
+the short sequence, and the result is upsampled back, without leaking the future, for a few
+final layers.
 
     tokens ─ embed ─ pre ─┬─ source ─ pooling.down ─ shortened ─ pooling.up ─┐
-                          └────────────── skip connection ─────────────────── + ─ post ─ logits
+                          └─────────────── skip connection ──────────────── + ─ post ─ logits
 
-Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries b are
-[B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1 starts the
-next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a boundary are pooled.
+Conventions: tensors are batch-first (tokens x [B, L], hidden states h [B, L, D]); boundaries
+b are [B, L] with b[n, t] = 1 meaning a segment ends at token t (t is its last token, t+1
+starts the next); token t belongs to segment c_t = Σ_{i<t} b_i; only segments closed by a
+boundary are pooled.
 
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
-    out = model(x, targets=y)          # out.loss, out.logits, out.boundaries, out.shortening_factor
+    out = model(x, targets=y)   # out.loss, out.logits, out.boundaries, out.shortening_factor
+
+Reading map. The file runs from small to large. For the paper's method, read in this order:
+  1. Config: the hyper-parameters (the defaults are the paper's model).
+  2. segments, boundary_matrix, downsample, upsample: pooling through the boundary matrix,
+     and back to tokens (§2.2).
+  3. MeanPooling.down and .up: the pooling unit that the model calls.
+  4. BoundarySource, then FixedBoundaries, WhitespaceBoundaries, UnigramBoundaries (§3.1),
+     EntropyBoundaries (§3.2), GumbelBoundaries (§3.3): where segments end, and how each
+     source learns it.
+  5. DynamicPoolingLM.trunk and .forward: the hourglass drawn above, and the losses.
+Between 4 and 5 come Transformer-XL's layers (RelativeAttention, FeedForward, Stage):
+standard machinery, not the paper's. Skip on a first reading:
+  - generation only: every `step` method (each beside the `forward` it mirrors), KVCache,
+    Stage.empty_cache, MeanPooling.rows, .prefill_state, .step_down and .step_up,
+    BoundarySource.late_boundary, DynamicPoolingLM.prefill, .decode, .steps and .generate,
+    GenerationState, GenerationStep, next_token;
+  - speed only: RelativeAttention.fused, .attend and the query blocks in its forward,
+    rel_shift's view, n_segments and seg_bucket (no device reads, shapes that repeat), each
+    giving the values of the plain way; Dropout (cheaper CPU masks, other random draws);
+  - measurement: BoundarySource.statistics, step_flops (the FLOPs train.py and bench.py use).
+Other sources plug in through BoundarySource's hooks and register_source. hnet.py (H-Net's
+chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lists it.
 """
 import math
 import numbers
@@ -23,20 +47,23 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
+
 
 # -----------------------------------------------------------------------------
 # Configuration: what the model is
 def require(ok, message):
-    """The one way this file refuses a Config or an input: a ValueError saying what is wrong."""
+    """The one way this file refuses a Config or an input: a ValueError saying what."""
     if not ok:
         raise ValueError(message)
 
 
 @dataclass
 class Config:
-    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix). A source's
-    own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when register_source runs,
-    so Config(), asdict checkpoints and flags see them as any field (kept over an options dict)."""
+    """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix).
+    A source's own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when
+    register_source runs, so Config(), asdict checkpoints and flags see them as any field
+    (kept over an options dict)."""
     vocab_size: int = 27
     d_model: int = 512
     n_head: int = 8
@@ -44,287 +71,128 @@ class Config:
     d_inner: int = 2048
     dropout: float = 0.1
     dropatt: float = 0.1
-    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: sum(layers) at full length
+    layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: all at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
     pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
-    whitespace_id: Optional[int] = None  # id of the space (whitespace; gumbel precision/recall)
+    whitespace_id: Optional[int] = None  # the space's id (whitespace; gumbel's recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
     entropy_window: int = 2            # k of entropy spikes
     threshold: float = 0.5             # predictor probability above which a segment ends
-    double_sigmoid: bool = False       # unigram/entropy: the released code's loss, BCE of σ(logit)
-    attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (sdpa on GPUs, blocked on CPU)
+    double_sigmoid: bool = False       # unigram/entropy: the released code's BCE of σ(logit)
+    attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (GPU: sdpa, CPU: blocked)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
 
     def __post_init__(self):
-        self.layers, mode = tuple(self.layers), self.boundary
+        self.layers = tuple(self.layers)
+        mode = self.boundary
         require(mode in BOUNDARY_MODES,
                 f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
         require(len(self.layers) == 3 and all(int(n) == n >= 0 for n in self.layers),
                 f'layers must be three counts (pre, shortened, post), got {self.layers!r}')
-        require(mode == 'none' or self.layers[1] > 0, f'boundary {mode!r} needs shortened layers')
-        require(self.pooling == 'mean' or self.pooling == 'last' and mode != 'none',
+        require(mode == 'none' or self.layers[1] > 0,
+                f'boundary {mode!r} needs shortened layers')
+        require(self.pooling == 'mean' or (self.pooling == 'last' and mode != 'none'),
                 "pooling must be 'mean' or 'last' (not 'last' for boundary 'none')")
         require(mode != 'whitespace' or self.whitespace_id is not None,
                 "boundary 'whitespace' needs whitespace_id (the token id of the space)")
         require(self.attention in ('auto', 'sdpa', 'blocked') and self.attn_chunk >= 1
-                and self.seg_bucket >= 0, "attention must be 'auto', 'sdpa' or 'blocked', "
-                                          "attn_chunk >= 1 and seg_bucket >= 0")
+                and self.seg_bucket >= 0,
+                "attention must be 'auto', 'sdpa' or 'blocked', attn_chunk >= 1 and "
+                'seg_bucket >= 0')
         require(not self.double_sigmoid or mode in ('unigram', 'entropy'),
                 'double_sigmoid is a loss of the unigram and entropy predictors only')
         require(self.vocab_size >= 1 and self.d_model % 2 == 0 and self.fixed_factor >= 1
-                and 0 < self.prior < 1, 'vocab_size and fixed_factor must be positive, d_model '
-                'even (sinusoidal positions) and prior in (0, 1)')
+                and 0 < self.prior < 1,
+                'vocab_size and fixed_factor must be positive, d_model even (sinusoidal '
+                'positions) and prior in (0, 1)')
         if mode != 'none':
             SOURCES[mode].check_config(self)
 
 
 # -----------------------------------------------------------------------------
-# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u (content)
-# and v (position), are content_bias and position_bias here: q, k, v are queries, keys, values.
-def sinusoids(distances, dim):
-    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
-    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
-    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
-
-def rel_shift(x):
-    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last column zero)
-    → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i], distance (e-m+i) - j."""
-    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat run from
-    # offset m-1 in rows of e, and row i starts m-1-i columns further right than its own start.
-    # Entries for future keys (j > e-m+i) come out as garbage and are masked by the caller.
-    m, e = x.size(-2), x.size(-1) - 1
-    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
-
-
-class RelativeAttention(nn.Module):
-    """Causal multi-head attention with learnable relative positions, post-norm residual."""
-    def __init__(self, cfg):
-        super().__init__()
-        self.n_head, self.d_head = cfg.n_head, cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
-        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
-        self.drop, self.dropatt = Dropout(cfg.dropout), Dropout(cfg.dropatt)
-        self.chunk, self.attention = cfg.attn_chunk, cfg.attention
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def fused(self, h):
-        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and under
-        torch.compile (no loop over L, no recompile per length); blocked on CPU, faster there."""
-        if self.attention == 'auto':
-            return h.device.type != 'cpu' or torch.compiler.is_compiling()
-        return self.attention == 'sdpa'
-
-    def heads(self, h, content_bias, position_bias):
-        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's dtype (the
-        float32 u, v must not promote a bf16 q)."""
-        B, L, _ = h.shape
-        q, k, v = self.qkv(h).view(B, L, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-        scale = self.d_head ** -0.5
-        return (((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous(),
-                (q + position_bias.to(q.dtype)[:, None]) * scale, k, v)
-
-    def position_keys(self, emb):
-        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
-        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
-
-    def attend(self, q, k, v, bias, fused):
-        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
-        [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
-        if fused:
-            p = self.dropatt.p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-        B, n_head, m, n = bias.shape
-        # [B*H, m, n]: the bias and the content term added by one matmul
-        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
-        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view(B, n_head, m, -1)
-
-    def merge(self, h, y):
-        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)            # [B, L, H*d_head]
-        return self.norm(h + self.drop(self.out(y)))
-
-    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
-        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0; kv: (k, v)
-        cache tensors [B, H, capacity, d_head] to fill with this sequence's keys and values."""
-        L = h.size(1)
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, L, d_head]
-        if kv is not None:
-            kv[0][:, :, :L], kv[1][:, :, :L] = k, v
-        k, v = k.contiguous(), v.contiguous()
-        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))  # [H, L+1, d_head], a zero row last
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the score matrix
-        # is never computed, and each block's scores [B, H, e-a, e] stay small enough for cache.
-        # Fused: one block, one call for all L queries, no Python loop over L.
-        fused = self.fused(h)
-        chunk, ys = L if fused else self.chunk, []
-        for a in range(0, L, chunk):
-            e = min(a + chunk, L)
-            # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
-            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
-            j = torch.arange(e, device=h.device)
-            future = j > j[a:, None]                                  # [e-a, e]: key j > query i
-            # Added, not masked_fill: the backward then passes the gradient through untouched.
-            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
-            bias = scores + causal
-            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused))
-        return self.merge(h, ys[0] if len(ys) == 1 else torch.cat(ys, 2))
-
-    def step(self, h, content_bias, position_bias, kv, r, at):
-        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv there and
-        attends to positions 0 … at. r [H, capacity, d_head]: position keys by distance."""
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)  # [B, H, 1, d_head]
-        rows = torch.arange(h.size(0), device=h.device)
-        kv[0][rows, :, at], kv[1][rows, :, at] = k[:, :, 0], v[:, :, 0]
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)  # [B, C] to each key
-        # einsum, not a broadcast @, so that r is not copied once per row
-        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)                   # [B, H, 1, C] by distance
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))  # by key
-        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
-        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
-
-
-# -----------------------------------------------------------------------------
-# Feed-forward, stage (layers that share one position grid)
-class FeedForward(nn.Module):
-    """Position-wise MLP with GELU, post-norm residual."""
-    def __init__(self, cfg):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
-                                 Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model),
-                                 Dropout(cfg.dropout))
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def forward(self, h):
-        return self.norm(h + self.net(h))
-
-
-@dataclass
-class KVCache:
-    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: torch.Tensor                   # [n_layers, B, H, capacity, d_head]
-    length: torch.Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[torch.Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
-
-    def reserve(self, capacity):
-        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
-        C = self.k.size(3)
-        if capacity > C:
-            grow = max(capacity, 2 * C) - C
-            self.k, self.v = F.pad(self.k, (0, 0, 0, grow)), F.pad(self.v, (0, 0, 0, grow))
-            self.r = None
-
-
-class Stage(nn.Module):
-    """Layers that share one relative-position grid of their own sequence length."""
-    def __init__(self, cfg, n_layers):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.layers = nn.ModuleList(   # a layer: relative attention, then feed-forward
-            nn.ModuleDict(dict(attn=RelativeAttention(cfg), ff=FeedForward(cfg)))
-            for _ in range(n_layers))
-        self.drop = Dropout(cfg.dropout)
-
-    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
-        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
-        L = h.size(1)
-        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
-        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
-        if cache is not None:
-            cache.reserve(L)
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
-        if cache is not None:
-            cache.length = torch.full_like(cache.length, L) if lengths is None else lengths
-        return h
-
-    def step(self, h, content_bias, position_bias, cache, advance=None):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
-        at = cache.length
-        cache.reserve(int(at.max()) + 1)
-        if cache.r is None and self.layers:  # position keys once per cache size, not per token
-            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
-            cache.r = torch.stack([la.attn.position_keys(emb.to(h.dtype)) for la in self.layers])
-        for i, layer in enumerate(self.layers):
-            kv = cache.k[i], cache.v[i]
-            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at))
-        cache.length = at + (1 if advance is None else advance.long())
-        return h
-
-    def empty_cache(self, B, capacity, ref):
-        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
-        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
-        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
-                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
-
-
-# -----------------------------------------------------------------------------
 # Pooling through the boundary matrix (paper §2.2)
 def segments(b):
-    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i counts the
-    segments complete at t; c_t = Σ_{i<t} b_i is the segment token t belongs to."""
+    """From the hard decisions of b [B, L]: (c, m), int64 [B, L]. m_t = Σ_{i≤t} b_i
+    counts the segments complete at t; c_t = Σ_{i<t} b_i is token t's segment."""
     # int64, exact in any dtype: a bf16 running sum is not exact past 256.
     hard = (b.detach() > 0.5).long()
     m = hard.cumsum(1)
     return m - hard, m
 
 
+def padded_count(n_segments, bucket, device):
+    """S, the rows that n_segments segments take, rounded up to a multiple of `bucket`
+    (Config.seg_bucket; 0 means 64 on CUDA, 1 elsewhere): compiled shapes repeat."""
+    if bucket == 0:
+        bucket = 64 if device.type == 'cuda' else 1
+    return -(-n_segments // bucket) * bucket
+
+
 def boundary_matrix(b, bucket=1, n_segments=None):
-    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable in b. S: the
-    most complete segments of a row (n_segments if counted on the host), rounded up to `bucket`."""
+    """B [B, L, S]: B[n, t, j] = 1 iff token t is in complete segment j; differentiable
+    in b. S: the most complete segments of a row (n_segments if counted on the host),
+    padded_count's rows."""
     c, m = segments(b)
-    count = m[:, -1:]                                    # [B, 1] complete segments per row
+    count = m[:, -1:]  # [B, 1] complete segments per row
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
-    S = -(-n_segments // bucket) * bucket
-    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]  # [B, L, S]
-    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in c_t, so a
-    # straight-through Gumbel boundary receives gradient through the running sum (paper §3.3).
+    S = padded_count(n_segments, bucket, b.device)
+    j = torch.arange(S, device=b.device)
+    hit = (c[..., None] == j) & (c < count)[..., None]  # [B, L, S]
+    # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in
+    # c_t, so that a straight-through Gumbel boundary receives gradient through the
+    # running sum (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
-    return torch.where(hit, (1 + soft_c - soft_c.detach())[..., None],
-                       torch.zeros((), device=b.device))
+    one = 1 + soft_c - soft_c.detach()
+    return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
 
 
 def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
-    """Each complete segment of h [B, L, D] → one vector, after the null group → [B, 1+S, D]:
-    the segment's mean (§2.2), or with pooling='last' its last token (sub-sampling, Table 2)."""
+    """Each complete segment of h [B, L, D] → one vector, after the null group →
+    [B, 1+S, D]: the segment's mean (§2.2), or with pooling='last' its last token
+    (sub-sampling, Table 2)."""
     Bm = boundary_matrix(b, bucket, n_segments).to(h.dtype)  # [B, L, S]
     if pooling == 'last':
-        # The last token of a segment is its one token with b_t = 1, so B weighted by b selects
-        # it: exactly h_t in value, and a straight-through Gumbel b_t receives the LM loss's
-        # gradient through the selected vector (d/db_t = h_t), as the mean's b does through B.
+        # The last token of a segment is its one token with b_t = 1, so B weighted by b
+        # selects it: exactly h_t in value, and a straight-through Gumbel b_t receives
+        # the LM loss's gradient through the selected vector (d/db_t = h_t), as the
+        # mean's b does through B.
         pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
     else:
         lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
         pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
-    return torch.cat([null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype), pooled], 1)
+    null_row = null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype)   # [B, 1, D]
+    return torch.cat([null_row, pooled], 1)
+
+
+def gather_rows(s, index):
+    """out[n, t] = s[n, index[n, t]]: s [B, S, D], index [B, L] int64 → [B, L, D]."""
+    return s.gather(1, index[..., None].expand(-1, -1, s.size(-1)))
 
 
 def upsample(s, b):
-    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t (0 = null)."""
-    # No gradient flows to b through upsampling: in the paper's row-normalised matrix it cancels.
-    _, m = segments(b)                                                         # [B, L]
-    return s.gather(1, m[..., None].expand(-1, -1, s.size(-1)))               # [B, L, D]
+    """Token t receives s[:, m_t], m_t = Σ_{i≤t} b_i: the last segment complete at t
+    (0: the null group)."""
+    # No gradient flows to b through upsampling: in the paper's row-normalised matrix,
+    # it cancels.
+    _, m = segments(b)              # [B, L]
+    return gather_rows(s, m)        # [B, L, D]
 
 
 @dataclass
 class MeanPoolingState:
     """What MeanPooling carries from one generated token to the next."""
-    seg_sum: torch.Tensor  # [B, D] sum of the pre stage's outputs over the open segment
-    seg_len: torch.Tensor  # [B] tokens in the open segment
-    last: torch.Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
+    seg_sum: Tensor  # [B, D] sum of the pre stage's outputs over the open segment
+    seg_len: Tensor  # [B] tokens in the open segment
+    last: Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
 
 
 class MeanPooling(nn.Module):
-    """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable null
-    group, and back to tokens, each seeing only segments complete at t."""
+    """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable
+    null group, and back to tokens, each seeing only segments complete at t."""
     def __init__(self, cfg):
         super().__init__()
         self.null_group = nn.Parameter(torch.randn(cfg.d_model))
@@ -333,9 +201,9 @@ class MeanPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        bucket = self.cfg.seg_bucket or (64 if h.device.type == 'cuda' else 1)
-        return self.norm(downsample(h, routing.b, self.null_group, bucket, routing.n_segments,
-                                    self.cfg.pooling))
+        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
+                            routing.n_segments, self.cfg.pooling)
+        return self.norm(pooled)
 
     def up(self, s, routing, h):
         """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
@@ -349,51 +217,55 @@ class MeanPooling(nn.Module):
         """The running state after a whole prompt: h, s as in down() and up()."""
         c, m = segments(routing.b)
         n_closed = m[:, -1]                                                # [B]
-        open_seg = c == n_closed[:, None]                                  # [B, L] after the last b
-        return MeanPoolingState(seg_sum=(h * open_seg[..., None]).sum(1), seg_len=open_seg.sum(1),
-                                last=s[torch.arange(s.size(0), device=s.device), n_closed])
+        open_segment = c == n_closed[:, None]  # [B, L] after the last b
+        seg_sum = (h * open_segment[..., None]).sum(1)
+        last = gather_rows(s, n_closed[:, None])[:, 0]   # s[n, n_closed[n]]
+        return MeanPoolingState(seg_sum=seg_sum, seg_len=open_segment.sum(1), last=last)
 
     def step_down(self, h, routing, state):
         """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
         closed = routing.hard[:, 0]
         state.seg_sum += h[:, 0]
         state.seg_len += 1
-        last = self.cfg.pooling == 'last'
-        mean = h[:, 0] if last else state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+        if self.cfg.pooling == 'last':
+            pooled = h[:, 0]
+        else:
+            pooled = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
         state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
         state.seg_len = torch.where(closed, 0, state.seg_len)
-        return self.norm(mean)[:, None], closed
+        return self.norm(pooled)[:, None], closed
 
     def step_up(self, s, routing, h, state):
         """s [B, 1, D] (None: no row closed a segment), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
             state.last = torch.where(routing.hard[:, :1], s[:, 0], state.last)
         return state.last[:, None] + h
-
-
 # -----------------------------------------------------------------------------
 # Boundary sources (paper §3): each decides where segments end, trains that decision (its
 # auxiliary loss) and names the targets its decisions are measured against.
 def entropy_spikes(H, k=2):
     """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
     spikes = torch.ones_like(H, dtype=torch.bool)
-    for i in range(1, min(k, H.size(1) - 1) + 1):        # loop over the window, not over time
+    for i in range(1, min(k, H.size(1) - 1) + 1):  # loop over the window, not over time
         spikes[:, i:] &= H[:, i:] > H[:, :-i]
     return spikes
 
 
 def gumbel_sigmoid(logits, temperature, noise=None):
     """Relaxed Bernoulli sample, hard straight-through (Jang et al. 2017; §3.3); noise: uniform."""
-    logits = logits.float()  # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
-    noise = (torch.rand_like(logits) if noise is None else noise.expand_as(logits))
-    noise = noise.clamp(1e-6, 1 - 1e-6)
+    # in bf16, hard + soft - soft.detach() can read 0.996 instead of 1
+    logits = logits.float()
+    if noise is None:
+        noise = torch.rand_like(logits)
+    noise = noise.expand_as(logits).clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
     return (soft > 0.5).to(soft.dtype) + soft - soft.detach()
 
 
 def binomial_prior_loss(b, prior):
     """-log Binomial(k; L, α) / L with k = Σ_t b_t, batch mean: keeps the rate near α (§3.3)."""
-    L, k = b.size(1), b.sum(1)
+    L = b.size(1)
+    k = b.sum(1)
     log_p = (math.lgamma(L + 1) - torch.lgamma(k + 1) - torch.lgamma(L - k + 1)
              + k * math.log(prior) + (L - k) * math.log(1 - prior))
     return -(log_p / L).mean()
@@ -413,9 +285,9 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: torch.Tensor                        # [B, L] float 0/1 (straight-through for gumbel)
-    logits: Optional[torch.Tensor] = None  # [B, L] the predictor's logits, if it has one
-    n_segments: Optional[int] = None       # S counted on the host (external boundaries), if known
+    b: Tensor                         # [B, L] float 0/1 (straight-through for gumbel)
+    logits: Optional[Tensor] = None   # [B, L] the predictor's logits, if it has one
+    n_segments: Optional[int] = None  # S counted on the host (external boundaries), if known
 
     @property
     def hard(self):
@@ -423,9 +295,10 @@ class Routing:
 
 
 class BoundarySource(nn.Module):
-    """Where segments end: a source decides in `forward`, learns through `loss` and pools with its
-    `Pooling` unit. Subclass it for a new source and register_source it (README, "Adding a
-    boundary source"); the hooks with a default are for sources unlike the paper's (hnet.py)."""
+    """Where segments end: a source decides in `forward`, learns through `loss` and pools
+    with its `Pooling` unit. Subclass it for a new source and register_source it
+    (README, "Adding a boundary source"); the hooks with a default serve sources unlike
+    the paper's (hnet.py)."""
     Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
     Options = None         # a dataclass of the source's own Config fields, with their defaults
 
@@ -470,9 +343,10 @@ class BoundarySource(nn.Module):
     def statistics(routing, targets):
         """(shortening factor, precision, recall) of the decisions; the last two need targets."""
         b = routing.b.detach()
-        sf, pred = b.numel() / b.sum().clamp(min=1), b > 0.5
+        sf = b.numel() / b.sum().clamp(min=1)
         if targets is None:
             return sf, None, None
+        pred = b > 0.5
         tp = (pred & targets).sum()
         return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
 
@@ -498,8 +372,8 @@ class WhitespaceBoundaries(ExternalBoundaries):
 
 
 class PredictedBoundaries(BoundarySource):
-    """A boundary predictor on the pre stage's output; pools with its own decisions, rounded at
-    the threshold, so a decision at t depends on x_{<=t} only."""
+    """A boundary predictor on the pre stage's output; pools with its own decisions,
+    rounded at the threshold, so a decision at t depends on x_{<=t} only."""
     def __init__(self, cfg):
         super().__init__(cfg)
         self.predictor = BoundaryPredictor(cfg)
@@ -518,9 +392,10 @@ class PredictedBoundaries(BoundarySource):
     def bce(self, routing, targets):
         """The predictor's cross-entropy against bool targets [B, L], and the targets."""
         logits = routing.logits.float()
-        # The paper's released code feeds σ(logit) to a loss that applies σ again: the loss cannot
-        # fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only where the target rate
-        # is above σ(0.5) = 0.62. Off by default: the paper's text says cross-entropy.
+        # The paper's released code feeds σ(logit) to a loss that applies σ again: the
+        # loss cannot fall below 0.31 (target 1) and 0.69 (target 0), and p > 0.5 only
+        # where the target rate is above σ(0.5) = 0.62. It is off by default, since the
+        # paper's text says cross-entropy.
         if self.cfg.double_sigmoid:
             logits = torch.sigmoid(logits)
         return F.binary_cross_entropy_with_logits(logits, targets.float()), targets
@@ -529,22 +404,25 @@ class PredictedBoundaries(BoundarySource):
 class UnigramBoundaries(PredictedBoundaries):
     """Trained towards SentencePiece Unigram boundaries, given as `boundaries` (paper §3.1)."""
     def loss(self, routing, logits, x, boundaries):
-        require(boundaries is not None, "boundary 'unigram' trains its predictor towards Unigram "
-                                        "boundaries: pass boundaries= with targets")
+        require(boundaries is not None,
+                "boundary 'unigram' trains its predictor towards Unigram boundaries: pass "
+                'boundaries= with targets')
         return self.bce(routing, boundaries.bool())
 
 
 class EntropyBoundaries(PredictedBoundaries):
     """Trained towards spikes of the model's own next-character entropy (paper §3.2)."""
     def loss(self, routing, logits, x, boundaries):
-        logp = F.log_softmax(logits.detach().float(), -1)  # no gradient through the targets
-        H = -(logp.exp() * logp).sum(-1)                   # [B, L] entropy of each prediction
+        # no gradient through the targets
+        logp = F.log_softmax(logits.detach().float(), -1)
+        H = -(logp.exp() * logp).sum(-1)  # [B, L] entropy of each prediction
         return self.bce(routing, entropy_spikes(H, self.cfg.entropy_window))
 
 
 class GumbelBoundaries(PredictedBoundaries):
-    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial prior (§3.3);
-    measured against the spaces when whitespace_id is set, never trained towards them."""
+    """Straight-through Gumbel-sigmoid decisions held near the rate α by a Binomial
+    prior (§3.3); measured against the spaces when whitespace_id is set, never trained
+    on them."""
     def __init__(self, cfg):
         super().__init__(cfg)
         noise = torch.rand(2 ** 16, generator=torch.Generator().manual_seed(0))
@@ -553,9 +431,10 @@ class GumbelBoundaries(PredictedBoundaries):
     def decide(self, logits, offset):
         if self.training:
             return gumbel_sigmoid(logits, self.cfg.temperature)
-        # Evaluation samples as training does (so does the paper's code; the noiseless rounding of
-        # a predictor held near the prior α rarely fires), but with one fixed noise value per
-        # position: deterministic, and the decision at t still depends on x_{<=t} only.
+        # Evaluation samples as training does (so does the paper's code; the noiseless
+        # rounding of a predictor held near the prior α rarely fires), but with one
+        # fixed noise value per position: deterministic, and the decision at t still
+        # depends on x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
         return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
@@ -564,17 +443,22 @@ class GumbelBoundaries(PredictedBoundaries):
         return binomial_prior_loss(routing.b, self.cfg.prior), self.spaces(x)
 
 
-SOURCES = {}  # the sources by Config.boundary; 'none' (vanilla) has no source and no pooling
+# the sources by Config.boundary; 'none' (vanilla) has no source and no pooling
+SOURCES = {}
 
 
 def register_source(name, source):
-    """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES and the
-    mode lists (import its file before reading them), its Options' fields join Config."""
+    """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES
+    and the mode lists, its Options' fields join Config. `from dynpool import
+    BOUNDARY_MODES` copies the tuple as it is then: import a source's file first (hnet's
+    is imported by dynpool itself)."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
     BOUNDARY_MODES = ('none',) + tuple(SOURCES)
-    PREDICTOR_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, PredictedBoundaries))
-    EXTERNAL_MODES = tuple(m for m, s in SOURCES.items() if issubclass(s, ExternalBoundaries))
+    PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
+                            if issubclass(s, PredictedBoundaries))
+    EXTERNAL_MODES = tuple(m for m, s in SOURCES.items()
+                           if issubclass(s, ExternalBoundaries))
     if source.Options is not None:
         for f in fields(source.Options):
             Config.__annotations__[f.name] = f.type
@@ -592,20 +476,243 @@ register_source('gumbel', GumbelBoundaries)
 
 
 # -----------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
+# Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u
+# (content) and v (position), are content_bias and position_bias here: q, k, v are
+# queries, keys, values.
+def sinusoids(distances, dim):
+    """Sinusoidal embeddings [N, dim] of relative distances [N]."""
+    freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def rel_shift(x):
+    """Scores of queries e-m … e-1 against distances e-1 … 0 (x [..., m, e+1], last
+    column zero) → scores against keys 0 … e-1: out[..., i, j] = x[..., i, j + m-1-i],
+    distance (e-m+i) - j."""
+    # Transformer-XL's padding trick as a view, no copy: read the rows of e+1 as one flat
+    # run from offset m-1 in rows of e, and row i starts m-1-i columns further right than
+    # its own start. Entries for future keys (j > e-m+i) come out as garbage and are
+    # masked by the caller.
+    m, e = x.size(-2), x.size(-1) - 1
+    return x.flatten(-2)[..., m - 1:m - 1 + m * e].view(*x.shape[:-2], m, e)
+
+
+class RelativeAttention(nn.Module):
+    """Causal multi-head attention with learnable relative positions, post-norm residual."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.d_head = cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
+        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
+        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
+        self.drop = Dropout(cfg.dropout)
+        self.dropatt = Dropout(cfg.dropatt)
+        self.chunk = cfg.attn_chunk
+        self.attention = cfg.attention
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def fused(self, h):
+        """Whether to make one scaled_dot_product_attention call. 'auto': on GPUs and
+        under torch.compile (no loop over L, no recompile per length), and blocked on
+        CPU, where that is faster."""
+        if self.attention == 'auto':
+            return h.device.type != 'cpu' or torch.compiler.is_compiling()
+        return self.attention == 'sdpa'
+
+    def heads(self, h, content_bias, position_bias):
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's
+        dtype (the float32 u, v must not promote a bf16 q)."""
+        B, L, _ = h.shape
+        qkv = self.qkv(h).view(B, L, 3, self.n_head, self.d_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        scale = self.d_head ** -0.5
+        q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
+        q_position = (q + position_bias.to(q.dtype)[:, None]) * scale
+        return q_content, q_position, k, v
+
+    def position_keys(self, emb):
+        """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
+        return self.r_net(emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+
+    def attend(self, q, k, v, bias, fused):
+        """softmax(q·kᵀ + bias)·v with attention dropout: q [B, H, m, d] (scaled), k, v
+        [B, H, n, d], bias [B, H, m, n] (-inf where masked) → [B, H, m, d]."""
+        if fused:
+            p = self.dropatt.p if self.training else 0.0
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p,
+                                                  scale=1.0)
+        B, n_head, m, n = bias.shape
+        # [B*H, m, n]: the bias and the content term added by one matmul
+        scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
+                               k.flatten(0, 1).transpose(1, 2))
+        y = self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)
+        return y.view(B, n_head, m, -1)
+
+    def merge(self, h, y):
+        """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
+        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)  # [B, L, H*d_head]
+        return self.norm(h + self.drop(self.out(y)))
+
+    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
+        kv: (k, v), cache tensors [B, H, capacity, d_head] that receive this sequence's
+        keys and values."""
+        L = h.size(1)
+        # each [B, H, L, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
+        if kv is not None:
+            kv[0][:, :, :L] = k
+            kv[1][:, :, :L] = v
+        k = k.contiguous()
+        v = v.contiguous()
+        # [H, L+1, d_head], a zero row last
+        r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
+        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
+        # score matrix is never computed, and each block's scores [B, H, e-a, e] stay
+        # small enough for cache. Fused: one block, one call for all L queries, and no
+        # Python loop.
+        fused = self.fused(h)
+        chunk = L if fused else self.chunk
+        ys = []
+        for a in range(0, L, chunk):
+            e = min(a + chunk, L)
+            # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
+            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
+            j = torch.arange(e, device=h.device)
+            future = j > j[a:, None]  # [e-a, e]: key j > query i
+            # Added, not masked_fill, so that the backward passes the gradient through
+            # untouched.
+            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
+            bias = scores + causal
+            y = self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused)
+            ys.append(y)
+        y = ys[0]
+        if len(ys) > 1:
+            y = torch.cat(ys, 2)
+        return self.merge(h, y)
+
+    def step(self, h, content_bias, position_bias, kv, r, at):
+        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
+        there and attends to positions 0 … at. r [H, capacity, d_head]: the position
+        keys by distance."""
+        # each [B, H, 1, d_head]
+        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
+        rows = torch.arange(h.size(0), device=h.device)
+        kv[0][rows, :, at] = k[:, :, 0]
+        kv[1][rows, :, at] = v[:, :, 0]
+        # [B, C]: the distance to each key
+        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)
+        # einsum, not a broadcast @, so that r is not copied once per row
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
+        # [B, H, 1, C] by key
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))
+        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
+
+
+# -----------------------------------------------------------------------------
+# Feed-forward, stage (layers that share one position grid)
+class FeedForward(nn.Module):
+    """Position-wise MLP with GELU, post-norm residual."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(),
+                                 Dropout(cfg.dropout),
+                                 nn.Linear(cfg.d_inner, cfg.d_model), Dropout(cfg.dropout))
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, h):
+        return self.norm(h + self.net(h))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
+    k: Tensor                   # [n_layers, B, H, capacity, d_head]
+    v: Tensor                   # [n_layers, B, H, capacity, d_head]
+    length: Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: Optional[Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+
+    def reserve(self, capacity):
+        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
+        C = self.k.size(3)
+        if capacity > C:
+            grow = max(capacity, 2 * C) - C
+            self.k = F.pad(self.k, (0, 0, 0, grow))
+            self.v = F.pad(self.v, (0, 0, 0, grow))
+            self.r = None
+
+
+class Stage(nn.Module):
+    """Layers that share one relative-position grid of their own sequence length."""
+    def __init__(self, cfg, n_layers):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.layers = nn.ModuleList(   # a layer: relative attention, then feed-forward
+            nn.ModuleDict(dict(attn=RelativeAttention(cfg), ff=FeedForward(cfg)))
+            for _ in range(n_layers))
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
+        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
+        L = h.size(1)
+        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
+        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
+        if cache is not None:
+            cache.reserve(L)
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
+        if cache is not None:
+            if lengths is None:
+                lengths = torch.full_like(cache.length, L)
+            cache.length = lengths
+        return h
+
+    def step(self, h, content_bias, position_bias, cache, advance=None):
+        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
+        at = cache.length
+        cache.reserve(int(at.max()) + 1)
+        # position keys once per cache size, not per token
+        if cache.r is None and self.layers:
+            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
+            keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
+            cache.r = torch.stack(keys)
+        for i, layer in enumerate(self.layers):
+            kv = (cache.k[i], cache.v[i])
+            h = layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at)
+            h = layer.ff(h)
+        if advance is None:
+            cache.length = at + 1
+        else:
+            cache.length = at + advance.long()
+        return h
+
+    def empty_cache(self, B, capacity, ref):
+        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
+        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
+        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
+                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
+
+
+# -----------------------------------------------------------------------------
 # The model
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
-    logits: torch.Tensor                               # [B, L, V]
-    loss: Optional[torch.Tensor] = None                # scalar: lm_loss + boundary_loss
-    lm_loss: Optional[torch.Tensor] = None             # scalar: mean nats per character
-    boundary_loss: Optional[torch.Tensor] = None       # scalar: the source's loss (0 if none)
-    boundaries: Optional[torch.Tensor] = None          # [B, L] used for pooling (None: vanilla)
-    boundary_targets: Optional[torch.Tensor] = None    # [B, L] bool, what they are measured against
-    shortening_factor: Optional[torch.Tensor] = None   # scalar: tokens / complete segments
-    boundary_logits: Optional[torch.Tensor] = None     # [B, L] a predictor's logit of b_t = 1
-    precision: Optional[torch.Tensor] = None           # scalar: against boundary_targets
-    recall: Optional[torch.Tensor] = None              # scalar: against boundary_targets
+    logits: Tensor                              # [B, L, V]
+    loss: Optional[Tensor] = None               # scalar: lm_loss + boundary_loss
+    lm_loss: Optional[Tensor] = None            # scalar: mean nats per character
+    boundary_loss: Optional[Tensor] = None      # scalar: the source's loss (0 if none)
+    boundaries: Optional[Tensor] = None         # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Optional[Tensor] = None   # [B, L] bool, what they are measured against
+    shortening_factor: Optional[Tensor] = None  # scalar: tokens / complete segments
+    boundary_logits: Optional[Tensor] = None    # [B, L] a predictor's logit of b_t = 1
+    precision: Optional[Tensor] = None          # scalar: against boundary_targets
+    recall: Optional[Tensor] = None             # scalar: against boundary_targets
 
 
 class DynamicPoolingLM(nn.Module):
@@ -615,7 +722,7 @@ class DynamicPoolingLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        # Transformer-XL's global content (u) and position (v) biases, shared by every layer.
+        # Transformer-XL's global content (u) and position (v) biases, shared by all layers.
         self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
         self.source = None
@@ -623,10 +730,14 @@ class DynamicPoolingLM(nn.Module):
             self.full_stack = Stage(cfg, sum(cfg.layers))
             self.stage_names = ('full_stack',)
         else:
-            self.pre, self.shortened, self.post = (Stage(cfg, n) for n in cfg.layers)
+            n_pre, n_shortened, n_post = cfg.layers
+            self.pre = Stage(cfg, n_pre)
+            self.shortened = Stage(cfg, n_shortened)
+            self.post = Stage(cfg, n_post)
             self.stage_names = ('pre', 'shortened', 'post')
-            source = SOURCES[cfg.boundary]
-            self.pooling, self.source = source.Pooling(cfg), source(cfg)
+            source_class = SOURCES[cfg.boundary]
+            self.pooling = source_class.Pooling(cfg)
+            self.source = source_class(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -640,23 +751,27 @@ class DynamicPoolingLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def check_inputs(self, x, targets=None, boundaries=None, n_segments=None):
-        """A ValueError naming a mistake in forward's arguments, before any layer runs. Values are
-        read back on CPU only: on a GPU that is a sync (train.py checks the data at load)."""
+        """A ValueError naming a mistake in forward's arguments, before any layer runs."""
         require(torch.is_tensor(x) and x.dim() == 2 and x.size(1) > 0
                 and x.dtype in (torch.int64, torch.int32),
                 f'x must be integer token ids [B, L], L >= 1, got {getattr(x, "dtype", type(x))} '
                 f'{tuple(getattr(x, "shape", ()))}')
-        values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
-        V, b = self.cfg.vocab_size, boundaries
-        require(not values or not x.numel() or 0 <= int(x.min()) <= int(x.max()) < V,
+        # Values are read back on CPU only: on a GPU that is a sync (and train.py checks
+        # the data when it loads it).
+        read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
+        V = self.cfg.vocab_size
+        require(not read_values or not x.numel()
+                or 0 <= int(x.min()) <= int(x.max()) < V,
                 f'token ids must lie in [0, {V})')
         require(targets is None or getattr(targets, 'shape', None) == x.shape,
                 f'targets must have the shape of x {tuple(x.shape)}')
-        require(b is None or torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
-                and (not values or ((b == 0) | (b == 1)).all()),
+        b = boundaries
+        require(b is None or (torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
+                              and (not read_values or ((b == 0) | (b == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
-            require(self.cfg.boundary in EXTERNAL_MODES and isinstance(n_segments, numbers.Integral)
+            require(self.cfg.boundary in EXTERNAL_MODES
+                    and isinstance(n_segments, numbers.Integral)
                     and not isinstance(n_segments, bool) and n_segments >= 0,
                     f"n_segments is for boundaries known when the batch is cut "
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
@@ -665,7 +780,7 @@ class DynamicPoolingLM(nn.Module):
     def trunk(self, x, boundaries=None, state=None, n_segments=None):
         """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
         caches = {} if state is None else state.caches
-        biases = self.u, self.v
+        biases = (self.u, self.v)
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
             return self.full_stack(h, *biases, caches.get('full_stack')), None
@@ -678,23 +793,29 @@ class DynamicPoolingLM(nn.Module):
         s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
         if state is not None:
             state.pooling = self.pooling.prefill_state(h, s, routing)
-        return self.post(self.pooling.up(s, routing, h), *biases, caches.get('post')), routing
+        h = self.pooling.up(s, routing, h)
+        return self.post(h, *biases, caches.get('post')), routing
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
-        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external ones;
-        n_segments: S (fixed, whitespace) counted on the host, so that pooling reads no device."""
+        """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
+        ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling reads
+        nothing back from the device."""
         self.check_inputs(x, targets, boundaries, n_segments)
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
-            out.boundary_loss, out.boundary_targets = (
-                (torch.zeros((), device=x.device), None) if routing is None
-                else self.source.loss(routing, out.logits, x, boundaries))
+            logits = out.logits.flatten(0, 1).float()
+            out.lm_loss = F.cross_entropy(logits, targets.flatten())
+            if routing is None:
+                out.boundary_loss = torch.zeros((), device=x.device)
+            else:
+                out.boundary_loss, out.boundary_targets = self.source.loss(
+                    routing, out.logits, x, boundaries)
             out.loss = out.lm_loss + out.boundary_loss
         if routing is not None:
             out.boundaries = routing.b
-            out.boundary_logits = routing.logits  # unigram, entropy, gumbel (before its noise)
+            # unigram, entropy, gumbel (before its noise)
+            out.boundary_logits = routing.logits
             out.shortening_factor, out.precision, out.recall = self.source.statistics(
                 routing, out.boundary_targets)
         return out
@@ -705,7 +826,8 @@ class DynamicPoolingLM(nn.Module):
         require(not self.training, 'generation needs eval mode: call model.eval() first')
         self.check_inputs(x)
         B, L = x.shape
-        caches = {name: getattr(self, name).empty_cache(B, max(capacity or 0, L + 1), self.u)
+        capacity = max(capacity or 0, L + 1)
+        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
                   for name in self.stage_names}
         state = GenerationState(caches=caches, length=L)
         h, routing = self.trunk(x, state=state)
@@ -715,7 +837,8 @@ class DynamicPoolingLM(nn.Module):
     @torch.no_grad()
     def decode(self, token, state):
         """Consume one token [B] per row → logits [B, V] for the next; updates state in place."""
-        biases, caches = (self.u, self.v), state.caches
+        biases = (self.u, self.v)
+        caches = state.caches
         h = self.embed(token)[:, None]                                    # [B, 1, D]
         if self.source is None:
             h = self.full_stack.step(h, *biases, caches['full_stack'])
@@ -723,9 +846,11 @@ class DynamicPoolingLM(nn.Module):
             h = self.pre.step(h, *biases, caches['pre'])
             routing = self.source.step(h, token[:, None], state)
             segment, closed = self.pooling.step_down(h, routing, state.pooling)
-            # The shortened stage runs only when some row closed a segment, kept only in those rows.
-            s = (self.shortened.step(segment, *biases, caches['shortened'], closed)
-                 if closed.any() else None)
+            # The shortened stage runs only when some row closed a segment, and its result
+            # is kept only in those rows.
+            s = None
+            if closed.any():
+                s = self.shortened.step(segment, *biases, caches['shortened'], closed)
             h = self.pooling.step_up(s, routing, h, state.pooling)
             h = self.post.step(h, *biases, caches['post'])
             state.boundaries = routing.hard
@@ -734,16 +859,20 @@ class DynamicPoolingLM(nn.Module):
         return self.lm_head(h[:, 0])
 
     @torch.no_grad()
-    def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
-        """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a GenerationStep
-        for the prompt, then one per token once its b is final (late_boundary): a token behind."""
+    def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None,
+              n_valid=None):
+        """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a
+        GenerationStep for the prompt, then one per token once its b is final
+        (late_boundary): a token behind."""
         logits, state = self.prefill(x, capacity=x.size(1) + n)
         step = GenerationStep(x, logits, state.boundaries)
         for _ in range(n):
-            token = next_token(step.logits[:, -1], temperature, top_k, greedy, generator, n_valid)
+            token = next_token(step.logits[:, -1], temperature, top_k, greedy, generator,
+                               n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
-                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
+                earlier = step.boundaries[:, :-1]
+                step.boundaries = torch.cat([earlier, state.late_boundary], 1)
             yield step
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
@@ -760,18 +889,25 @@ class DynamicPoolingLM(nn.Module):
 
 
 def step_flops(cfg, batch, seq_len, n_short=None):
-    """Model FLOPs of one training step, 3 x forward (the usual MFU convention): projections, all
-    n^2 attention terms, logits, the source's flops_per_token; no pooling, norms or softmax. The
-    shortened stage at n_short = 1 + segments (float or tensor), the rest (all if None): seq_len."""
-    d, H, dh, di = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
+    """Model FLOPs of one training step, 3 x forward (the usual MFU convention):
+    projections, all n^2 attention terms, logits, the source's flops_per_token; no
+    pooling, norms or softmax. The shortened stage at n_short = 1 + segments (float or
+    tensor), the rest (all if None): seq_len."""
+    d = cfg.d_model
+    H = cfg.n_head
+    dh = cfg.d_head
     n_pre, n_mid, n_post = cfg.layers
-    stages = ([(n_pre + n_mid + n_post, seq_len)] if cfg.boundary == 'none' or n_short is None
-              else [(n_pre + n_post, seq_len), (n_mid, n_short)])
+    if cfg.boundary == 'none' or n_short is None:
+        stages = [(n_pre + n_mid + n_post, seq_len)]
+    else:
+        stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
+    # a layer's qkv, output and feed-forward projections, per token
+    projections = 3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner
     for layers, n in stages:
-        # per layer: qkv, output and feed-forward projections; position keys; scores, values
-        fwd = fwd + layers * (batch * n * 2 * (3 * d * H * dh + H * dh * d + 2 * d * di)
+        # per layer: projections (per token); position keys; scores and values
+        fwd = fwd + layers * (batch * n * 2 * projections
                               + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
@@ -779,22 +915,23 @@ def step_flops(cfg, batch, seq_len, n_short=None):
 @dataclass
 class GenerationState:
     """Everything decoding carries from one token to the next."""
-    caches: dict                       # stage name → KVCache
-    length: int                        # tokens consumed so far
-    pooling: object = None             # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[torch.Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[torch.Tensor] = None  # [B, 1] bool: b of the token before, if late
+    caches: dict                            # stage name → KVCache
+    length: int                             # tokens consumed so far
+    pooling: object = None                  # the pooling unit's running state (None for vanilla)
+    boundaries: Optional[Tensor] = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Optional[Tensor] = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: torch.Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: torch.Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[torch.Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+    tokens: Tensor                       # [B, n]: the prompt, then one token at a time
+    logits: Tensor                       # [B, n, V]: the prediction after each of them
+    boundaries: Optional[Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
 
 
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None, n_valid=None):
+def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
+               n_valid=None):
     """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
     if n_valid is not None and n_valid < logits.size(-1):
         logits = logits.clone()
@@ -809,10 +946,12 @@ def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None
 
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper CPU dropout; nn.Dropout works as well (only the random masks would change).
+# Optional: a cheaper CPU dropout. nn.Dropout works as well (only the random masks
+# would change).
 class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one draw for
-    four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16). GPU: nn.Dropout."""
+    """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one
+    draw for four elements, cheaper than bernoulli_; p rounded to a multiple of 2^-16);
+    on GPUs, nn.Dropout itself."""
     def forward(self, x):
         if (not self.training or self.p == 0 or x.device.type != 'cpu' or x.numel() % 4
                 or torch.compiler.is_compiling()):
@@ -821,3 +960,8 @@ class Dropout(nn.Dropout):
         keep = bits.view(torch.int16).view(x.shape) >= round(self.p * 2 ** 16) - 2 ** 15
         # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
         return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
+
+
+# Sources that ship beside the paper's register here, whatever a script imports first.
+# hnet.py imports only names defined above, so this circular import is safe.
+import hnet  # noqa: E402, F401

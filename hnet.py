@@ -1,8 +1,12 @@
-"""hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added through the
-hooks of BoundarySource so that dynpool.py stays the paper's model (docs/hnet.md); `import hnet`
-registers it. Causality: token t reads its own chunk, whose vector was selected at its start, so
-logits at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
-never read by token t, 0 for the last token; generation reports it a token later (late_boundary).
+"""hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added
+through the hooks of BoundarySource so that dynpool.py stays the paper's model
+(docs/hnet.md). Importing this file registers it, and dynpool.py's last line imports it, so
+every importer of dynpool sees it.
+
+Causality: token t reads its own chunk, whose vector was selected at its start, so logits
+at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
+never read by token t, 0 for the last token; generation reports it a token later
+(late_boundary).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -10,67 +14,78 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
 
-from dynpool import BoundarySource, Routing, register_source, require
+# dynpool may be half-imported here (its last line imports this file): use only names it
+# defines above that line.
+from dynpool import (BoundarySource, Routing, gather_rows, padded_count, register_source,
+                     require)
 
 
 @dataclass
 class HNetOptions:
     """hnet's own Config fields (register_source adds them to Config: flags, checkpoints)."""
-    ratio_target: float = 6.0          # target compression N of the ratio loss (text8: ~6)
-    ratio_weight: float = 1.0          # α (H-Net: 0.03, which left SF 3.69 at N = 6 on our CPU)
+    ratio_target: float = 6.0  # target compression N of the ratio loss (text8: ~6)
+    ratio_weight: float = 1.0  # α (H-Net: 0.03, which left SF 3.69 at N = 6 on our CPU)
 
 
 def start_probability(q, k):
     """p = ½(1 − cos(q, k)) in [0, 1] for q, k [..., D]: how far a token turns from the last one."""
-    q, k = (F.normalize(a.to(torch.promote_types(a.dtype, torch.float32)), dim=-1) for a in (q, k))
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    q = F.normalize(q.to(dtype), dim=-1)
+    k = F.normalize(k.to(dtype), dim=-1)
     return ((1 - (q * k).sum(-1)) / 2).clamp(0, 1)
 
 
 def select_starts(h, start, S):
     """h [B, L, D] at chunk starts (start [B, L] bool) → [B, S, D], zero rows after the last."""
-    L, D = h.shape[1:]
-    where = torch.where(start, torch.arange(L, device=h.device), L).sort(1).values[:, :S]  # L: none
-    z = h.gather(1, where.clamp(max=L - 1)[..., None].expand(-1, -1, D))
+    L = h.size(1)
+    # the positions of the starts, in order, then L (no start) for the rows' missing ones
+    where = torch.where(start, torch.arange(L, device=h.device), L).sort(1).values[:, :S]
+    z = gather_rows(h, where.clamp(max=L - 1))
     return z * (where < L)[..., None].to(h.dtype)
 
 
 def smooth_chunks(z, P):
     """EMA over chunks z [B, S, D] at rates P [B, S]: z̄_j = P_j z_j + (1 − P_j) z̄_{j−1}, from 0."""
-    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i. P_k = 1 would put
-    # −inf into the log sums and NaN into their gradient even where masked: read as 1 − 1e-6.
+    # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i.
+    # P_k = 1 would put −inf into the log sums, and NaN into their gradient even where
+    # masked: it is read as 1 − 1e-6.
     P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
-    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))                      # [B, S] log(1 − P_k)
+    log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))  # [B, S] log(1 − P_k)
     later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
-    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)       # [B, j, i]: Σ_{i<k<=j}
-    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]  # 0 where i > j
-    return weight.to(z.dtype) @ z                                       # [B, S, D]
+    # [B, j, i]: Σ_{i<k<=j} log(1 − P_k)
+    decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)
+    # [B, j, i]: the weight of z_i in z̄_j, 0 where i > j
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]
+    return weight.to(z.dtype) @ z  # [B, S, D]
 
 
 def ratio_loss(start, p, N):
     """N/(N−1)·((N−1)·F·G + (1−F)·(1−G)), F the fraction of starts, G the mean p over the batch."""
-    frac, mean_p = start.float().mean(), p.float().mean()
+    frac = start.float().mean()
+    mean_p = p.float().mean()
     return N / (N - 1) * ((N - 1) * frac * mean_p + (1 - frac) * (1 - mean_p))
 
 
 @dataclass
 class ChunkRouting(Routing):
     """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[torch.Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[torch.Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+    p: Optional[Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Optional[Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
 
 
 @dataclass
 class ChunkPoolingState:
     """What ChunkPooling carries from one generated token to the next."""
-    last_h: torch.Tensor     # [B, D] the last token's pre-stage output (the router's h_{t-1})
-    z_bar: torch.Tensor      # [B, D] the smoothed output of the last token's chunk
+    last_h: Tensor  # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: Tensor   # [B, D] the smoothed output of the last token's chunk
 
 
 class ChunkPooling(nn.Module):
-    """Down: the vectors at chunk starts. Up: token t gets its chunk's z̄ times STE(c_t) (value 1,
-    gradient of c_t = p_t at a start, 1 − p_t elsewhere) plus W_r h_t."""
+    """Down: the vectors at chunk starts. Up: token t gets its chunk's z̄ times STE(c_t)
+    (value 1, gradient of c_t = p_t at a start, 1 − p_t elsewhere) plus W_r h_t."""
     def __init__(self, cfg):
         super().__init__()
         self.residual = nn.Linear(cfg.d_model, cfg.d_model)
@@ -78,47 +93,51 @@ class ChunkPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, S, D], zero rows padding S to a bucket."""
-        bucket = self.bucket or (64 if h.device.type == 'cuda' else 1)
-        S = -(-int(routing.start.sum(1).max()) // bucket) * bucket       # the one host sync
+        n_chunks = int(routing.start.sum(1).max())  # the one host sync
+        S = padded_count(n_chunks, self.bucket, h.device)
         return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
         """Shortened-stage output s [B, S, D], pre-stage output h [B, L, D] → [B, L, D]."""
-        chunk = routing.start.long().cumsum(1) - 1                      # [B, L] token t's chunk
-        out = self.smooth(s, routing).gather(1, chunk[..., None].expand(-1, -1, s.size(-1)))
+        chunk = routing.start.long().cumsum(1) - 1  # [B, L] token t's chunk
+        out = gather_rows(self.smooth(s, routing), chunk)
         confidence = torch.where(routing.start, routing.p, 1 - routing.p)
-        one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)  # 1; gradient of c
+        # 1 in value, with the gradient of c
+        one = (confidence - confidence.detach() + 1)[..., None].to(out.dtype)
         return out * one + self.residual(h)
 
     def smooth(self, s, routing):
         """z̄ [B, S, D] at the rates P_j = p at chunk j's start."""
-        P = select_starts(routing.p[..., None], routing.start, s.size(1))  # [B, S, 1]; pads: 0
+        # [B, S, 1], zero on the padding rows
+        P = select_starts(routing.p[..., None], routing.start, s.size(1))
         return smooth_chunks(s, P[..., 0])
 
     def rows(self, routing):
         return routing.start.sum(1)
 
     def prefill_state(self, h, s, routing):
-        last_chunk = torch.arange(s.size(0), device=s.device), self.rows(routing) - 1
-        return ChunkPoolingState(last_h=h[:, -1], z_bar=self.smooth(s, routing)[last_chunk])
+        last_chunk = self.rows(routing) - 1
+        z_bar = gather_rows(self.smooth(s, routing), last_chunk[:, None])[:, 0]
+        return ChunkPoolingState(last_h=h[:, -1], z_bar=z_bar)
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
-        pooling_state.last_h = h[:, 0]       # the router compares the next token with this one
+        pooling_state.last_h = h[:, 0]  # the router compares the next token with this one
         return h, routing.start[:, 0]
 
     def step_up(self, s, routing, h, pooling_state):
         """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
-            start, p = routing.start[:, :1], routing.p[:, :1].to(h.dtype)
+            start = routing.start[:, :1]
+            p = routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
             pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
         return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
 
 
 class HNetBoundaries(BoundarySource):
-    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts where
-    p_t > ½; measured against the spaces (whitespace_id), never trained on them."""
+    """H-Net's router: p_t = ½(1 − cos(W_q h_{t−1}, W_k h_t)), p_0 = 1, a chunk starts
+    where p_t > ½; measured against the spaces (whitespace_id), never trained on them."""
     Pooling = ChunkPooling
     Options = HNetOptions
 
@@ -129,9 +148,11 @@ class HNetBoundaries(BoundarySource):
 
     @staticmethod
     def check_config(cfg):
-        require(cfg.pooling == 'mean', "boundary 'hnet' pools chunk starts: no pooling 'last'")
-        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0, f'ratio_target must be > 1 and '
-                f'ratio_weight >= 0, got {cfg.ratio_target} and {cfg.ratio_weight}')
+        require(cfg.pooling == 'mean',
+                "boundary 'hnet' pools chunk starts: no pooling 'last'")
+        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0,
+                f'ratio_target must be > 1 and ratio_weight >= 0, got {cfg.ratio_target} and '
+                f'{cfg.ratio_weight}')
 
     def init_model(self, model):
         """H-Net's init: W_q = W_k = I, W_r = 0, embeddings std 1 (0.02 stopped the chunking)."""
@@ -142,17 +163,20 @@ class HNetBoundaries(BoundarySource):
 
     @staticmethod
     def flops_per_token(cfg):
-        return 2 * 3 * cfg.d_model * cfg.d_model  # the router's W_q, W_k; the residual projection
+        return 2 * 3 * cfg.d_model * cfg.d_model  # W_q, W_k and the residual W_r
 
     def forward(self, h, x, boundaries=None, offset=0):
-        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))      # [B, L-1] for t = 1 …
+        # [B, L-1], for t = 1 … L-1
+        p = start_probability(self.q(h[:, :-1]), self.k(h[:, 1:]))
         return self.route(F.pad(p, (1, 0), value=1.0))
 
     def step(self, h, x, state):
-        return self.route(start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))[:, None])
+        p = start_probability(self.q(state.pooling.last_h), self.k(h[:, 0]))   # [B]
+        return self.route(p[:, None])
 
     def late_boundary(self, routing):
-        return routing.start[:, :1]          # a chunk starts at t: the token before ends a segment
+        # a chunk starts at t: the token before ends a segment
+        return routing.start[:, :1]
 
     @staticmethod
     def route(p):
@@ -161,7 +185,8 @@ class HNetBoundaries(BoundarySource):
         return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
 
     def loss(self, routing, logits, x, boundaries):
-        loss = self.cfg.ratio_weight * ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
+        ratio = ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
+        loss = self.cfg.ratio_weight * ratio
         return loss, self.spaces(x)
 
 

@@ -1,7 +1,7 @@
 """Tests of the model (dynpool.py), read as the paper's claims: leakage-freedom, pooling invariants,
 gradients through the boundary matrix, boundary sources, losses, exact attention variants, learning,
 size and FLOPs, errors, determinism, cached generation, host reads and torch.compile, GPU steps. The
-mode lists include hnet (conftest imports hnet.py); H-Net's own mechanisms are in test_hnet.py.
+mode lists include hnet (dynpool.py imports hnet.py); H-Net's own mechanisms are in test_hnet.py.
 
 Run:   python -m pytest -q test_dynpool.py     (CI=1: hypothesis derandomized, the same examples)
 One part:  python -m pytest -q test_dynpool.py -k "leak or pooling"
@@ -31,8 +31,8 @@ from conftest import (HYPOTHESIS_FIXTURES, MODE_VARIANTS, MODES, POOLED_LAST, PR
                       SPACE, V, assert_close, full_forward, predictor_linear, random_tokens,
                       tiny_config, tiny_model)
 from dynpool import (EXTERNAL_MODES, Config, DynamicPoolingLM, RelativeAttention, Routing, Stage,
-                     binomial_prior_loss, boundary_matrix, downsample, entropy_spikes, step_flops,
-                     upsample)
+                     binomial_prior_loss, boundary_matrix, downsample, entropy_spikes, padded_count,
+                     step_flops, upsample)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,6 +485,27 @@ def test_bucketed_segments_are_zero_rows_after_the_real_ones():
     assert_close(padded[:, :4], plain, atol=0)
     assert_close(padded[:, 4:], torch.zeros(2, 5, 3), atol=0)
     assert_close(upsample(padded, b), upsample(plain, b), atol=0)
+
+
+def test_segment_count_rounding_is_one_rule():
+    """padded_count is the one rounding of S (segments for MeanPooling, chunks for hnet.py): up to
+    a multiple of the bucket, and bucket 0 (Config.seg_bucket's default) means 64 on CUDA, 1
+    elsewhere; hnet's pooling pads its chunks by it as the mean pooling pads its segments."""
+    cpu, cuda = torch.device('cpu'), torch.device('cuda')     # a device object needs no GPU
+    for n in range(0, 140, 9):
+        for bucket in (1, 3, 8, 64):
+            assert padded_count(n, bucket, cpu) == math.ceil(n / bucket) * bucket
+        assert padded_count(n, 0, cpu) == n
+        assert padded_count(n, 0, cuda) == math.ceil(n / 64) * 64
+    x = random_tokens(torch.Generator().manual_seed(3), 2, 40)
+    for mode, null_rows in (('whitespace', 1), ('hnet', 0)):
+        model = tiny_model(mode, seg_bucket=8)
+        with torch.no_grad():
+            h = model.pre(model.embed(x), model.u, model.v)
+            routing = model.source(h, x)
+            rows = model.pooling.down(h, routing).size(1) - null_rows
+        real = int(model.pooling.rows(routing).max()) - null_rows
+        assert rows == padded_count(real, 8, cpu) and rows > real, (mode, rows, real)
 
 
 # =============================================================================================

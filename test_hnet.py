@@ -7,6 +7,8 @@ Run:   python -m pytest -q test_hnet.py
 """
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hnet
-from conftest import assert_close, draw_hnet_weights, random_tokens, tiny_config, tiny_model
+from conftest import (ROOT, assert_close, draw_hnet_weights, random_tokens, tiny_config,
+                      tiny_model)
 from dynpool import Config, DynamicPoolingLM, step_flops
 from hnet import ratio_loss, smooth_chunks
 from test_dynpool import english_snippet
@@ -40,6 +43,19 @@ def test_hnet_is_registered_through_the_source_interface():
     d, n = cfg.d_model, 3 * 40
     router = 2 * 3 * d * d * n * 3                                   # forward and backward
     assert step_flops(cfg, 3, 40, 5.0) - router == step_flops(tiny_config('fixed'), 3, 40, 5.0)
+
+
+@pytest.mark.parametrize('first', ['', 'import hnet\n'], ids=['dynpool-alone', 'hnet-first'])
+def test_every_importer_of_dynpool_sees_hnet(first):
+    """boundary='hnet' does not depend on import order: a fresh process that imports dynpool alone
+    (no `import hnet`), or hnet first, finds 'hnet' in BOUNDARY_MODES and builds its Config."""
+    code = (first + 'from dynpool import BOUNDARY_MODES, Config\n'
+            'print(BOUNDARY_MODES)\n'
+            "print(Config(boundary='hnet').ratio_target)\n")
+    run = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    modes, ratio_target = run.stdout.splitlines()
+    assert "'hnet'" in modes and ratio_target == str(hnet.HNetOptions.ratio_target)
 
 
 def hnet_routing_of(model, x, **kw):
