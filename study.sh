@@ -56,8 +56,8 @@
 # --dry-run prints every command that would run, data preparation first, each run with
 # its FLOPs (dynpool.step_flops at the preset's shape; fixed k at SF k, the other
 # sources at --assume-sf) and their cost: at the speed that bench.py --preset paper
-# measured on this device (out/bench-paper.json), else for a GPU in GPU-hours at --mfu
-# of --peak-tflops, labelled "assumed".
+# measured on this device (--bench FILE, default out/bench-paper.json), else for a GPU
+# in GPU-hours at --mfu of --peak-tflops, labelled "assumed".
 # Needs bash 5.1 or newer.
 set -u
 
@@ -86,6 +86,7 @@ scaling_layers="8 12 16 20"
 assume_sf=4.5
 mfu=0.4
 peak_tflops=989
+bench=${at}out/bench-paper.json
 die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -105,6 +106,7 @@ while [ $# -gt 0 ]; do
     --assume-sf) assume_sf=${2-}; shift ;;
     --mfu) mfu=${2-}; shift ;;
     --peak-tflops) peak_tflops=${2-}; shift ;;
+    --bench) bench=${2-}; shift ;;
     --jobs) jobs=${2-}; shift ;;
     --gpus) gpus=${2-}; shift ;;
     --nproc) nproc=${2-}; shift ;;
@@ -444,7 +446,7 @@ command -v python >/dev/null || die "python is not on PATH"
 export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 # shellcheck disable=SC2086  # an empty $cpu_env is no word
 commands | env $cpu_env python -c "$plan_py" "$dry" "$device" "$assume_sf" "$mfu" \
-  "$peak_tflops" "${at}out/bench-paper.json" || exit
+  "$peak_tflops" "$bench" || exit
 [ $dry = 1 ] && exit 0
 header
 
