@@ -6,8 +6,10 @@ so what the dry run prints is compared with what the runner starts."""
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +68,8 @@ def read_log(out):
 def stand_ins(tmp_path):
     """A `python` and a `torchrun` first on PATH → (env, calls): each records the command it is
     given as "tool|working directory|CUDA_VISIBLE_DEVICES|arguments" in the file calls and exits
-    with $FAKE_RC (default 0); `python -c` (study.sh's check and plan) runs the real Python. A
+    with $FAKE_RC (default 0) after $FAKE_HOLD seconds, or with 75 on SIGUSR1 or SIGTERM (as
+    train.py), recording "signal"; `python -c` (study.sh's check and plan) runs the real Python. A
     GPU given to a second run while the first holds it is recorded as a clash."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
@@ -77,7 +80,9 @@ if [ "$1" = -c ]; then exec {shlex.quote(sys.executable)} "$@"; fi
 gpu=${{CUDA_VISIBLE_DEVICES-}}
 if [ -n "$gpu" ] && ! mkdir "{bin_dir}/busy-$gpu" 2>/dev/null; then echo clash >> {calls}; fi
 echo "{tool}|$PWD|$gpu|$*" >> {calls}
-sleep "${{FAKE_HOLD:-0}}"
+trap 'echo "{tool}|$PWD|$gpu|signal" >> {calls}; exit 75' USR1 TERM
+sleep "${{FAKE_HOLD:-0}}" &
+wait $!
 if [ -n "$gpu" ]; then rmdir "{bin_dir}/busy-$gpu"; fi
 exit "${{FAKE_RC:-0}}"
 """)
@@ -90,7 +95,7 @@ def recorded(calls):
     """The commands the stand-ins were given: [(tool, cwd, gpus, argv)]."""
     if not calls.exists():
         return []
-    rows = [line.split('|', 3) for line in calls.read_text().splitlines()]
+    rows = [line.split('|', 3) for line in calls.read_text().splitlines() if line != 'clash']
     return [(tool, cwd, gpus, args.split()) for tool, cwd, gpus, args in rows]
 
 
@@ -332,8 +337,10 @@ def test_study_emit_writes_commands_that_run_from_any_directory(tmp_path):
     assert len(lines) == 2 and not any('fi-none-s1' in line for line in lines)
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
-    for line in lines:
-        done = subprocess.run(['bash', '-c', line], cwd=elsewhere, env=env, timeout=60)
+    for task in (1, 2):  # as Slurm runs them: docs/slurm-array.sh, task i runs line i
+        done = subprocess.run(['bash', ROOT / 'docs' / 'slurm-array.sh', home / 'jobs.txt'],
+                              cwd=elsewhere, env=dict(env, SLURM_ARRAY_TASK_ID=str(task)),
+                              timeout=60)
         assert done.returncode == 0
     runs = recorded(calls)
     assert len(runs) == 2
@@ -400,3 +407,23 @@ def test_study_plans_from_any_working_directory(tmp_path):
     assert r.returncode == 0, r.stderr
     cmds = commands(r.stdout)
     assert {Path(c[1]) for c in cmds} == {ROOT / 'prepare_data.py', ROOT / 'train.py'}
+
+
+def test_slurm_array_script_passes_slurms_signal_on_to_the_run(tmp_path):
+    """docs/slurm-array.sh: Slurm's SIGUSR1 before the time limit reaches the script only; it
+    passes it to train.py's process, which saves and exits 75, and exits with its status."""
+    env, calls = stand_ins(tmp_path)
+    jobs = tmp_path / 'jobs.txt'
+    jobs.write_text(f'cd {shlex.quote(str(ROOT))} && python train.py --out runs/x\n')
+    script = subprocess.Popen(['bash', ROOT / 'docs' / 'slurm-array.sh', jobs], cwd=tmp_path,
+                              env=dict(env, SLURM_ARRAY_TASK_ID='1', FAKE_HOLD='60'),
+                              stdout=subprocess.DEVNULL)
+    for _ in range(300):
+        if calls.exists():
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # the script's trap is set right after it starts the run
+    script.send_signal(signal.SIGUSR1)
+    assert script.wait(timeout=30) == 75
+    assert [args for *_, args in recorded(calls)] == [['train.py', '--out', 'runs/x'],
+                                                      ['signal']]
