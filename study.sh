@@ -213,7 +213,8 @@ add() {
 }
 for s in $seeds; do
   case $part in
-    seeds|all)   # names as the pareto part's, so the runs both parts have run once
+    # names as the pareto part's, so the runs both parts have run once
+    seeds|all)
       for m in none fixed2 whitespace unigram-u10000 entropy gumbel-a0.20 hnet; do
         add "$m-s$s" "$(dataset text8)" $(mode_flags ${m%%-*} text8) --seed "$s"
       done ;;
@@ -454,7 +455,9 @@ interrupted() {
   # background runs ignore SIGINT (bash starts them so): stop them, train.py saves first
   trap '' INT TERM
   local pid
-  for pid in $(jobs -rp); do pkill -TERM -P "$pid"; done 2>/dev/null
+  for pid in $(jobs -rp); do
+    pkill -TERM -P "$pid" 2>/dev/null
+  done
   wait
   echo "error: interrupted; finished runs and checkpoints in $out are kept," \
        "run the same command to resume" >&2
@@ -466,7 +469,8 @@ for name in "${datasets[@]}"; do
   [ -f "$data_dir/$name/meta.json" ] && continue
   prep_cmd "$name"
   echo "preparing $data_dir/$name: $(quoted "${cmd[@]}")"
-  "${cmd[@]}" || die "preparing $data_dir/$name failed (see above)"
+  # prepare_data.py says what went wrong, in its one error line
+  "${cmd[@]}" || exit
 done
 
 mkdir -p "$out" || die "cannot make $out"
@@ -533,21 +537,27 @@ done
 # report.py's Markdown (its flags after the name) in <out>/<name>.md, written whole or
 # not at all.
 write_md() {
-  local md=$out/$1.md; shift
+  local md=$out/$1.md
+  shift
   if python "${at}report.py" "$@" --markdown > "$md.tmp"; then
     mv "$md.tmp" "$md" && echo "tables: $md"
   else
-    rm -f "$md.tmp"; failed+=(report.py)
+    rm -f "$md.tmp"
+    failed+=(report.py)
   fi
 }
 # report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md
 # with the plots in <out>/<name>.png.
 report() {
-  local name=$1 budgets=(--at-chars min); shift
+  local name=$1 budgets=(--at-chars min)
+  shift
   # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack
   # them).
   grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
-  python "${at}report.py" "$@" "${budgets[@]}" || { failed+=(report.py); return; }
+  if ! python "${at}report.py" "$@" "${budgets[@]}"; then
+    failed+=(report.py)
+    return
+  fi
   write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
 }
 dirs=()
