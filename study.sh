@@ -272,11 +272,19 @@ for p in "${plan[@]}"; do
   rest=${p#* }
   [[ " ${datasets[*]} " == *" ${rest%% *} "* ]] || datasets+=("${rest%% *}")
 done
-# A command as the shell reads it, each word quoted where it needs to be.
+# A command as the shell reads it: a word with other than these characters in single
+# quotes (printf %q would also escape the commas of --layers 2,4,2).
+plain='^[-A-Za-z0-9_./:=,@%+]+$'
 quoted() {
-  local s
-  s=$(printf '%q ' "$@")
-  echo "${s% }"
+  local word line=
+  for word in "$@"; do
+    if [[ $word =~ $plain ]]; then
+      line+=" $word"
+    else
+      line+=" '${word//\'/\'\\\'\'}'"
+    fi
+  done
+  echo "${line# }"
 }
 # The Unigram V of a language (the paper's): 200 for Finnish and Hebrew, else 10000.
 unigram_of() {
@@ -370,7 +378,11 @@ def run_flops(argv, preset, assume_sf):
     args = presets.parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
-    layers = presets.layer_counts(a['layers'])
+    layers = a['layers']
+    # a preset's layers as written; a given --layers is parsed already
+    if isinstance(layers, str):
+        layers = presets.layer_counts(layers)
+    # (a layer_counts that still returns the string '2,8,2')
     if isinstance(layers, str):
         layers = tuple(int(n) for n in layers.split(','))
     fields = {f.name for f in dataclasses.fields(Config)}

@@ -320,7 +320,7 @@ def test_study_emit_writes_commands_that_run_from_any_directory(tmp_path):
     checkpoint resumed), nothing run; each line, run from a third folder, starts train.py of
     this project on the dataset and run folder meant."""
     env, calls = stand_ins(tmp_path)
-    home = tmp_path / 'home'
+    home = tmp_path / "a user's home"  # a path the shell must read quoted
     (home / 'data' / 'fi').mkdir(parents=True)
     (home / 'data' / 'fi' / 'meta.json').write_text('{}')
     for run, name, text in (('fi-none-s1', 'log.jsonl', '{"split": "test"}\n'),
