@@ -457,6 +457,7 @@ commands | env $cpu_env python -c "$plan_py" "$dry" "$device" "$assume_sf" "$mfu
 [ $dry = 1 ] && exit 0
 header
 
+# Ctrl-C (exit 130) or SIGTERM (exit 75, as train.py: stopped to be resumed).
 interrupted() {
   # background runs ignore SIGINT (bash starts them so): stop them, train.py saves first
   trap '' INT TERM
@@ -467,9 +468,10 @@ interrupted() {
   wait
   echo "error: interrupted; finished runs and checkpoints in $out are kept," \
        "run the same command to resume" >&2
-  exit 130
+  exit "$1"
 }
-trap interrupted INT TERM
+trap 'interrupted 130' INT
+trap 'interrupted 75' TERM
 
 for name in "${datasets[@]}"; do
   [ -f "$data_dir/$name/meta.json" ] && continue

@@ -427,3 +427,27 @@ def test_slurm_array_script_passes_slurms_signal_on_to_the_run(tmp_path):
     assert script.wait(timeout=30) == 75
     assert [args for *_, args in recorded(calls)] == [['train.py', '--out', 'runs/x'],
                                                       ['signal']]
+
+
+def test_study_stopped_by_sigterm_stops_its_runs_so_they_save_first(tmp_path):
+    """SIGTERM to study.sh (a scheduler's, a spot machine's) reaches every run it started (runs
+    in the background ignore Ctrl-C's SIGINT, and a scheduler may signal study.sh alone): each
+    saves and exits, then the study, with 75 (stopped to be resumed) and one error line."""
+    env, calls = stand_ins(tmp_path)
+    (tmp_path / 'data' / 'text8-head-u10000').mkdir(parents=True)
+    (tmp_path / 'data' / 'text8-head-u10000' / 'meta.json').write_text('{}')
+    flags = ['--part', 'table2', '--modes', 'fixed2', '--seeds', '1', '--steps', '2', '--jobs',
+             '2', '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs']
+    run = subprocess.Popen(['bash', STUDY, *map(str, flags)], cwd=ROOT, text=True,
+                           env=dict(env, FAKE_HOLD='60'), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+    for _ in range(600):
+        if len(recorded(calls)) == 2:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # each stand-in sets its trap right after recording its start
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=30)
+    assert run.returncode == 75
+    assert [args for *_, args in recorded(calls)][2:] == [['signal'], ['signal']]
+    assert len(err.splitlines()) == 1 and err.startswith('error: interrupted')
