@@ -1,0 +1,453 @@
+"""study.sh: the paper's experiments as a plan of commands (data preparation first, then the
+runs), checked before anything runs, placed on GPUs or handed to a scheduler, and resumed where
+it stopped. Its commands are checked through what study.sh starts: a stand-in `python` and
+`torchrun` earlier on PATH record them; the dry run and the runner share one command builder,
+so what the dry run prints is compared with what the runner starts."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import presets
+
+ROOT = Path(__file__).parent
+STUDY = str(ROOT / 'study.sh')
+# A tiny model and short sequences: every run here takes a second or two on one CPU core.
+TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
+        '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
+        '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400',
+        '--eval-max-chars', '400', '--log-interval', '1', '--warmup', '2', '--lr', '3e-3']
+
+
+def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
+    """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space
+    closes its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    alphabet = sorted(set(text))
+    ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
+    ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
+    n_va, n_te = int(len(ids) * valid), int(len(ids) * test)
+    parts = dict(train=ids[:len(ids) - n_va - n_te],
+                 valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
+                 test=ids[len(ids) - n_te:])
+    space = alphabet.index(' ') if ' ' in alphabet else None
+    for name, arr in parts.items():
+        arr.tofile(root / f'{name}.bin')
+        if unigram:
+            (arr == space).astype(np.uint8).tofile(root / f'{name}.unigram-1000.bin')
+    meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space,
+                newline_id=alphabet.index('\n') if '\n' in alphabet else None, dtype='uint8',
+                sizes={k: len(v) for k, v in parts.items()},
+                mean_word_length=len(text) / max(1, text.count(' ')),
+                unigram={'vocab_size': 1000, 'model': None,
+                         'shortening_factor': {}} if unigram else None)
+    (root / 'meta.json').write_text(json.dumps(meta))
+    return root
+
+
+def random_words(n_chars, seed=0, letters='abcdefgh'):
+    """Random 'words' from a small alphabet: text that needs no shared data."""
+    rng = np.random.default_rng(seed)
+    words = [''.join(rng.choice(list(letters),
+                                size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
+    return ' '.join(words)[:n_chars]
+
+
+def read_log(out):
+    return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
+
+
+def stand_ins(tmp_path):
+    """A `python` and a `torchrun` first on PATH → (env, calls): each records the command it is
+    given as "tool|working directory|CUDA_VISIBLE_DEVICES|arguments" in the file calls and exits
+    with $FAKE_RC (default 0) after $FAKE_HOLD seconds, or with 75 on SIGUSR1 or SIGTERM (as
+    train.py), recording "signal"; `python -c` (study.sh's check and plan) runs the real Python. A
+    GPU given to a second run while the first holds it is recorded as a clash."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    calls = tmp_path / 'calls'
+    for tool in ('python', 'torchrun'):
+        (bin_dir / tool).write_text(f"""#!/bin/bash
+if [ "$1" = -c ]; then exec {shlex.quote(sys.executable)} "$@"; fi
+gpu=${{CUDA_VISIBLE_DEVICES-}}
+if [ -n "$gpu" ] && ! mkdir "{bin_dir}/busy-$gpu" 2>/dev/null; then echo clash >> {calls}; fi
+echo "{tool}|$PWD|$gpu|$*" >> {calls}
+trap 'echo "{tool}|$PWD|$gpu|signal" >> {calls}; exit 75' USR1 TERM
+sleep "${{FAKE_HOLD:-0}}" &
+wait $!
+if [ -n "$gpu" ]; then rmdir "{bin_dir}/busy-$gpu"; fi
+exit "${{FAKE_RC:-0}}"
+""")
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}')
+    return env, calls
+
+
+def recorded(calls):
+    """The commands the stand-ins were given: [(tool, cwd, gpus, argv)]."""
+    if not calls.exists():
+        return []
+    rows = [line.split('|', 3) for line in calls.read_text().splitlines() if line != 'clash']
+    return [(tool, cwd, gpus, args.split()) for tool, cwd, gpus, args in rows]
+
+
+def study(*flags, cwd=ROOT, env=None, timeout=300):
+    return subprocess.run(['bash', STUDY, *map(str, flags)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def commands(stdout):
+    """The commands a dry run prints (comments and the total left out), each as its words."""
+    return [shlex.split(line, comments=True) for line in stdout.splitlines()
+            if line and not line.startswith(('#', 'total: '))]
+
+
+def test_study_plans_the_papers_experiments(tmp_path):
+    """study.sh --dry-run: table1 is the paper's grid (6 datasets x 8 sources x 3 seeds, the GPU
+    preset's 200k steps on a GPU) with each command's FLOPs (train.py's parser and presets) and a
+    GPU-hours total; scaling grows the shortened stage between 2 + 2 outer layers (its plan read
+    through a stand-in `python` that echoes the commands: one torch import is enough); fixed k of
+    any k by name."""
+    echo = tmp_path / 'bin' / 'python'
+    echo.parent.mkdir()
+    echo.write_text('#!/bin/sh\ncat\n')
+    echo.chmod(0o755)
+
+    def plan(*flags, env=None):
+        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        lines = [x for x in r.stdout.splitlines() if x.startswith('python train.py')]
+        assert env or all(x.split('    # ')[1].endswith(' FLOPs') for x in lines)
+        cmds = [shlex.split(x.split('    #')[0]) for x in lines]
+        return [dict(zip(c[2::2], c[3::2])) for c in cmds], r.stdout.splitlines()[-1]
+    table1, total = plan('--part', 'table1', '--device', 'cuda')
+    assert len(table1) == 6 * 8 * 3 and 'GPU-hours' in total
+    grid = {(c['--data'], c['--boundary'], c.get('--fixed-factor'), c['--seed']) for c in table1}
+    assert len(grid) == 144 and {c['--max-steps'] for c in table1} == {'200000'}
+    assert {d.split('/')[-1] for d, *_ in grid} == {'text8', 'wiki40b-en', 'wiki40b-fi',
+                                                    'wiki40b-he', 'wiki40b-vi', 'cc100-en'}
+    assert {k for _, b, k, _ in grid if b == 'fixed'} == {'2', '3', '4'}
+    for part in ('table2', 'scaling'):  # on a GPU at the paper's scale: the whole text8, 200k steps
+        runs, _ = plan('--part', part, '--device', 'cuda')
+        assert {(c['--data'], c['--max-steps']) for c in runs} == {('data/text8', '200000')}
+    table2, _ = plan('--part', 'table2')  # on the CPU the slice
+    assert {(c['--data'], c['--max-steps']) for c in table2} == {('data/text8-head-u10000', '1000')}
+    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1',
+                      env=dict(os.environ, PATH=f'{echo.parent}:{os.environ["PATH"]}'))
+    want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
+            for n in (8, 12, 16, 20)}
+    assert {(c['--boundary'], c.get('--fixed-factor'), c['--layers']) for c in scaling} == want
+    # a run trained to a FLOP budget is counted at its budget: vanilla's FLOPs, not its steps'
+    r = subprocess.run(['bash', 'study.sh', '--dry-run', '--part', 'languages', '--langs', 'fi',
+                        '--modes', 'none whitespace', '--seeds', '1', '--steps', '10'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    flops = {x.split(' --out ')[1].split()[0].split('/')[-1]: float(x.split('# ')[1].split()[0])
+             for x in r.stdout.splitlines() if x.startswith('python train.py')}
+    assert flops['fi-whitespace-flops-s1'] == flops['fi-none-s1'] > flops['fi-whitespace-s1']
+
+
+def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_path):
+    """study.sh --part pareto --langs 'text8 fi': the text8 slice's runs keep part seeds' names
+    (no language prefix) and still make the text8 panel, the fi- runs the fi panel. Finished runs
+    (a test record in log.jsonl) are skipped; a stand-in `python` echoes report.py's arguments."""
+    stand_in = tmp_path / 'bin' / 'python'
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/sh\necho "$@"\n')
+    stand_in.chmod(0o755)
+    env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
+    flags = ['--part', 'pareto', '--langs', 'text8 fi', '--data-dir', str(tmp_path / 'data'),
+             '--out', str(tmp_path / 'runs'), '--steps', '4']
+    dry = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    runs = [x.split(' --out ')[1].split()[0] for x in dry.stdout.splitlines()
+            if x.startswith('python train.py')]
+    assert len(runs) == 2 * 17, dry.stdout + dry.stderr
+    for run in runs:
+        (ROOT / run).mkdir(parents=True)
+        (ROOT / run / 'log.jsonl').write_text('{"split": "test"}\n')
+    for x in dry.stdout.splitlines():
+        if x.startswith('python train.py'):
+            data = ROOT / x.split('--data ')[1].split()[0]
+            data.mkdir(parents=True, exist_ok=True)
+            (data / 'meta.json').write_text('{}')
+    r = subprocess.run(['bash', 'study.sh', *flags], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    panels = {lang: (tmp_path / 'runs' / f'pareto-{lang}.md').read_text().split()
+              for lang in ('text8', 'fi')}
+    names = {lang: {a.split('/')[-1] for a in args if a.endswith('-s1337')}
+             for lang, args in panels.items()}
+    assert len(names['text8']) == len(names['fi']) == 17
+    assert 'unigram-u200-s1337' in names['text8'] and 'fi-unigram-u200-s1337' in names['fi']
+    assert not any(n.startswith('fi-') for n in names['text8'])
+
+
+@pytest.mark.slow
+def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_language(tmp_path):
+    """study.sh --part languages: per language vanilla, each pooled mode at equal steps and at
+    vanilla's FLOP budget (no more FLOPs than vanilla, more steps), one table and plot each; the
+    same command again skips what is finished."""
+    pytest.importorskip('matplotlib')
+    for lang in ('en', 'fi'):
+        write_dataset(tmp_path / 'data' / lang, random_words(20_000, seed=len(lang)), unigram=False)
+    flags = [f for f in TINY if f not in ('--device', 'cpu')]
+    cmd = ['bash', 'study.sh', '--part', 'languages', '--langs', 'en fi', '--modes',
+           'none whitespace', '--seeds', '1', '--steps', '4', '--data-dir', str(tmp_path / 'data'),
+           '--out', str(tmp_path / 'runs'), '--', *flags]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    runs = tmp_path / 'runs'
+    for lang in ('en', 'fi'):
+        none, ws, flops = (read_log(runs / f'{lang}-{n}-s1')
+                           for n in ('none', 'whitespace', 'whitespace-flops'))
+        def last(log):
+            return [x for x in log if x['kind'] == 'train'][-1]
+        assert last(none)['step'] == last(ws)['step'] == 4
+        assert flops[0]['flop_budget'] == pytest.approx(last(none)['train_flops'])
+        assert last(flops)['step'] > 4 and last(flops)['train_flops'] >= flops[0]['flop_budget']
+        md = (runs / f'languages-{lang}.md').read_text()
+        assert f'{lang}-whitespace-flops-s1' in md and ' FLOPs |' in md
+        assert ('fi-' in md) == (lang == 'fi')  # each language's runs only
+        assert (runs / f'languages-{lang}.png').stat().st_size > 10_000
+    summary = (runs / 'languages.md').read_text().split('by dataset')[1]
+    assert '| mode | budget | en | fi |' in summary
+    assert (runs / 'languages.png').stat().st_size > 10_000
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
+
+
+def test_study_table1_dry_run_prepares_each_dataset_first_at_the_papers_settings(tmp_path):
+    """--part table1 --device cuda --dry-run: one prepare_data.py command per dataset, before
+    any run, with the paper's Unigram V (Finnish and Hebrew 200, English and Vietnamese 10000),
+    then the runs (Gumbel's prior 0.37 for Finnish, 0.2 elsewhere), each parsed by train.py's own
+    parser as printed; the cost without a measured speed says it is assumed."""
+    r = study('--part', 'table1', '--device', 'cuda', '--dry-run', '--seeds', '1',
+              '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs')
+    assert r.returncode == 0, r.stderr
+    cmds = commands(r.stdout)
+    scripts = [c[1] for c in cmds]
+    n_prep = scripts.count('prepare_data.py')
+    assert n_prep == 6 and set(scripts[:n_prep]) == {'prepare_data.py'}
+    assert set(scripts[n_prep:]) == {'train.py'} and len(cmds) == 6 + 6 * 8
+    unigram = {c[c.index('--name') + 1]: c[c.index('--unigram') + 1] for c in cmds[:n_prep]}
+    assert unigram == {'text8': '10000', 'wiki40b-en': '10000', 'wiki40b-fi': '200',
+                       'wiki40b-he': '200', 'wiki40b-vi': '10000', 'cc100-en': '10000'}
+    for c in cmds[n_prep:]:
+        args = presets.parser().parse_args(c[2:])
+        assert Path(args.data).name in unigram and args.device == 'cuda'
+        if args.boundary == 'gumbel':
+            assert args.prior == (0.37 if args.data.endswith('-fi') else 0.2), c
+    assert r.stdout.splitlines()[-1].endswith('(assumed)')
+
+
+def test_study_prices_the_plan_at_the_speed_bench_measured(tmp_path):
+    """The dry run's cost is FLOPs / flops_per_s of bench.py --preset paper's entry for the
+    device the runs use (here 'CPU, 1 threads': --jobs 2 runs each on one thread)."""
+    bench = tmp_path / 'bench-paper.json'
+    bench.write_text(json.dumps({'CPU, 1 threads': dict(flops_per_s=2e9, date='2026-01-02',
+                                                        torch='2.13.0')}))
+    r = study('--part', 'table2', '--dry-run', '--jobs', '2', '--bench', bench,
+              '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs')
+    assert r.returncode == 0, r.stderr
+    total = r.stdout.splitlines()[-1]
+    flops = float(total.split()[1])
+    hours = float(total.split('about ')[1].split()[0])
+    assert hours == pytest.approx(flops / 2e9 / 3600, rel=0.05, abs=0.05)
+    assert 'CPU, 1 threads' in total and '2026-01-02' in total and 'assumed' not in total
+
+
+def test_study_runs_exactly_the_commands_its_dry_run_prints(tmp_path):
+    """The runner starts the dry run's commands, in its order: the missing dataset prepared
+    first (the present one used as it is), then every run, a FLOP-budget run without
+    --max-steps (which would cap it)."""
+    env, calls = stand_ins(tmp_path)
+    (tmp_path / 'data' / 'fi').mkdir(parents=True)
+    (tmp_path / 'data' / 'fi' / 'meta.json').write_text('{}')
+    flags = ['--part', 'languages', '--langs', 'fi he', '--modes', 'none whitespace',
+             '--seeds', '1', '--steps', '3', '--data-dir', tmp_path / 'data',
+             '--raw-dir', tmp_path / 'raw', '--out', tmp_path / 'runs']
+    dry = study(*flags, '--dry-run')
+    assert dry.returncode == 0, dry.stderr
+    printed = commands(dry.stdout)
+    assert [c[1] for c in printed].count('prepare_data.py') == 1
+    budget = [c for c in printed if '--flop-budget' in c]
+    assert len(budget) == 2 and not any('--max-steps' in c for c in budget)
+    r = study(*flags, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [[tool, *args] for tool, _, _, args in recorded(calls)] == printed
+
+
+def test_study_gpus_gives_each_gpu_one_run_at_a_time(tmp_path):
+    """--gpus 0,1: every run with --device cuda and its own CUDA_VISIBLE_DEVICES, both GPUs
+    used, never two runs on one GPU at once; with --nproc 2 each run is torchrun's on two."""
+    env, calls = stand_ins(tmp_path)
+    env['FAKE_HOLD'] = '0.3'
+    (tmp_path / 'data' / 'text8').mkdir(parents=True)   # a GPU study: the whole text8
+    (tmp_path / 'data' / 'text8' / 'meta.json').write_text('{}')
+    flags = ['--part', 'table2', '--modes', 'fixed2 whitespace', '--seeds', '1', '--steps', '2',
+             '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs']
+    r = study(*flags, '--gpus', '0,1', env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = recorded(calls)
+    assert 'clash' not in calls.read_text() and len(runs) == 4
+    assert {gpus for _, _, gpus, _ in runs} == {'0', '1'}
+    for tool, _, _, args in runs:
+        assert tool == 'python' and args[0].endswith('train.py')
+        assert args[args.index('--device') + 1] == 'cuda'
+    calls.unlink()
+    r = study(*flags, '--gpus', '0,1,2,3', '--nproc', '2', env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = recorded(calls)
+    assert 'clash' not in calls.read_text() and len(runs) == 4
+    assert {gpus for _, _, gpus, _ in runs} == {'0,1', '2,3'}
+    for tool, _, _, args in runs:
+        assert tool == 'torchrun' and args[:3] == ['--standalone', '--nproc_per_node=2',
+                                                    'train.py']
+
+
+def test_study_emit_writes_commands_that_run_from_any_directory(tmp_path):
+    """--emit FILE (study.sh run by its absolute path from another folder, paths relative to
+    it): one command a line for the runs left to do (a finished run left out, one with a
+    checkpoint resumed), nothing run; each line, run from a third folder, starts train.py of
+    this project on the dataset and run folder meant."""
+    env, calls = stand_ins(tmp_path)
+    home = tmp_path / "a user's home"  # a path the shell must read quoted
+    (home / 'data' / 'fi').mkdir(parents=True)
+    (home / 'data' / 'fi' / 'meta.json').write_text('{}')
+    for run, name, text in (('fi-none-s1', 'log.jsonl', '{"split": "test"}\n'),
+                            ('fi-whitespace-s1', 'ckpt.pt', 'x')):
+        (home / 'runs' / run).mkdir(parents=True)
+        (home / 'runs' / run / name).write_text(text)
+    r = study('--part', 'languages', '--langs', 'fi', '--modes', 'none whitespace', '--seeds',
+              '1', '--steps', '3', '--device', 'cuda', '--nproc', '2', '--data-dir', 'data',
+              '--out', 'runs',
+              '--emit', 'jobs.txt', cwd=home, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not calls.exists()
+    lines = (home / 'jobs.txt').read_text().splitlines()
+    assert len(lines) == 2 and not any('fi-none-s1' in line for line in lines)
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    for task in (1, 2):  # as Slurm runs them: docs/slurm-array.sh, task i runs line i
+        done = subprocess.run(['bash', ROOT / 'docs' / 'slurm-array.sh', home / 'jobs.txt'],
+                              cwd=elsewhere, env=dict(env, SLURM_ARRAY_TASK_ID=str(task)),
+                              timeout=60)
+        assert done.returncode == 0
+    runs = recorded(calls)
+    assert len(runs) == 2
+    for tool, cwd, _, args in runs:
+        assert tool == 'torchrun' and Path(args[2]) == ROOT / 'train.py'
+        data = Path(cwd) / args[args.index('--data') + 1]
+        out = Path(cwd) / args[args.index('--out') + 1]
+        assert (data / 'meta.json').exists() and out.parent == home / 'runs'
+        assert ('--resume' in args) == (out.name == 'fi-whitespace-s1')
+
+
+def test_study_reports_runs_stopped_to_be_resumed_and_resumes_them(tmp_path):
+    """train.py's exit 75 (stopped by SIGTERM or SIGUSR1, to be resumed) is no failure: the
+    study names those runs in its one error line and exits 75; the same command again resumes
+    a run with a checkpoint and skips a finished one."""
+    env, calls = stand_ins(tmp_path)
+    (tmp_path / 'data' / 'text8-head-u10000').mkdir(parents=True)
+    (tmp_path / 'data' / 'text8-head-u10000' / 'meta.json').write_text('{}')
+    runs = tmp_path / 'runs'
+    flags = ['--part', 'table2', '--modes', 'fixed2', '--seeds', '1', '--steps', '2',
+             '--data-dir', tmp_path / 'data', '--out', runs]
+    r = study(*flags, env=dict(env, FAKE_RC='75'))
+    assert r.returncode == 75, r.stdout + r.stderr
+    err = r.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith('error: stopped to be resumed')
+    assert 'fixed2-mean-s1' in err[0] and 'fixed2-last-s1' in err[0]
+    (runs / 'fixed2-mean-s1').mkdir(parents=True)
+    (runs / 'fixed2-mean-s1' / 'ckpt.pt').write_text('x')
+    (runs / 'fixed2-last-s1').mkdir(parents=True)
+    (runs / 'fixed2-last-s1' / 'log.jsonl').write_text('{"split": "test"}\n')
+    calls.unlink()
+    r = study(*flags, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trained = [args for _, _, _, args in recorded(calls) if args[0] == 'train.py']
+    assert len(trained) == 1 and '--resume' in trained[0]
+    assert str(runs / 'fixed2-mean-s1') in trained[0]
+    assert 'fixed2-last-s1: finished, skipped' in r.stdout
+
+
+@pytest.mark.parametrize('flags', [
+    ['--part', 'table2', '--modes', 'whitespace bogus', '--steps', '2'],
+    ['--part', 'bogus'],
+    ['--part', 'table2', '--steps', '2', '--', '--bogus-flag'],
+    ['--part', 'table2', '--dry-run', '--', '--layers', '1,2'],
+    ['--part', 'table2', '--gpus', '0,1,2', '--nproc', '2'],
+], ids=['mode', 'part', 'train-flag', 'train-flag-dry-run', 'gpus-nproc'])
+def test_study_refuses_bad_input_before_anything(tmp_path, flags):
+    """A mistake in a mode, a part, or a train.py flag after -- (train.py's own parser says so),
+    from any working directory: exit 2, one error line, nothing printed, prepared or run."""
+    env, calls = stand_ins(tmp_path)
+    r = study(*flags, '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs', cwd='/',
+              env=env)
+    assert r.returncode == 2 and r.stdout == '', r.stdout + r.stderr
+    err = r.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith('error: '), r.stderr
+    assert not calls.exists() and not (tmp_path / 'data').exists()
+    assert not (tmp_path / 'runs').exists()
+
+
+def test_study_plans_from_any_working_directory(tmp_path):
+    """cd / && bash /path/to/study.sh --dry-run: train.py's modules are found beside the script
+    and the commands name its scripts by their paths."""
+    r = study('--part', 'table2', '--dry-run', '--out', tmp_path / 'runs', cwd='/')
+    assert r.returncode == 0, r.stderr
+    cmds = commands(r.stdout)
+    assert {Path(c[1]) for c in cmds} == {ROOT / 'prepare_data.py', ROOT / 'train.py'}
+
+
+def test_slurm_array_script_passes_slurms_signal_on_to_the_run(tmp_path):
+    """docs/slurm-array.sh: Slurm's SIGUSR1 before the time limit reaches the script only; it
+    passes it to train.py's process, which saves and exits 75, and exits with its status."""
+    env, calls = stand_ins(tmp_path)
+    jobs = tmp_path / 'jobs.txt'
+    jobs.write_text(f'cd {shlex.quote(str(ROOT))} && python train.py --out runs/x\n')
+    script = subprocess.Popen(['bash', ROOT / 'docs' / 'slurm-array.sh', jobs], cwd=tmp_path,
+                              env=dict(env, SLURM_ARRAY_TASK_ID='1', FAKE_HOLD='60'),
+                              stdout=subprocess.DEVNULL)
+    for _ in range(300):
+        if calls.exists():
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # the script's trap is set right after it starts the run
+    script.send_signal(signal.SIGUSR1)
+    assert script.wait(timeout=30) == 75
+    assert [args for *_, args in recorded(calls)] == [['train.py', '--out', 'runs/x'],
+                                                      ['signal']]
+
+
+def test_study_stopped_by_sigterm_stops_its_runs_so_they_save_first(tmp_path):
+    """SIGTERM to study.sh (a scheduler's, a spot machine's) reaches every run it started (runs
+    in the background ignore Ctrl-C's SIGINT, and a scheduler may signal study.sh alone): each
+    saves and exits, then the study, with 75 (stopped to be resumed) and one error line."""
+    env, calls = stand_ins(tmp_path)
+    (tmp_path / 'data' / 'text8-head-u10000').mkdir(parents=True)
+    (tmp_path / 'data' / 'text8-head-u10000' / 'meta.json').write_text('{}')
+    flags = ['--part', 'table2', '--modes', 'fixed2', '--seeds', '1', '--steps', '2', '--jobs',
+             '2', '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs']
+    run = subprocess.Popen(['bash', STUDY, *map(str, flags)], cwd=ROOT, text=True,
+                           env=dict(env, FAKE_HOLD='60'), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+    for _ in range(600):
+        if len(recorded(calls)) == 2:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # each stand-in sets its trap right after recording its start
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=30)
+    assert run.returncode == 75
+    assert [args for *_, args in recorded(calls)][2:] == [['signal'], ['signal']]
+    assert len(err.splitlines()) == 1 and err.startswith('error: interrupted')
