@@ -12,6 +12,7 @@ data) folds é -> e instead of splitting the word there.
 """
 import re
 import unicodedata
+from collections import Counter
 
 _AZ = 'abcdefghijklmnopqrstuvwxyz'
 _VI_VOWELS = 'aăâeêioôơuưy'
@@ -99,11 +100,18 @@ class _CharMap(dict):
         return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
+def _table(lang, fold_accents):
+    """The language's _CharMap, made once."""
+    key = (lang, fold_accents)
+    if key not in _TABLES:
+        _TABLES[key] = _CharMap(lang, fold_accents)
+    return _TABLES[key]
+
+
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
     """The paper's cleaning of raw text with dynpool's fixes → alphabet letters, single spaces and
     newlines, no empty lines or spaces at line ends; clean(clean(x)) == clean(x)."""
-    table = _TABLES.get((lang, fold_accents)) or _TABLES.setdefault(
-        (lang, fold_accents), _CharMap(lang, fold_accents))
+    table = _table(lang, fold_accents)
     text = MARKERS.sub('\n', text)
     # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
     if not text.isascii() and not unicodedata.is_normalized('NFC', text):
@@ -111,3 +119,32 @@ def clean(text: str, lang: str, fold_accents: bool = False) -> str:
     text = text.translate(table)
     lines = (' '.join(line.split()) for line in text.split('\n'))
     return '\n'.join(line for line in lines if line)
+
+
+def _keeps(lang, fold_accents, letter):
+    """Whether cleaning for lang keeps `letter` as a letter (not a space)."""
+    return bool(_table(lang, fold_accents)[ord(letter)].strip())
+
+
+def foreign_letters(text, lang, fold_accents=False):
+    """Why raw `text` looks like another language or script than lang, in words (most of its
+    letters are ones cleaning for lang turns into spaces, and which script they are, and the
+    --lang that keeps them, where one does), or None."""
+    letters = {c: n for c, n in Counter(text).items() if c.isalpha()}
+    lost = {c: n for c, n in letters.items() if not _keeps(lang, fold_accents, c)}
+    n_lost = sum(lost.values())
+    if 2 * n_lost <= sum(letters.values()):
+        return None
+    scripts = Counter()
+    for c, n in lost.items():   # a letter's Unicode name starts with its script
+        scripts[unicodedata.name(c, 'unnamed').split()[0].title()] += n
+    kept_by = Counter()
+    for other in LANGS:
+        kept_by[other] = sum(n for c, n in lost.items() if _keeps(other, fold_accents, c))
+    share = n_lost / sum(letters.values())
+    why = (f'{share:.0%} of its letters are outside the --lang {lang} alphabet, most of them '
+           f'{scripts.most_common(1)[0][0]}: text in another language or script?')
+    best, kept = kept_by.most_common(1)[0]
+    if 2 * kept > n_lost:
+        why += f' --lang {best} keeps them'
+    return why
