@@ -868,5 +868,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.stdout.reconfigure(errors='backslashreplace')   # a path that is not UTF-8, printed
+    sys.stdout.reconfigure(errors='surrogateescape')   # a path that is not UTF-8: its own bytes
     sys.exit(main())
