@@ -1,5 +1,6 @@
-"""A dataset written by prepare_data.py, checked once where it is read (meta.json, memmapped splits,
-Unigram labels); what cannot be used is one UserError line naming the file and how to remake it.
+"""A dataset written by prepare_data.py, checked once where it is read (meta.json,
+memmapped splits, Unigram labels); what cannot be used is one UserError line naming the
+file and how to remake it.
     meta, splits, labels = load_data('data/text8', 'unigram')  # {split: uint8/16 [N]}"""
 import hashlib
 import json
@@ -15,8 +16,9 @@ SPLITS = ('train', 'valid', 'test')
 
 
 def prepare_command(*words, data=None):
-    """`python prepare_data.py` and words, quoted for a POSIX shell: every prepare_data.py command
-    the project suggests is built here. data: a dataset directory, whose flags come first."""
+    """`python prepare_data.py` and words, quoted for a POSIX shell: every
+    prepare_data.py command the project suggests is built here. data: a dataset
+    directory, whose flags come first."""
     flags = []
     if data is not None:
         kind, _, lang = data.name.partition('-')
@@ -37,7 +39,8 @@ def is_number(v, lo=0.0):
 
 
 def _label_set(u):
-    """A Unigram label set: vocab_size, label files (plain names: no way out of the folder), SFs."""
+    """A Unigram label set: vocab_size, label files (plain names: no way out of the
+    folder), SFs."""
     if not isinstance(u, dict):
         return False
     labels = u.get('labels', {})
@@ -52,7 +55,8 @@ def _label_set(u):
 
 
 def _field_ok(name, v, m):
-    """Whether meta.json's field `name` holds v as it must (earlier fields of m checked)."""
+    """Whether meta.json's field `name` holds v as it must (earlier fields of m checked).
+    """
     if name == 'dtype':
         return v in ('uint8', 'uint16')
     if name == 'vocab_size':
@@ -77,8 +81,8 @@ def _field_ok(name, v, m):
     return v is None or (_label_set(v) and (sets is None or str(v['vocab_size']) in sets))
 
 
-# meta.json's fields, in the order they are checked (_field_ok may read earlier ones), and what
-# each must be
+# meta.json's fields, in the order they are checked (_field_ok may read earlier ones),
+# and what each must be
 META_RULES = (
     ('dtype', '"uint8" or "uint16"'),
     ('vocab_size', 'a count of characters that fits dtype'),
@@ -91,7 +95,8 @@ META_RULES = (
 )
 OPTIONAL = dict(space_id=None, sizes={}, defaults={}, unigram=None, unigram_sets=None)
 def meta_problem(meta, fields=None):
-    """What is wrong with a meta.json dict (only `fields`, where given), in words, or None."""
+    """What is wrong with a meta.json dict (only `fields`, where given), in words, or
+    None."""
     if not isinstance(meta, dict):
         return f'holds {meta!r:.60}, not an object'
     for name, rule in META_RULES:
@@ -105,7 +110,8 @@ def meta_problem(meta, fields=None):
 
 
 def read_meta(d):
-    """meta.json of dataset directory d, every field checked: one UserError line otherwise."""
+    """meta.json of dataset directory d, every field checked: one UserError line
+    otherwise."""
     path = Path(d) / 'meta.json'
     remake = f'remake it with: {prepare_command(data=Path(d))}'
     if not path.is_file():  # (a probe: a FIFO named meta.json would hang the read)
@@ -120,7 +126,8 @@ def read_meta(d):
 
 
 def open_ids(path, dtype, n, limit, what, remake):
-    """A split's ids (or labels) memmapped, checked: n items (None: any), every value < limit."""
+    """A split's ids (or labels) memmapped, checked: n items (None: any), every value <
+    limit."""
     size = path.stat().st_size   # (missing: common.main says so)
     item = np.dtype(dtype).itemsize
     if size == 0:
@@ -136,7 +143,8 @@ def open_ids(path, dtype, n, limit, what, remake):
 
 
 def label_set(meta, vocab_size=None):
-    """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or None."""
+    """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or
+    None."""
     default = meta.get('unigram')
     if vocab_size is None or (default and default['vocab_size'] == vocab_size):
         return default  # (a dataset from before "unigram_sets" has only this one)
@@ -144,7 +152,8 @@ def label_set(meta, vocab_size=None):
 
 
 def load_data(data_dir, boundary, unigram=None):
-    """(meta, {split: ids}, {split: Unigram labels} or None); unigram: the set's vocab_size."""
+    """(meta, {split: ids}, {split: Unigram labels} or None); unigram: the set's
+    vocab_size."""
     d = Path(data_dir)
     meta = read_meta(d)
     remake = f'remake the dataset with: {prepare_command(data=d)}'
@@ -156,7 +165,8 @@ def load_data(data_dir, boundary, unigram=None):
         raise UserError(f'--boundary whitespace needs a space character, and {d} has none')
     if boundary != 'unigram':
         return meta, splits, None
-    # labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's characters
+    # labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's
+    # characters
     if (u := label_set(meta, unigram)) is None:
         have = sorted(int(v) for v in meta.get('unigram_sets') or {})
         V = unigram or (have or [10000])[-1]
@@ -169,7 +179,8 @@ def load_data(data_dir, boundary, unigram=None):
 
 
 def dataset_defaults(data_dir, names):
-    """meta.json's "defaults" of the flags in names (the Gumbel prior 0.37 for Finnish), or {}."""
+    """meta.json's "defaults" of the flags in names (the Gumbel prior 0.37 for Finnish),
+    or {}."""
     try:
         return {k: v for k, v in read_meta(data_dir).get('defaults', {}).items() if k in names}
     except (UserError, OSError):
@@ -177,7 +188,8 @@ def dataset_defaults(data_dir, names):
 
 
 def fingerprint(splits):
-    """The data's identity for --resume, cheap: SHA-256 of split sizes, train's first/last MiB."""
+    """The data's identity for --resume, cheap: SHA-256 of split sizes, train's
+    first/last MiB."""
     t, h = splits['train'], hashlib.sha256(json.dumps({s: len(v) for s, v in splits.items()},
                                                        sort_keys=True).encode())
     for part in (t[:(1 << 20) // t.itemsize], t[-((1 << 20) // t.itemsize):]):

@@ -1,12 +1,14 @@
-"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md tells all).
+"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md
+tells all).
 
     python prepare_data.py                          # text8 -> data/text8 (90M/5M/5M)
     python prepare_data.py --lang he                # wiki40b Hebrew -> data/wiki40b-he
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
     python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
-data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made the splits:
-the same options and input again skip them, others remake them); docs/data.md has the layout."""
+data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made
+the splits: the same options and input again skip them, others remake them); docs/data.md
+has the layout."""
 import argparse
 import codecs
 import hashlib
@@ -49,9 +51,9 @@ class DownloadError(UserError):   # run() adds the commands that work without ne
 
 
 def _reach(url):
-    """One TCP connection to url's host, or to the proxy urllib would use for it (10 s at most):
-    a host that cannot be reached (unknown, refusing, no route) ends the run at once, before
-    any download library starts retrying it."""
+    """One TCP connection to url's host, or to the proxy urllib would use for it (10 s at
+    most): a host that cannot be reached (unknown, refusing, no route) ends the run at
+    once, before any download library starts retrying it."""
     parts = urllib.parse.urlsplit(url)
     proxy = urllib.request.getproxies().get(parts.scheme)
     if proxy and not urllib.request.proxy_bypass(parts.hostname):
@@ -64,8 +66,9 @@ def _reach(url):
 
 
 def _retrying(url, fn, retries, backoff, what=None):
-    """fn() once url's host answers (_reach), tried again after a network error while tries are
-    left (waiting backoff * 2^try s); not after an HTTP error that waiting cannot mend (4xx)."""
+    """fn() once url's host answers (_reach), tried again after a network error while
+    tries are left (waiting backoff * 2^try s); not after an HTTP error that waiting
+    cannot mend (4xx)."""
     _reach(url)
     for attempt in itertools.count():
         try:
@@ -88,9 +91,10 @@ def _retrying(url, fn, retries, backoff, what=None):
 
 
 def download(url, dest, retries=5, backoff=2.0):
-    """url → dest through dest.part, resumed after a cut (in this run or an earlier one) by a Range
-    request with If-Range: the file's version (strong ETag or Last-Modified) in dest.part.json. A
-    file that changed or has no version, or a server that ignores Range, starts from zero."""
+    """url → dest through dest.part, resumed after a cut (in this run or an earlier one)
+    by a Range request with If-Range: the file's version (strong ETag or Last-Modified)
+    in dest.part.json. A file that changed or has no version, or a server that ignores
+    Range, starts from zero."""
     dest = Path(dest)
     part = dest.with_name(dest.name + '.part')
     info = dest.with_name(dest.name + '.part.json')
@@ -137,9 +141,10 @@ def download(url, dest, retries=5, backoff=2.0):
 
 
 def text_pieces(blocks, label):
-    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at line ends; a
-    giant line at its last space or ASCII punctuation (what cleaning makes a space), inside a word
-    only where it has none. A NUL byte means binary: refused (file_pieces refuses non-UTF-8)."""
+    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at
+    line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
+    space), inside a word only where it has none. A NUL byte means binary: refused
+    (file_pieces refuses non-UTF-8)."""
     decoder = codecs.getincrementaldecoder('utf-8')()
     buf = ''
     total = 0
@@ -168,7 +173,8 @@ def text_pieces(blocks, label):
 
 def file_pieces(path, downloaded=False, stream=None):
     """(text, separator) pieces of a .txt/.zip/.xz/.parquet file, or of `stream` named
-    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches it."""
+    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches
+    it."""
     import lzma
     import zipfile
     label = str(path)
@@ -206,10 +212,10 @@ def file_pieces(path, downloaded=False, stream=None):
 
 
 def encode(path, pieces, cap, alphabet, dtype, lang, fold):
-    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path, up to `cap`
-    characters; every cleaned line, the last one too, ends with a newline. Returns the count.
-    Text whose letters mostly fall outside lang's alphabet is refused (cleaning.foreign_letters,
-    on its first MiB of characters)."""
+    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path,
+    up to `cap` characters; every cleaned line, the last one too, ends with a newline.
+    Returns the count. Text whose letters mostly fall outside lang's alphabet is refused
+    (cleaning.foreign_letters, on its first MiB of characters)."""
     lut = np.full(0x110000, -1, dtype=np.int32)
     lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
     n = 0
@@ -269,9 +275,9 @@ def _ids(path, dtype):   # a .bin's token ids, memory-mapped (numpy cannot map a
 
 
 def input_roles(paths):
-    """Several --input files → [train files, valid files, test files], each file in the split its
-    name says (train, valid, dev or validation, test), all three present; else refused in one
-    line. One file (or none) → None: it is cut 90/5/5."""
+    """Several --input files → [train files, valid files, test files], each file in the
+    split its name says (train, valid, dev or validation, test), all three present; else
+    refused in one line. One file (or none) → None: it is cut 90/5/5."""
     if len(paths) < 2:
         return None
     groups = {s: [] for s in SPLITS}
@@ -298,7 +304,8 @@ def _by_split(out, groups, caps, codec):
 
 def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
     """One stream cut into the splits: 90% train, 5% valid, 5% test in that order (text8,
-    --input); eval_first (cc-100): valid and test first, so that a capped stream fills them."""
+    --input); eval_first (cc-100): valid and test first, so that a capped stream fills
+    them."""
     tmp = out / '.all.bin'   # (a fixed name: the run holds the folder's lock)
     try:
         total = encode(tmp, pieces, cap, **codec)
@@ -320,9 +327,9 @@ def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
 
 
 def _wiki40b(args, out, caps, codec):
-    """The official splits of wiki40b's <lang> parquet shards, through huggingface_hub (its cache,
-    resumed downloads, HF_TOKEN, login); a shard is fetched only while its split's cap is not
-    reached → (the shards read, the split rule)."""
+    """The official splits of wiki40b's <lang> parquet shards, through huggingface_hub
+    (its cache, resumed downloads, HF_TOKEN, login); a shard is fetched only while its
+    split's cap is not reached → (the shards read, the split rule)."""
     import huggingface_hub as hub
     from huggingface_hub import constants
     endpoint = args.hf_base or constants.ENDPOINT
@@ -384,14 +391,15 @@ def _make_splits(args, out, codec):
 
 
 def _write_json(path, obj):
-    """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8 (a
-    surrogate escape, os.fsdecode's) is kept and read back whole."""
+    """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8
+    (a surrogate escape, os.fsdecode's) is kept and read back whole."""
     common.write_atomic(path, json.dumps(obj, indent=1))
 
 
 def splits(args, out, codec, key, inputs):
-    """train/valid/test.bin, unless a run with these options and input made them → .splits.json.
-    The three are a set: a run that fails or is stopped while making them keeps none."""
+    """train/valid/test.bin, unless a run with these options and input made them →
+    .splits.json. The three are a set: a run that fails or is stopped while making them
+    keeps none."""
     path = out / '.splits.json'
     item = np.dtype(codec['dtype']).itemsize
     stamp = None
@@ -426,13 +434,15 @@ def splits(args, out, codec, key, inputs):
     return stamp
 
 
-# The paper's released tokenizer settings; fitted on the word counts of the whole train split.
+# The paper's released tokenizer settings; fitted on the word counts of the whole train
+# split.
 UNIGRAM_SETTINGS = dict(model_type='unigram', add_dummy_prefix=True, max_sentencepiece_length=16,
                         split_digits=True, split_by_whitespace=True, split_by_unicode_script=True,
                         remove_extra_whitespaces=True, normalization_rule_name='identity',
                         character_coverage=1.0)
-# SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large split): it
-# trains in a child in a session of its own, which this process kills at once on Ctrl-C.
+# SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large
+# split): it trains in a child in a session of its own, which this process kills at once
+# on Ctrl-C.
 _FIT = ('import io, json, sys, sentencepiece as spm; m = io.BytesIO(); '
         'spm.SentencePieceTrainer.train(sentence_iterator=iter(sys.stdin.buffer.read().decode()'
         '.split("\\n")), model_writer=m, **json.loads(sys.argv[1])); '
@@ -440,8 +450,8 @@ _FIT = ('import io, json, sys, sentencepiece as spm; m = io.BytesIO(); '
 
 
 def split_words(path, codec, block=1 << 21):
-    """A split's words ('' between two separators) by blocks: (words, closed); not closed: the
-    split's last word, where no separator follows."""
+    """A split's words ('' between two separators) by blocks: (words, closed); not
+    closed: the split's last word, where no separator follows."""
     data = _ids(path, codec['dtype'])
     chars = np.array([ord(c) for c in codec['alphabet']], '<u4')
     carry = ''
@@ -455,8 +465,9 @@ def split_words(path, codec, block=1 << 21):
 
 
 def word_labels(sp, words):
-    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the last (the
-    space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁ dropped."""
+    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the
+    last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
+    dropped."""
     words, out = list(words), {}
     for w, pieces in zip(words, sp.encode(words, out_type=str) if words else []):
         pieces = [p for p in [pieces[0].removeprefix('\u2581')] + pieces[1:] if p] if w else []
@@ -468,9 +479,10 @@ def word_labels(sp, words):
 
 
 def left_context_ceiling(train_words, valid_words, labels):
-    """The best a causal boundary predictor can do from the word's prefix up to t: the Bayes
-    decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word: count}; 0 for a
-    prefix train lacks), on valid_words: in-word label ends, decisions of 1, both, and recall."""
+    """The best a causal boundary predictor can do from the word's prefix up to t: the
+    Bayes decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word:
+    count}; 0 for a prefix train lacks), on valid_words: in-word label ends, decisions of
+    1, both, and recall."""
     total, ones, c = Counter(), Counter(), Counter()
     for w, n in train_words.items():
         for k, b in enumerate(labels[w]):
@@ -485,8 +497,8 @@ def left_context_ceiling(train_words, valid_words, labels):
 
 
 def _write_labels(out, V, labels, codec):
-    """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a word
-    closes it) → the count of ones per split."""
+    """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a
+    word closes it) → the count of ones per split."""
     ones = dict.fromkeys(SPLITS, 0)
     for split in SPLITS:
         def write(tmp, split=split):
@@ -502,7 +514,8 @@ def _write_labels(out, V, labels, codec):
 
 
 def _fit(V, rows, letters):
-    """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its model."""
+    """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
+    model."""
     kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
               bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
     child = subprocess.Popen([sys.executable, '-c', _FIT, json.dumps(kw)], start_new_session=True,
@@ -518,8 +531,9 @@ def _fit(V, rows, letters):
 
 
 def make_unigram(args, out, meta, V, settings):
-    """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece ends; a
-    space or newline closes the word before it), the model last → its set's meta.json entry."""
+    """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece
+    ends; a space or newline closes the word before it), the model last → its set's
+    meta.json entry."""
     import sentencepiece as spm
     codec = {'alphabet': meta['alphabet'], 'dtype': meta['dtype']}
     sizes = meta['sizes']
@@ -559,8 +573,8 @@ def make_unigram(args, out, meta, V, settings):
 
 
 def _label_sets(path):
-    """The Unigram label sets of the meta.json at path ({V: set}, older single "unigram" entry
-    included) and its default V; none where there is no meta.json."""
+    """The Unigram label sets of the meta.json at path ({V: set}, older single "unigram"
+    entry included) and its default V; none where there is no meta.json."""
     if not path.exists():
         return {}, None
     try:
@@ -580,8 +594,9 @@ def _label_sets(path):
 
 
 def unigram(args, out, meta):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the meta.json
-    there, and Unigram-V unless made with these settings; the last made is the default."""
+    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the
+    meta.json there, and Unigram-V unless made with these settings; the last made is the
+    default."""
     sets, default = _label_sets(out / 'meta.json')
 
     def label_meta(default):   # the last made, or the one made earlier, is the default
@@ -605,7 +620,8 @@ def unigram(args, out, meta):
 
 
 def cleaning_key(args, lang, inputs):
-    """Everything that decides the cleaned text: recorded in .splits.json, compared by re-runs."""
+    """Everything that decides the cleaned text: recorded in .splits.json, compared by
+    re-runs."""
     key = {'dataset': args.dataset, 'lang': lang, 'pipeline': 'text8 as is (a-z and space)',
            'fold_accents': False, 'max_train_chars': args.max_train_chars,
            'max_eval_chars': args.max_eval_chars,
@@ -681,7 +697,8 @@ def _report(out, meta, rule):
 
 
 def _matching(pattern, what):
-    """Argument type: a string that `pattern` matches whole, or an error saying it is not `what`."""
+    """Argument type: a string that `pattern` matches whole, or an error saying it is not
+    `what`."""
     def parse(s):
         if re.fullmatch(pattern, s):
             return s.rstrip('/')
@@ -744,8 +761,8 @@ def parser():
 
 
 def _rerun(args, flags):
-    """This run's command line for a POSIX shell, with `flags` ({flag: its values, or None to drop
-    it}) in place of the same flags given: no flag twice."""
+    """This run's command line for a POSIX shell, with `flags` ({flag: its values, or
+    None to drop it}) in place of the same flags given: no flag twice."""
     words = []
     dropping = False
     for word in args.argv:
@@ -760,9 +777,10 @@ def _rerun(args, flags):
 
 
 def resolve(args):
-    """Fills in what the flags leave open, in one place (an existing dataset's recorded source,
-    language, input and options where none of --dataset, --lang, --input is given; else the
-    defaults) and checks them together → (dataset folder, language cleaned with: None for text8)."""
+    """Fills in what the flags leave open, in one place (an existing dataset's recorded
+    source, language, input and options where none of --dataset, --lang, --input is
+    given; else the defaults) and checks them together → (dataset folder, language
+    cleaned with: None for text8)."""
     if args.dataset:
         dataset = args.dataset
     elif args.input and args.lang:
@@ -800,7 +818,8 @@ def resolve(args):
 
 
 def describe_inputs(paths):
-    """Each --input file's path, size, mtime and SHA-256 (an edit in place is noticed), or None."""
+    """Each --input file's path, size, mtime and SHA-256 (an edit in place is noticed),
+    or None."""
     if not paths:
         return None
     inputs = []
@@ -815,9 +834,10 @@ def describe_inputs(paths):
 
 
 def remove_leftovers(out):
-    """A killed run's temporary files in the dataset folder (hidden: common.write_atomic's
-    .<name>.<random><suffix>, .all.bin), removed under the lock before anything is made, so
-    that none outlives the next run. .lock and .splits.json are no leftovers."""
+    """A killed run's temporary files in the dataset folder (hidden:
+    common.write_atomic's .<name>.<random><suffix>, .all.bin), removed under the lock
+    before anything is made, so that none outlives the next run. .lock and .splits.json
+    are no leftovers."""
     for f in [*out.glob('.*'), *out.glob('download/.*')]:
         if f.name not in ('.lock', '.splits.json') and f.is_file():
             f.unlink()
@@ -839,7 +859,8 @@ def offline_howto(args, lang, error):
     if lang:
         by_hand['--lang'] = [lang]
     by_hand['--input'] = []
-    # (the file names last and unquoted: shell-safe names, the shards a pattern for the shell)
+    # (the file names last and unquoted: shell-safe names, the shards a pattern for the
+    # shell)
     own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
     return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
             f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
