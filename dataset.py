@@ -190,8 +190,9 @@ def dataset_defaults(data_dir, names):
 def fingerprint(splits):
     """The data's identity for --resume, cheap: SHA-256 of split sizes, train's
     first/last MiB."""
-    t, h = splits['train'], hashlib.sha256(json.dumps({s: len(v) for s, v in splits.items()},
-                                                       sort_keys=True).encode())
+    sizes = json.dumps({s: len(v) for s, v in splits.items()}, sort_keys=True)
+    h = hashlib.sha256(sizes.encode())
+    t = splits['train']
     for part in (t[:(1 << 20) // t.itemsize], t[-((1 << 20) // t.itemsize):]):
         h.update(np.ascontiguousarray(part).tobytes())
     return h.hexdigest()[:16]

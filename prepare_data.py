@@ -468,9 +468,13 @@ def word_labels(sp, words):
     """{word: in-word labels}, a byte per character: 1 at the end of every piece but the
     last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
     dropped."""
-    words, out = list(words), {}
-    for w, pieces in zip(words, sp.encode(words, out_type=str) if words else []):
-        pieces = [p for p in [pieces[0].removeprefix('\u2581')] + pieces[1:] if p] if w else []
+    words = list(words)
+    out = {}
+    encoded = sp.encode(words, out_type=str) if words else []
+    for w, pieces in zip(words, encoded):
+        if w:   # the dummy prefix's ▁ dropped
+            pieces[0] = pieces[0].removeprefix('\u2581')
+        pieces = [p for p in pieces if p and w]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
             lab[end - 1] = 1
@@ -483,7 +487,9 @@ def left_context_ceiling(train_words, valid_words, labels):
     Bayes decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word:
     count}; 0 for a prefix train lacks), on valid_words: in-word label ends, decisions of
     1, both, and recall."""
-    total, ones, c = Counter(), Counter(), Counter()
+    total = Counter()
+    ones = Counter()
+    c = Counter()
     for w, n in train_words.items():
         for k, b in enumerate(labels[w]):
             total[w[:k + 1]] += n
