@@ -152,7 +152,7 @@ def foreign_letters(text, lang, fold_accents=False):
     """Why raw `text` looks like another language or script than lang, in words (most of its
     letters are ones that cleaning for lang turns into spaces: their share, their script,
     and the first --lang that keeps most of them), or None."""
-    letters = Counter(c for c in text if c.isalpha())
+    letters = Counter({c: n for c, n in Counter(text).items() if c.isalpha()})
     lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, fold_accents, c)})
     if 2 * lost.total() <= letters.total():
         return None

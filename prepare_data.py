@@ -263,7 +263,8 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold):
 
 
 def _refuse_foreign(text, lang, fold):
-    why = foreign_letters(text, lang, fold)
+    """One UserError line where the first MiB of characters of raw text is likely not lang."""
+    why = foreign_letters(text[:1 << 20], lang, fold)
     if why:
         raise UserError(f'the input text: {why}')
 
