@@ -443,11 +443,23 @@ UNIGRAM_SETTINGS = dict(model_type='unigram', add_dummy_prefix=True, max_sentenc
                         character_coverage=1.0)
 # SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large
 # split): it trains in a child in a session of its own, which this process kills at once
-# on Ctrl-C.
-_FIT = ('import io, json, sys, sentencepiece as spm; m = io.BytesIO(); '
-        'spm.SentencePieceTrainer.train(sentence_iterator=iter(sys.stdin.buffer.read().decode()'
-        '.split("\\n")), model_writer=m, **json.loads(sys.argv[1])); '
-        'sys.stdout.buffer.write(m.getvalue())')
+# on Ctrl-C. On Linux the child also dies with this process however that ends (SIGTERM,
+# SIGKILL): prctl(PR_SET_PDEATHSIG, SIGKILL), and its parent checked once that is set.
+_FIT = """
+import ctypes, io, json, os, sys
+import sentencepiece as spm
+try:
+    ctypes.CDLL(None).prctl(1, 9)
+except AttributeError:
+    pass
+if os.getppid() != int(sys.argv[2]):
+    sys.exit(1)
+model = io.BytesIO()
+rows = sys.stdin.buffer.read().decode().split("\\n")
+spm.SentencePieceTrainer.train(sentence_iterator=iter(rows), model_writer=model,
+                               **json.loads(sys.argv[1]))
+sys.stdout.buffer.write(model.getvalue())
+"""
 
 
 def split_words(path, codec, block=1 << 21):
@@ -525,7 +537,8 @@ def _fit(V, rows, letters):
     model."""
     kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
               bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
-    child = subprocess.Popen([sys.executable, '-c', _FIT, json.dumps(kw)], start_new_session=True,
+    command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
+    child = subprocess.Popen(command, start_new_session=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # each letter once more as a word of its own: letters the text lacks get a piece
     text = '\n'.join(rows + [f'{c}\t1' for c in letters])

@@ -903,9 +903,9 @@ def test_data_cli_other_options_never_mix(tmp_path, capsys):
     assert r.returncode == 0 and 'skipping' in r.stdout
 
 
-def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
-    """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
-    process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
+def _data_fitting(tmp_path):
+    """prepare_data.py started on text8-style text long to fit Unigram on (~20 s), once its
+    SentencePiece child runs → (the process, its out dir, the child's pid)."""
     # 150k random words, no cleaning (text8): training outlasts the wait below by far (~20 s)
     rng, letters = np.random.default_rng(0), np.array(list('abcdefghijklmnopqrstuvwxyz'))
     src = tmp_path / 'words.txt'
@@ -929,22 +929,26 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    err = ''
     for line in p.stderr:  # wait until the training has begun
-        err += line
         if 'training SentencePiece' in line:
             break
     children = Path(f'/proc/{p.pid}/task/{p.pid}/children')
+    kid = None
     for _ in range(100):  # and its process (if any) is up: then SentencePiece is running
         kids = children.read_text().split() if children.exists() else []
-        if any(
-            b'SentencePieceTrainer' in Path(f'/proc/{k}/cmdline').read_bytes()
-            for k in kids
-            if Path(f'/proc/{k}/cmdline').exists()
-        ):
+        kid = next((k for k in kids if Path(f'/proc/{k}/cmdline').exists()
+                    and b'SentencePieceTrainer' in Path(f'/proc/{k}/cmdline').read_bytes()), None)
+        if kid:
             break
         time.sleep(0.05)
     time.sleep(0.5)
+    return p, out, kid
+
+
+def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
+    """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
+    process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
+    p, out, _ = _data_fitting(tmp_path)
     assert p.poll() is None, 'prepare_data.py finished before Ctrl-C: give it more text to train on'
     t0 = time.time()
     p.send_signal(signal.SIGINT)
@@ -959,6 +963,25 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     assert (d / 'train.bin').exists() and (d / '.splits.json').exists()
     assert not (d / 'meta.json').exists() and not list(d.glob('*unigram*')) and not _data_temps(d)
     _data_lock_free(d)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG: Linux only')
+def test_data_unigram_fit_dies_with_its_parent(tmp_path):
+    """The SentencePiece child (in a session of its own) does not go on fitting once
+    prepare_data.py is killed outright (SIGKILL: no handler runs), as after a power cut's
+    or a scheduler's kill."""
+    p, _, kid = _data_fitting(tmp_path)
+    assert kid and p.poll() is None, 'prepare_data.py finished before the kill'
+    p.kill()
+    p.communicate(timeout=60)
+    for _ in range(100):
+        stat = Path(f'/proc/{kid}/stat')
+        if not stat.exists() or stat.read_text().rsplit(')', 1)[1].split()[0] in 'ZX':
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(int(kid), signal.SIGKILL)
+        pytest.fail('the SentencePiece child went on fitting after its parent was killed')
 
 
 # --- the printed fixes, the offline quick start, locks (issues 18 and 19) -------------------------
