@@ -44,6 +44,9 @@ AGENT = {'User-Agent': 'dynpool-prepare-data'}
 # the end of a giant line's last character that cleaning makes a space in every language
 # (whitespace, ASCII punctuation): a cut there neither splits nor joins words
 _LAST_BREAK = re.compile(r'.*[\s!-/:-@\[-`{-~]', re.DOTALL)
+# the temporary files a killed run can leave in a dataset folder (remove_leftovers)
+LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram-\d+)?'
+                      r'|unigram-\d+|text8\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
 class DownloadError(UserError):   # run() adds the commands that work without network
@@ -854,12 +857,12 @@ def describe_inputs(paths):
 
 
 def remove_leftovers(out):
-    """A killed run's temporary files in the dataset folder (hidden:
-    common.write_atomic's .<name>.<random><suffix>, .all.bin), removed under the lock
-    before anything is made, so that none outlives the next run. .lock and .splits.json
-    are no leftovers."""
+    """A killed run's temporary files in the dataset folder, removed under the lock before
+    anything is made, so that none outlives the next run: .all.bin, and
+    common.write_atomic's .<stem>.<8 random characters><suffix> of the files this script
+    writes there (only those: the folder may hold other hidden files)."""
     for f in [*out.glob('.*'), *out.glob('download/.*')]:
-        if f.name not in ('.lock', '.splits.json') and f.is_file():
+        if LEFTOVER.fullmatch(f.name) and f.is_file():
             f.unlink()
 
 

@@ -1652,10 +1652,10 @@ def test_data_leftovers_of_a_killed_run_removed_and_redone_identically(tmp_path,
     leftovers = ['.valid.unigram-60.k3j_x0a9.bin', '.all.bin', '.meta.q1w2e3r4.json']
     for name in leftovers:
         (d / name).write_bytes(b'half')
-    (d / 'notes.txt').write_text('mine')
+    (d / '.notes.abcdefgh.txt').write_text('mine')   # hidden, but not one of the script's
     prepare_data.run(argv)
     again = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != '.lock'}
-    assert again.pop('notes.txt') == b'mine' and again == done
+    assert again.pop('.notes.abcdefgh.txt') == b'mine' and again == done
 
 
 def test_data_file_name_not_utf8_round_trips(tmp_path, capsys):
