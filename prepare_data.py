@@ -742,7 +742,8 @@ def parser():
                    '(cleaning.LANGS); default en for text8, needed for the others')
     p.add_argument('--input', nargs='+', type=Path, metavar='FILE',
                    help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
-                   '90/5/5, several named *train*/*valid*/*test* keep their splits')
+                   '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
+                   '*test*; all three), else are refused')
     p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
                                             'not . or ..)'),
                    help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
