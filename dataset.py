@@ -22,11 +22,9 @@ def prepare_command(*words, data=None):
     flags = []
     if data is not None:
         kind, _, lang = data.name.partition('-')
-        if data.name == 'text8':
-            flags = []
-        elif lang and kind in ('wiki40b', 'cc100'):
+        if lang and kind in ('wiki40b', 'cc100'):
             flags = ['--dataset', kind, '--lang', lang]
-        else:
+        elif data.name != 'text8':
             flags = ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
         if data.parent != Path('data'):
             flags += ['--out-dir', data.parent]
