@@ -1,25 +1,27 @@
-"""The paper's cleaning of raw text (its released text8-style cleaner, with dynpool's fixes), on its
-own so that sample.py cleans a prompt without importing the downloader.
+"""The paper's cleaning of raw text (its released text8-style cleaner, with dynpool's
+fixes), on its own so that sample.py cleans a prompt without importing the downloader.
 
     clean("Café Müller, 1990!", "en")  ->  "caf m ller one nine nine zero"
 
-Per piece of text, in the paper's order: wiki40b markers -> line breaks; then per character:
-homoglyph -> ASCII (Unicode's confusables; not for Hebrew, whose letters look like l, o, v),
-lower case, each digit spelled as its own word, anything outside the language's alphabet -> a
-space; whitespace collapsed, empty lines dropped. Fixes where the paper's pipeline is broken: NFC
-first (a + U+0308 is ä), İ -> i, Hebrew digit words without niqqud. fold_accents (not the paper's
-data) folds é -> e instead of splitting the word there.
-"""
+Per piece of text, in the paper's order: wiki40b markers -> line breaks; then per
+character: homoglyph -> ASCII (Unicode's confusables; not for Hebrew, whose letters look
+like l, o, v), lower case, each digit spelled as its own word, anything outside the
+language's alphabet -> a space; whitespace collapsed, empty lines dropped. Fixes where
+the paper's pipeline is broken: NFC first (a + U+0308 is ä), İ -> i, Hebrew digit words
+without niqqud. fold_accents (not the paper's data) folds é -> e instead of splitting the
+word there."""
 import re
 import unicodedata
+from collections import Counter
 
 _AZ = 'abcdefghijklmnopqrstuvwxyz'
 _VI_VOWELS = 'aăâeêioôơuưy'
 _VI_TONES = '\u0300\u0301\u0309\u0303\u0323'  # grave, acute, hook, tilde, dot below
 
-# Per language: the alphabet (token ids follow '\n' and ' ' in this order), the digit names, and
-# the paper's settings that go into meta.json "defaults" for train.py: the Unigram vocabulary size
-# of the boundary labels and the Gumbel prior alpha. Alphabets and digit names are the paper's.
+# Per language: the alphabet (token ids follow '\n' and ' ' in this order), the digit
+# names, and the paper's settings that go into meta.json "defaults" for train.py: the
+# Unigram vocabulary size of the boundary labels and the Gumbel prior alpha. Alphabets
+# and digit names are the paper's.
 LANGS = {
     'en': dict(letters=_AZ, unigram=10000, prior=0.2,
                digits='zero one two three four five six seven eight nine'),
@@ -36,7 +38,7 @@ LANGS = {
 TEXT8_ALPHABET = [' '] + list(_AZ)   # text8 is already clean: space and a-z, no newline
 
 MARKERS = re.compile(r'_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_')   # wiki40b's
-# fold_accents only: Latin letters that no Unicode decomposition reduces to a basic letter
+# fold_accents only: Latin letters that no Unicode decomposition makes a basic one
 _FOLD_EXTRA = {'ß': 'ss', 'æ': 'ae', 'œ': 'oe', 'þ': 'th', 'ð': 'd', 'đ': 'd', 'ı': 'i',
                'ł': 'l', 'ø': 'o', 'ŀ': 'l', 'ĸ': 'k', 'װ': 'וו', 'ױ': 'וי', 'ײ': 'יי'}
 _HOMOGLYPHS = {}
@@ -44,13 +46,16 @@ _TABLES = {}
 
 
 def homoglyphs():
-    """{character: ASCII} from Unicode's confusables (UTS #39, package confusable-homoglyphs):
-    each non-ASCII character confusable with one ASCII character (or with ASCII punctuation
-    only, as “ with ''), plus the fullwidth forms U+FF01-FF5E through their NFKC form."""
+    """{character: ASCII} from Unicode's confusables (UTS #39, package
+    confusable-homoglyphs): each non-ASCII character confusable with one ASCII character
+    (or with ASCII punctuation only, as “ with ''), plus the fullwidth forms U+FF01-FF5E
+    through their NFKC form."""
     if _HOMOGLYPHS:
         return _HOMOGLYPHS
-    from confusable_homoglyphs import confusables  # pinned in requirements.txt: its data decides
-    listed = {}  # the data lists confusables both ways; right-to-left ones wrapped in U+200E
+    # pinned in requirements.txt: its data decides
+    from confusable_homoglyphs import confusables
+    # the data lists confusables both ways; right-to-left ones wrapped in U+200E
+    listed = {}
     for key, protos in confusables.confusables_data.items():
         key = key.strip('\u200e')
         for p in (h['c'].strip('\u200e') for h in protos):
@@ -68,42 +73,67 @@ def homoglyphs():
 
 
 class _CharMap(dict):
-    """str.translate table of one language, filled lazily: each code point is decided once.
-    Per character, in the paper's order: homoglyph -> lower case -> digit -> alphabet."""
+    """str.translate table of one language, filled lazily: each code point is decided
+    once. Per character, in the paper's order: homoglyph -> lower case -> digit ->
+    alphabet."""
 
     def __init__(self, lang, fold_accents):
         if lang not in LANGS:
             raise ValueError(f"unsupported language {lang!r}; "
                              f"supported: {', '.join(sorted(LANGS))}")
-        self.letters, self.fold = set(LANGS[lang]['letters']) | {'\n'}, fold_accents
-        self.digits = {str(d): f' {w} ' for d, w in enumerate(LANGS[lang]['digits'].split())}
+        self.letters = set(LANGS[lang]['letters']) | {'\n'}
+        self.fold = fold_accents
+        words = LANGS[lang]['digits'].split()
+        self.digits = {str(d): f' {w} ' for d, w in enumerate(words)}
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
         c = chr(cp)
-        c = self.homoglyphs.get(c, c) if c not in self.letters else c
+        if c not in self.letters:
+            c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
-        out = self[cp] = ''.join(ch if ch in self.letters else self.digits.get(ch) or (
-            self._fold(ch) if self.fold else ' ') for ch in ('i' if c == 'İ' else c.lower()))
-        return out   # (a digit: its own word)
+        lowered = 'i' if c == 'İ' else c.lower()
+        self[cp] = ''.join(self._one(ch) for ch in lowered)
+        return self[cp]
+
+    def _one(self, ch):
+        """A lower-case character → itself (a letter), its digit's word, its fold, or a space."""
+        if ch in self.letters:
+            return ch
+        if ch in self.digits:
+            return self.digits[ch]
+        if self.fold:
+            return self._fold(ch)
+        return ' '
 
     def _fold(self, ch):
-        """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a space."""
+        """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a
+        space."""
         if unicodedata.decimal(ch, None) is not None:
             return self.digits[str(unicodedata.decimal(ch))]
-        t = ''.join(_FOLD_EXTRA.get(x, x) for x in unicodedata.normalize('NFKC', ch).lower())
-        base = ''.join(x for x in unicodedata.normalize('NFD', t) if not unicodedata.combining(x))
+        nfkc = unicodedata.normalize('NFKC', ch).lower()
+        t = ''.join(_FOLD_EXTRA.get(x, x) for x in nfkc)
+        nfd = unicodedata.normalize('NFD', t)
+        base = ''.join(x for x in nfd if not unicodedata.combining(x))
         for s in (t, unicodedata.normalize('NFC', base)):
             if s and all(x in self.letters and x != '\n' for x in s):
                 return s
         return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
+def _table(lang, fold_accents):
+    """The language's _CharMap, made once."""
+    key = (lang, fold_accents)
+    if key not in _TABLES:
+        _TABLES[key] = _CharMap(lang, fold_accents)
+    return _TABLES[key]
+
+
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
-    """The paper's cleaning of raw text with dynpool's fixes → alphabet letters, single spaces and
-    newlines, no empty lines or spaces at line ends; clean(clean(x)) == clean(x)."""
-    table = _TABLES.get((lang, fold_accents)) or _TABLES.setdefault(
-        (lang, fold_accents), _CharMap(lang, fold_accents))
+    """The paper's cleaning of raw text with dynpool's fixes → alphabet letters, single
+    spaces and newlines, no empty lines or spaces at line ends; clean(clean(x)) ==
+    clean(x)."""
+    table = _table(lang, fold_accents)
     text = MARKERS.sub('\n', text)
     # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
     if not text.isascii() and not unicodedata.is_normalized('NFC', text):
@@ -111,3 +141,29 @@ def clean(text: str, lang: str, fold_accents: bool = False) -> str:
     text = text.translate(table)
     lines = (' '.join(line.split()) for line in text.split('\n'))
     return '\n'.join(line for line in lines if line)
+
+
+def _keeps(lang, fold_accents, letter):
+    """Whether cleaning for lang keeps `letter` as a letter (not a space)."""
+    return bool(_table(lang, fold_accents)[ord(letter)].strip())
+
+
+def foreign_letters(text, lang, fold_accents=False):
+    """Why raw `text` looks like another language or script than lang, in words (most of its
+    letters are ones that cleaning for lang turns into spaces: their share, their script,
+    and the first --lang that keeps most of them), or None."""
+    letters = Counter({c: n for c, n in Counter(text).items() if c.isalpha()})
+    lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, fold_accents, c)})
+    if 2 * lost.total() <= letters.total():
+        return None
+    scripts = Counter()
+    for c, n in lost.items():   # a letter's Unicode name starts with its script
+        scripts[unicodedata.name(c, '?').split()[0].title()] += n
+    share = lost.total() / letters.total()
+    why = (f'{share:.0%} of its letters are not in the --lang {lang} alphabet, most of '
+           f'them {scripts.most_common(1)[0][0]}: text in another language or script?')
+    for other in LANGS:
+        kept = sum(n for c, n in lost.items() if _keeps(other, fold_accents, c))
+        if 2 * kept > lost.total():
+            return f'{why} --lang {other} keeps them'
+    return why

@@ -1,12 +1,14 @@
-"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md tells all).
+"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md
+tells all).
 
     python prepare_data.py                          # text8 -> data/text8 (90M/5M/5M)
     python prepare_data.py --lang he                # wiki40b Hebrew -> data/wiki40b-he
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
     python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
-data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made the splits:
-the same options and input again skip them, others remake them); docs/data.md has the layout."""
+data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made
+the splits: the same options and input again skip them, others remake them); docs/data.md
+has the layout."""
 import argparse
 import codecs
 import hashlib
@@ -15,13 +17,13 @@ import itertools
 import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -30,49 +32,75 @@ import numpy as np
 from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is a terminal
 
 import common
-import dataset
-from cleaning import LANGS, TEXT8_ALPHABET, clean
+from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 from common import UserError
+from dataset import SPLITS, meta_problem, prepare_command
 
-SPLITS = ('train', 'valid', 'test')
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
+# the flags whose default an existing dataset's recorded value replaces
 DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
 AGENT = {'User-Agent': 'dynpool-prepare-data'}
+# the end of a giant line's last character that cleaning makes a space in every language
+# (whitespace, ASCII punctuation): a cut there neither splits nor joins words
+_LAST_BREAK = re.compile(r'.*[\s!-/:-@\[-`{-~]', re.DOTALL)
+# the temporary files a killed run can leave in a dataset folder (remove_leftovers)
+LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram-\d+)?'
+                      r'|unigram-\d+|text8\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
-class DownloadError(UserError):   # run() adds the command that works without network
+class DownloadError(UserError):   # run() adds the commands that work without network
     pass
 
 
-def _retrying(what, fn, retries, backoff):
-    """fn(), tried again after a network error while tries are left (waiting backoff * 2^try s);
-    not where waiting cannot help: an unknown host, a refused connection, offline, HTTP 4xx."""
+def _reach(url):
+    """One TCP connection to url's host, or to the proxy urllib would use for it (10 s at
+    most): a host that cannot be reached (unknown, refusing, no route) ends the run at
+    once, before any download library starts retrying it."""
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname):
+        parts = urllib.parse.urlsplit(proxy)
+    port = parts.port or (443 if parts.scheme == 'https' else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=10).close()
+    except OSError as e:
+        raise DownloadError(f'{url}: {e.strerror or common.first_line(e)}') from None
+
+
+def _retrying(url, fn, retries, backoff, what=None):
+    """fn() once url's host answers (_reach), tried again after a network error while
+    tries are left (waiting backoff * 2^try s); not after an HTTP error that waiting
+    cannot mend (4xx)."""
+    _reach(url)
     for attempt in itertools.count():
         try:
             return fn()
         except Exception as e:
-            if not isinstance(e, (urllib.error.URLError, http.client.HTTPException,
-                                  ConnectionError, TimeoutError)) and not type(
-                    e).__module__.startswith(('huggingface_hub', 'httpx')):
+            network = (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                       TimeoutError)
+            from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
+            if not (isinstance(e, network) or from_hub):
                 raise
-            reason, code = getattr(e, 'reason', None), getattr(e, 'code', None) or getattr(
-                getattr(e, 'response', None), 'status_code', None)
-            said = getattr(reason, 'strerror', None) or common.first_line(e)   # HTTP Error 404...
-            if attempt >= retries or isinstance(reason, (socket.gaierror, ConnectionRefusedError))\
-                    or type(e).__name__ == 'OfflineModeIsEnabled' or isinstance(code, int) and (
-                    code < 500 and code not in (408, 429)):
-                raise DownloadError(f'{what}: {said}') from None
-            print(f'{what}: {said}; retry {attempt + 1}/{retries}', file=sys.stderr)
+            code = getattr(e, 'code', None)
+            if code is None:
+                code = getattr(getattr(e, 'response', None), 'status_code', None)
+            said = getattr(getattr(e, 'reason', None), 'strerror', None) or common.first_line(e)
+            final = isinstance(code, int) and code < 500 and code not in (408, 429)
+            if attempt >= retries or final or type(e).__name__ == 'OfflineModeIsEnabled':
+                raise DownloadError(f'{what or url}: {said}') from None
+            print(f'{what or url}: {said}; retry {attempt + 1}/{retries}', file=sys.stderr)
             time.sleep(backoff * 2 ** attempt)
 
 
 def download(url, dest, retries=5, backoff=2.0):
-    """url → dest through dest.part, resumed after a cut (in this run or an earlier one) by a Range
-    request with If-Range: the file's version (strong ETag or Last-Modified) in dest.part.json. A
-    file that changed or has no version, or a server that ignores Range, starts from zero."""
+    """url → dest through dest.part, resumed after a cut (in this run or an earlier one)
+    by a Range request with If-Range: the file's version (strong ETag or Last-Modified)
+    in dest.part.json. A file that changed or has no version, or a server that ignores
+    Range, starts from zero."""
     dest = Path(dest)
-    part, info = (dest.with_name(dest.name + x) for x in ('.part', '.part.json'))
+    part = dest.with_name(dest.name + '.part')
+    info = dest.with_name(dest.name + '.part.json')
 
     def fetch():
         try:
@@ -82,8 +110,10 @@ def download(url, dest, retries=5, backoff=2.0):
             have = 0
         if have and have == seen['total']:   # complete, but not renamed yet
             return
-        request = urllib.request.Request(url, headers={**AGENT, **(
-            {'Range': f'bytes={have}-', 'If-Range': seen['validator']} if have else {})})
+        headers = dict(AGENT)
+        if have:
+            headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
+        request = urllib.request.Request(url, headers=headers)
         with urllib.request.urlopen(request, timeout=60) as resp, open(
                 part, 'ab' if have else 'wb') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
@@ -92,12 +122,14 @@ def download(url, dest, retries=5, backoff=2.0):
                           'downloading it from the start', file=sys.stderr)
                     f.seek(0)
                     f.truncate()
-                etag, n = resp.headers.get('ETag') or '', resp.headers['Content-Length'] or ''
-                seen = {'validator': resp.headers['Last-Modified'] if etag[:2] in ('', 'W/')
-                        else etag, 'total': int(n) if n.isdigit() else None}
+                etag = resp.headers.get('ETag') or ''
+                length = resp.headers['Content-Length'] or ''
+                seen = {'validator': etag, 'total': int(length) if length.isdigit() else None}
+                if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
+                    seen['validator'] = resp.headers['Last-Modified']
                 common.write_atomic(info, json.dumps(seen))
-            with tqdm.wrapattr(resp, 'read', total=seen['total'], initial=f.tell(), disable=None,
-                               leave=False, desc=dest.name) as r:
+            with tqdm.wrapattr(resp, 'read', total=seen['total'], initial=f.tell(),
+                               disable=None, leave=False, desc=dest.name) as r:
                 shutil.copyfileobj(r, f, 1 << 20)
             if seen['total'] and f.tell() < seen['total']:   # a cut: the retry resumes it
                 raise http.client.IncompleteRead(b'', seen['total'] - f.tell())
@@ -112,32 +144,45 @@ def download(url, dest, retries=5, backoff=2.0):
 
 
 def text_pieces(blocks, label):
-    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at line ends
-    (a giant line at a space). A NUL byte means binary: refused (file_pieces refuses non-UTF-8)."""
-    dec, buf, total = codecs.getincrementaldecoder('utf-8')(), '', 0
+    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at
+    line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
+    space), inside a word only where it has none. A NUL byte means binary: refused
+    (file_pieces refuses non-UTF-8)."""
+    decoder = codecs.getincrementaldecoder('utf-8')()
+    buf = ''
+    total = 0
     for raw in itertools.chain(blocks, [None]):
-        if raw and raw.find(0) >= 0:
+        final = raw is None
+        raw = raw or b''
+        if raw.find(0) >= 0:
             raise UserError(f'{label} looks binary (NUL byte at offset {total + raw.find(0)}); '
                             'expected UTF-8 text (UTF-16 files must be converted first)')
-        buf, total = buf + dec.decode(raw or b'', final=raw is None), total + len(raw or b'')
+        buf += decoder.decode(raw, final=final)
+        total += len(raw)
         cut = buf.rfind('\n')
+        last_break = _LAST_BREAK.match(buf) if cut < 0 and len(buf) > CHUNK else None
         if cut >= 0:
             yield buf[:cut], '\n'
             buf = buf[cut + 1:]
-        elif len(buf) > CHUNK:  # a giant line: cut at a space, or anywhere as a last resort
-            cut = buf.rfind(' ')
-            yield (buf[:cut], ' ') if cut >= 0 else (buf, '')
-            buf = buf[cut + 1:] if cut >= 0 else ''
+        elif last_break:   # the break character itself becomes the space between the pieces
+            yield buf[:last_break.end() - 1], ' '
+            buf = buf[last_break.end():]
+        elif len(buf) > CHUNK:   # a giant word: the pieces are joined with nothing between
+            yield buf, ''
+            buf = ''
     if buf:
         yield buf, ''
 
 
 def file_pieces(path, downloaded=False, stream=None):
     """(text, separator) pieces of a .txt/.zip/.xz/.parquet file, or of `stream` named
-    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches it."""
+    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches
+    it."""
     import lzma
     import zipfile
-    label, path, suffix = str(path), Path(path), Path(path).suffix.lower()
+    label = str(path)
+    path = Path(path)
+    suffix = path.suffix.lower()
     try:
         if suffix == '.parquet':
             import pyarrow.parquet as pq
@@ -145,36 +190,48 @@ def file_pieces(path, downloaded=False, stream=None):
                 yield from ((t, '\n') for t in batch.column(0).to_pylist() if t)
         elif suffix == '.zip':
             with zipfile.ZipFile(path) as z:
-                for m in sorted(n for n in z.namelist() if not n.endswith('/')):
-                    with z.open(m) as fb:
-                        yield from text_pieces(iter(lambda: fb.read(CHUNK), b''), f'{label}:{m}')
+                for member in sorted(n for n in z.namelist() if not n.endswith('/')):
+                    with z.open(member) as fb:
+                        blocks = iter(lambda: fb.read(CHUNK), b'')
+                        yield from text_pieces(blocks, f'{label}:{member}')
         else:
-            with (lzma.open if suffix == '.xz' else open)(stream or path, 'rb') as fb:
+            opener = lzma.open if suffix == '.xz' else open
+            with opener(stream or path, 'rb') as fb:
                 yield from text_pieces(iter(lambda: fb.read(CHUNK), b''), label)
     except Exception as e:   # bad data or a cut stream; the OS's own errors, UserErrors pass on
-        if getattr(e, 'errno', None) and not stream or not isinstance(e, (
-                zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError, http.client.HTTPException,
-                UnicodeDecodeError)) and not type(e).__module__.startswith('pyarrow'):
+        said_by_os = getattr(e, 'errno', None) and stream is None   # (common.main says it)
+        damaged = isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError,
+                                 http.client.HTTPException, UnicodeDecodeError))
+        if said_by_os or not (damaged or type(e).__module__.startswith('pyarrow')):
             raise
         if downloaded:
             Path(os.path.realpath(path)).unlink(missing_ok=True)
             path.unlink(missing_ok=True)
-        raise UserError(f'{label}: corrupt, cut short or not UTF-8 text ({common.first_line(e)})'
-                        + ('; re-run to fetch it again' * bool(downloaded or stream))) from None
+        fix = ''
+        if downloaded or stream:
+            fix = '; re-run to fetch it again'
+        raise UserError(f'{label}: corrupt, cut short or not UTF-8 text '
+                        f'({common.first_line(e)}){fix}') from None
 
 
-def encode(path, pieces, alphabet, dtype, lang, cap, fold):
-    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path, up to `cap`
-    characters; every cleaned line, the last one too, ends with a newline. Returns the count."""
+def encode(path, pieces, cap, alphabet, dtype, lang, fold):
+    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path,
+    up to `cap` characters; every cleaned line, the last one too, ends with a newline.
+    Returns the count. Text whose letters mostly fall outside lang's alphabet is refused
+    (cleaning.foreign_letters, on its first MiB of characters)."""
     lut = np.full(0x110000, -1, dtype=np.int32)
     lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
-    n, pending = 0, ''
-    with open(path, 'wb') as f, tqdm(total=cap, unit='char', unit_scale=True, disable=None,
-                                     leave=False, desc='cleaning' if lang else 'encoding') as bar:
+    n = 0
+    pending = ''
+    sample = '' if lang else None   # raw text until its letters are checked
+    bar = tqdm(total=cap, unit='char', unit_scale=True, disable=None, leave=False,
+               desc='cleaning' if lang else 'encoding')
+    with open(path, 'wb') as f, bar:
         def put(text):   # → False once the cap is reached
             nonlocal n
-            ids = lut[np.frombuffer(text[:None if cap is None else cap - n].encode('utf-32-le'),
-                                    dtype=np.uint32)]
+            if cap is not None:
+                text = text[:cap - n]
+            ids = lut[np.frombuffer(text.encode('utf-32-le'), dtype=np.uint32)]
             if (ids < 0).any():  # only reachable without cleaning (text8)
                 raise UserError(f'text8 input holds {text[int(np.argmax(ids < 0))]!r}, not in '
                                 'a-z/space; use --lang en for other English text')
@@ -183,32 +240,179 @@ def encode(path, pieces, alphabet, dtype, lang, cap, fold):
             bar.update(len(ids))
             return cap is None or n < cap
         for text, sep in pieces:
-            text = clean(text, lang, fold) if lang else text
+            if sample is not None and len(sample) < 1 << 20:
+                sample += text
+            elif sample:
+                _refuse_foreign(sample, lang, fold)
+                sample = None
+            if lang:
+                text = clean(text, lang, fold)
             if text:
-                text, pending = pending + text if n or not lang else text, sep
+                if n or not lang:
+                    text = pending + text
+                pending = sep
                 if not put(text):
-                    return n
+                    break
             elif not lang:
                 pending += sep
-            elif sep == '\n' or sep == ' ' and not pending:
+            elif sep == '\n' or (sep == ' ' and not pending):
                 pending = sep  # the strongest separator since the last text
-        if lang and n:
-            put('\n')
+        else:
+            if lang and n:
+                put('\n')
+    if sample:
+        _refuse_foreign(sample, lang, fold)
     return n
 
 
+def _refuse_foreign(text, lang, fold):
+    """One UserError line where the first MiB of characters of raw text is likely not lang."""
+    why = foreign_letters(text[:1 << 20], lang, fold)
+    if why:
+        raise UserError(f'the input text: {why}')
+
+
 def _ids(path, dtype):   # a .bin's token ids, memory-mapped (numpy cannot map an empty file)
-    return np.memmap(path, dtype=dtype, mode='r') if os.path.getsize(path) else np.zeros(0, dtype)
+    if os.path.getsize(path):
+        return np.memmap(path, dtype=dtype, mode='r')
+    return np.zeros(0, dtype)
 
 
-def splits(args, out, alphabet, dtype, lang, key, inputs):
-    """train/valid/test.bin, unless a run with these options and input made them → .splits.json."""
-    path, item, stamp, done = out / '.splits.json', np.dtype(dtype).itemsize, None, False
-    E, T, fold = args.max_eval_chars, args.max_train_chars, args.fold_accents
+def input_roles(paths):
+    """Several --input files → [train files, valid files, test files], each file in the
+    split its name says (train, valid, dev or validation, test), all three present; else
+    refused in one line. One file (or none) → None: it is cut 90/5/5."""
+    if len(paths) < 2:
+        return None
+    groups = {s: [] for s in SPLITS}
+    how = ('several --input files keep the splits their names say: name each *train*, *valid* '
+           '(or *dev*) or *test*, all three present, or give one file to be cut 90/5/5')
+    for path in paths:
+        roles = [s for s in SPLITS if s in path.name.lower().replace('dev', 'valid')]
+        if len(roles) != 1:
+            said = ' and '.join(roles) or 'no split'
+            raise UserError(f'--input {path}: its name says {said}; {how}', 2)
+        groups[roles[0]].append(path)
+    for split, files in groups.items():
+        if not files:
+            raise UserError(f'--input: no file named *{split}*; {how}', 2)
+    return list(groups.values())
+
+
+def _by_split(out, groups, caps, codec):
+    """Each split's .bin from its group of (text, separator) iterators, up to its cap."""
+    for split, cap, group in zip(SPLITS, caps, groups):
+        pieces = itertools.chain.from_iterable(group)
+        common.write_atomic(out / f'{split}.bin', lambda tmp: encode(tmp, pieces, cap, **codec))
+
+
+def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
+    """One stream cut into the splits: 90% train, 5% valid, 5% test in that order (text8,
+    --input); eval_first (cc-100): valid and test first, so that a capped stream fills
+    them."""
+    tmp = out / '.all.bin'   # (a fixed name: the run holds the folder's lock)
     try:
-        stamp = json.loads(path.read_text())
-        done = (stamp['key'], stamp['inputs']) == (key, inputs) and all(
-            os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item for s in SPLITS)
+        total = encode(tmp, pieces, cap, **codec)
+        each = total // 20
+        if eval_first and (total >= cap or total >= 20 * eval_cap):
+            each = eval_cap
+        data = _ids(tmp, codec['dtype'])
+        order = SPLITS
+        if eval_first:
+            order = ('valid', 'test', 'train')
+        at = 0
+        for split in order:
+            n = total - 2 * each if split == 'train' else each
+            common.write_atomic(out / f'{split}.bin', data[at:at + n].tofile)
+            at += n
+        del data
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _wiki40b(args, out, caps, codec):
+    """The official splits of wiki40b's <lang> parquet shards, through huggingface_hub
+    (its cache, resumed downloads, HF_TOKEN, login); a shard is fetched only while its
+    split's cap is not reached → (the shards read, the split rule)."""
+    import huggingface_hub as hub
+    from huggingface_hub import constants
+    endpoint = args.hf_base or constants.ENDPOINT
+    sources = []
+
+    def listing():
+        tree = hub.HfApi(endpoint=args.hf_base).list_repo_tree(
+            WIKI40B, path_in_repo=args.lang, repo_type='dataset')
+        return sorted(f.path for f in tree if f.path.endswith('.parquet'))
+
+    def shard(name):
+        def fetch():
+            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset',
+                                       cache_dir=args.hf_cache, endpoint=args.hf_base)
+        sources.append(f'hf://datasets/{WIKI40B}/{name}')
+        path = _retrying(endpoint, fetch, args.retries, args.backoff, what=name)
+        return file_pieces(path, downloaded=True)
+
+    shards = _retrying(endpoint, listing, args.retries, args.backoff,
+                       what=f'{endpoint}: {WIKI40B}/{args.lang}')
+    groups = []
+    for split in ('train', 'validation', 'test'):
+        names = [p for p in shards if Path(p).name.startswith(split + '-')]
+        groups.append(map(shard, names))
+    _by_split(out, groups, caps, codec)
+    return sources, 'official wiki40b splits, capped'
+
+
+def _make_splits(args, out, codec):
+    """train/valid/test.bin from the source → (what was read, the split rule)."""
+    train_cap = args.max_train_chars
+    eval_cap = args.max_eval_chars
+    caps = (train_cap, eval_cap, eval_cap)
+    if args.roles:
+        groups = [map(file_pieces, files) for files in args.roles]
+        _by_split(out, groups, caps, codec)
+        return args.input, 'official (input files named train/valid/test)'
+    if args.input:
+        cap = None if args.dataset == 'text8' else int(train_cap / 0.9)
+        _one_stream(out, file_pieces(args.input[0]), cap, eval_cap, codec)
+        return args.input, '90% train / 5% valid / 5% test, in order'
+    if args.dataset == 'text8':
+        zpath = download(args.text8_url, out / 'download' / 'text8.zip', args.retries,
+                         args.backoff)
+        _one_stream(out, file_pieces(zpath, downloaded=True), None, eval_cap, codec)
+        return [args.text8_url], 'first 90M train / next 5M valid / last 5M test'
+    if args.dataset == 'wiki40b':
+        return _wiki40b(args, out, caps, codec)
+    # cc-100: streamed; a cut stream ends the run, and the next one starts again
+    url = f'{args.cc100_base}/{args.lang}.txt.xz'
+
+    def connect():
+        request = urllib.request.Request(url, headers=AGENT)
+        return urllib.request.urlopen(request, timeout=60)
+    with _retrying(url, connect, args.retries, args.backoff) as resp:
+        pieces = file_pieces(url, stream=resp)
+        _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
+    return [url], f'first {eval_cap} chars valid, next {eval_cap} test, then train (cleaned chars)'
+
+
+def _write_json(path, obj):
+    """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8
+    (a surrogate escape, os.fsdecode's) is kept and read back whole."""
+    common.write_atomic(path, json.dumps(obj, indent=1))
+
+
+def splits(args, out, codec, key, inputs):
+    """train/valid/test.bin, unless a run with these options and input made them →
+    .splits.json. The three are a set: a run that fails or is stopped while making them
+    keeps none."""
+    path = out / '.splits.json'
+    item = np.dtype(codec['dtype']).itemsize
+    stamp = None
+    done = False
+    try:
+        stamp = json.loads(path.read_text(encoding='utf-8'))
+        same = stamp['key'] == key and stamp['inputs'] == inputs
+        sizes = stamp['sizes']
+        done = same and all(os.path.getsize(out / f'{s}.bin') == sizes[s] * item for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
     if done and not args.force:
@@ -218,93 +422,58 @@ def splits(args, out, alphabet, dtype, lang, key, inputs):
         print(f'{out}: other options or input, or incomplete: rebuilding it', file=sys.stderr)
     for f in [out / 'meta.json', path, *out.glob('*unigram-*')]:
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
-
-    def by_split(groups):  # one list of (text, separator) iterators per split
-        for split, cap, group in zip(SPLITS, (T, E, E), groups):
-            common.write_atomic(out / f'{split}.bin', lambda tmp: encode(
-                tmp, (p for it in group for p in it), alphabet, dtype, lang, cap, fold))
-
-    def one_stream(pieces, cap, head=False):
-        tmp = out / '.all.bin'   # (a fixed name: the run holds the folder's lock)
-        try:
-            N = encode(tmp, pieces, alphabet, dtype, lang, cap, fold)
-            # text8, --input: 90% train, 5% valid, 5% test in that order; cc-100: valid and test
-            # first, so that a capped stream fills them before train
-            e = E if head and (N >= T + 2 * E or N >= 20 * E) else N // 20
-            data, at = _ids(tmp, dtype), 0
-            for split in ('valid', 'test', 'train') if head else SPLITS:
-                n = N - 2 * e if split == 'train' else e
-                common.write_atomic(out / f'{split}.bin', data[at:at + n].tofile)
-                at += n
-            del data
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    names = [p.name.lower().replace('dev', 'valid') for p in args.input or []]
-    groups = [[p for p, n in zip(args.input or [], names) if s in n] for s in SPLITS]
-    if len(names) > 1 and all(groups) and sum(map(len, groups)) == len(names):
-        by_split([map(file_pieces, g) for g in groups])
-        sources, rule = args.input, 'official (input files named train/valid/test)'
-    elif args.input:
-        one_stream((p for f in args.input for p in file_pieces(f)),
-                   None if args.dataset == 'text8' else int(T / 0.9))
-        sources, rule = args.input, '90% train / 5% valid / 5% test, in order'
-    elif args.dataset == 'text8':
-        zpath = download(args.text8_url, out / 'download' / 'text8.zip', args.retries, args.backoff)
-        one_stream(file_pieces(zpath, downloaded=True), None)
-        sources, rule = [args.text8_url], 'first 90M train / next 5M valid / last 5M test'
-    elif args.dataset == 'wiki40b':  # through huggingface_hub: its cache, resume, HF_TOKEN, login
-        import huggingface_hub as hub
-        sources, rule = [], 'official wiki40b splits, capped'
-        paths = _retrying(f"{args.hf_base or 'the hub'}: {WIKI40B}/{lang}", lambda: sorted(
-            f.path for f in hub.HfApi(endpoint=args.hf_base).list_repo_tree(
-                WIKI40B, path_in_repo=lang, repo_type='dataset') if f.path.endswith('.parquet')),
-            args.retries, args.backoff)
-
-        def shard(p):  # fetched only while the split's cap is not reached
-            sources.append(f'hf://datasets/{WIKI40B}/{p}')
-            return file_pieces(_retrying(p, lambda: hub.hf_hub_download(
-                WIKI40B, p, repo_type='dataset', cache_dir=args.hf_cache, endpoint=args.hf_base),
-                args.retries, args.backoff), downloaded=True)
-        by_split([map(shard, [p for p in paths if Path(p).name.startswith(s + '-')])
-                  for s in ('train', 'validation', 'test')])
-    else:   # cc-100: a cut stream ends the run, and the next one starts again
-        url = f'{args.cc100_base}/{lang}.txt.xz'
-        with _retrying(url, lambda: urllib.request.urlopen(urllib.request.Request(
-                url, headers=AGENT), timeout=60), args.retries, args.backoff) as resp:
-            one_stream(file_pieces(url, stream=resp), T + 2 * E, head=True)
-        sources, rule = [url], f'first {E} chars valid, next {E} test, then train (cleaned chars)'
-    sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
-    if min(sizes.values()) == 0:
+    try:
+        sources, rule = _make_splits(args, out, codec)
+        sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
+        if min(sizes.values()) == 0:
+            read = ', '.join(map(str, sources)) or WIKI40B
+            raise UserError(f'{read}: too little text for three non-empty splits '
+                            f'({sum(sizes.values())} characters cleaned)')
+    except BaseException:
         for s in SPLITS:
-            (out / f'{s}.bin').unlink()
-        raise UserError(f"{', '.join(map(str, sources)) or WIKI40B}: too little text for three "
-                        f'non-empty splits ({sum(sizes.values())} characters cleaned)')
+            (out / f'{s}.bin').unlink(missing_ok=True)
+        raise
     stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule)
-    common.write_atomic(path, json.dumps(stamp, ensure_ascii=False))
+    _write_json(path, stamp)
     return stamp
 
 
-# The paper's released tokenizer settings; fitted on the word counts of the whole train split.
+# The paper's released tokenizer settings; fitted on the word counts of the whole train
+# split.
 UNIGRAM_SETTINGS = dict(model_type='unigram', add_dummy_prefix=True, max_sentencepiece_length=16,
                         split_digits=True, split_by_whitespace=True, split_by_unicode_script=True,
                         remove_extra_whitespaces=True, normalization_rule_name='identity',
                         character_coverage=1.0)
-# SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large split): it
-# trains in a child in a session of its own, which this process kills at once on Ctrl-C.
-_FIT = ('import io, json, sys, sentencepiece as spm; m = io.BytesIO(); '
-        'spm.SentencePieceTrainer.train(sentence_iterator=iter(sys.stdin.buffer.read().decode()'
-        '.split("\\n")), model_writer=m, **json.loads(sys.argv[1])); '
-        'sys.stdout.buffer.write(m.getvalue())')
+# SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large
+# split): it trains in a child in a session of its own, which this process kills at once
+# on Ctrl-C. On Linux the child also dies with this process however that ends (SIGTERM,
+# SIGKILL): prctl(PR_SET_PDEATHSIG, SIGKILL), and its parent checked once that is set.
+_FIT = """
+import ctypes, io, json, os, sys
+import sentencepiece as spm
+try:
+    ctypes.CDLL(None).prctl(1, 9)
+except AttributeError:
+    pass
+if os.getppid() != int(sys.argv[2]):
+    sys.exit(1)
+model = io.BytesIO()
+rows = sys.stdin.buffer.read().decode().split("\\n")
+spm.SentencePieceTrainer.train(sentence_iterator=iter(rows), model_writer=model,
+                               **json.loads(sys.argv[1]))
+sys.stdout.buffer.write(model.getvalue())
+"""
 
 
-def split_words(path, alphabet, dtype, block=1 << 21):
-    """A split's words ('' between two separators) by blocks: (words, closed); not closed: the
-    split's last word, where no separator follows."""
-    data, chars, carry = _ids(path, dtype), np.array([ord(c) for c in alphabet], '<u4'), ''
+def split_words(path, codec, block=1 << 21):
+    """A split's words ('' between two separators) by blocks: (words, closed); not
+    closed: the split's last word, where no separator follows."""
+    data = _ids(path, codec['dtype'])
+    chars = np.array([ord(c) for c in codec['alphabet']], '<u4')
+    carry = ''
     for i in range(0, len(data), block):
-        words = (carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')).replace(
-            '\n', ' ').split(' ')
+        text = carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')
+        words = text.replace('\n', ' ').split(' ')
         carry = words.pop()  # maybe cut by the block's end: it goes on in the next block
         yield words, True
     if carry:
@@ -312,11 +481,16 @@ def split_words(path, alphabet, dtype, block=1 << 21):
 
 
 def word_labels(sp, words):
-    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the last (the
-    space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁ dropped."""
-    words, out = list(words), {}
-    for w, pieces in zip(words, sp.encode(words, out_type=str) if words else []):
-        pieces = [p for p in [pieces[0].removeprefix('\u2581')] + pieces[1:] if p] if w else []
+    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the
+    last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
+    dropped."""
+    words = list(words)
+    out = {}
+    encoded = sp.encode(words, out_type=str) if words else []
+    for w, pieces in zip(words, encoded):
+        if w:   # the dummy prefix's ▁ dropped
+            pieces[0] = pieces[0].removeprefix('\u2581')
+        pieces = [p for p in pieces if p and w]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
             lab[end - 1] = 1
@@ -325,10 +499,13 @@ def word_labels(sp, words):
 
 
 def left_context_ceiling(train_words, valid_words, labels):
-    """The best a causal boundary predictor can do from the word's prefix up to t: the Bayes
-    decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word: count}; 0 for a
-    prefix train lacks), on valid_words: in-word label ends, decisions of 1, both, and recall."""
-    total, ones, c = Counter(), Counter(), Counter()
+    """The best a causal boundary predictor can do from the word's prefix up to t: the
+    Bayes decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word:
+    count}; 0 for a prefix train lacks), on valid_words: in-word label ends, decisions of
+    1, both, and recall."""
+    total = Counter()
+    ones = Counter()
+    c = Counter()
     for w, n in train_words.items():
         for k, b in enumerate(labels[w]):
             total[w[:k + 1]] += n
@@ -341,80 +518,116 @@ def left_context_ceiling(train_words, valid_words, labels):
     return {**c, 'in_word_recall': round(c['in_word_hits'] / e, 4) if e else None}
 
 
-def make_unigram(args, out, meta, V, settings):
-    """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece ends; a
-    space or newline closes the word before it), the model last → its set's meta.json entry."""
-    import sentencepiece as spm
-    alphabet, dtype, sizes, t0 = meta['alphabet'], meta['dtype'], meta['sizes'], time.time()
-    words = {s: Counter(w for ws, _ in split_words(out / f'{s}.bin', alphabet, dtype) for w in ws
-                        if w) for s in SPLITS}
-    rows = [f'{w}\t{n}' for w, n in words['train'].most_common(args.unigram_max_words or None)]
-    print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
-    letters = ''.join(c for c in alphabet if c not in ' \n')
-    kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters, bos_id=-1,
-              eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
-    child = subprocess.Popen([sys.executable, '-c', _FIT, json.dumps(kw)], start_new_session=True,
+def _write_labels(out, V, labels, codec):
+    """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a
+    word closes it) → the count of ones per split."""
+    ones = dict.fromkeys(SPLITS, 0)
+    for split in SPLITS:
+        def write(tmp, split=split):
+            with open(tmp, 'wb') as f:
+                for ws, closed in split_words(out / f'{split}.bin', codec):
+                    chunk = b''.join(labels[w] + b'\x01' for w in ws)
+                    if not closed:   # the split's end closes its last word
+                        chunk = chunk[:-2] + b'\x01'
+                    ones[split] += chunk.count(1)
+                    f.write(chunk)
+        common.write_atomic(out / f'{split}.unigram-{V}.bin', write)
+    return ones
+
+
+def _fit(V, rows, letters):
+    """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
+    model."""
+    kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
+              bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
+    command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
+    child = subprocess.Popen(command, start_new_session=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:   # each letter once more as a word of its own: letters the text lacks get a piece
-        proto, err = child.communicate('\n'.join(rows + [f'{c}\t1' for c in letters]).encode())
+    # each letter once more as a word of its own: letters the text lacks get a piece
+    text = '\n'.join(rows + [f'{c}\t1' for c in letters])
+    try:
+        proto, err = child.communicate(text.encode())
     finally:
         child.kill()   # (on Ctrl-C; a child that has ended is not there to be killed)
         child.wait()
-    if child.returncode:   # a size too large for the text, or too small for the alphabet: the fix
-        said = (err.decode(errors='replace').strip().splitlines() or ['?'])[-1]
+    return proto, child.returncode, err.decode(errors='replace')
+
+
+def make_unigram(args, out, meta, V, settings):
+    """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece
+    ends; a space or newline closes the word before it), the model last → its set's
+    meta.json entry."""
+    import sentencepiece as spm
+    codec = {'alphabet': meta['alphabet'], 'dtype': meta['dtype']}
+    sizes = meta['sizes']
+    t0 = time.time()
+    words = {}
+    for s in SPLITS:
+        chunks = split_words(out / f'{s}.bin', codec)
+        words[s] = Counter(w for ws, _ in chunks for w in ws if w)
+    common_words = words['train'].most_common(args.unigram_max_words or None)
+    rows = [f'{w}\t{n}' for w, n in common_words]
+    print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
+    letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
+    proto, failed, err = _fit(V, rows, letters)
+    if failed:   # a size too large for the text, or too small for the alphabet: the fix
+        said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
         fit = re.search(r'(?:set it to a value <= |required_chars\. \d+ vs )(\d+)', said)
-        raise UserError(f"--unigram {V}: {said.removeprefix('RuntimeError: ')} (SentencePiece)" + (
-            f"; run: {_rerun(args, '--unigram', fit[1])}; or --unigram 0 to skip Unigram "
-            'boundaries' if fit else ''))
-    labels = word_labels(spm.SentencePieceProcessor(model_proto=proto),
-                         set().union(*words.values(), ['']))
-    ones = dict.fromkeys(SPLITS, 0)
-    for split in SPLITS:
-        def write(tmp, s=split):
-            with open(tmp, 'wb') as f:
-                for ws, closed in split_words(out / f'{s}.bin', alphabet, dtype):
-                    chunk = b''.join(labels[w] + b'\x01' for w in ws)   # the separator after it
-                    chunk = chunk if closed else chunk[:-2] + b'\x01'   # the split's end closes it
-                    ones[s] += chunk.count(1)
-                    f.write(chunk)
-        common.write_atomic(out / f'{split}.unigram-{V}.bin', write)
+        fix = ''
+        if fit:
+            fix = (f"; run: {_rerun(args, {'--unigram': [fit[1]]})}; or --unigram 0 to skip "
+                   'Unigram boundaries')
+        raise UserError(f'--unigram {V}: {said} (SentencePiece){fix}')
+    model = spm.SentencePieceProcessor(model_proto=proto)
+    labels = word_labels(model, set().union(*words.values(), ['']))
+    ones = _write_labels(out, V, labels, codec)
     c = left_context_ceiling(words['train'], words['valid'], labels)
     ceiling = ones['valid'] - c['in_word_ends'] + c['in_word_predicted']
     common.write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
     print(f'unigram-{V}: trained and labelled in {time.time() - t0:.1f}s')
+    sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
+    rule = 'b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5'
+    ceiling_sf = round(sizes['valid'] / ceiling, 4) if ceiling else None
     return {'vocab_size': V, 'model': f'unigram-{V}.model',
             'labels': {s: f'{s}.unigram-{V}.bin' for s in SPLITS}, 'settings': settings,
-            'shortening_factor': {s: round(sizes[s] / ones[s], 4) if ones[s] else None
-                                  for s in SPLITS},
-            'left_context_ceiling': {
-                'split': 'valid', 'estimated_on': 'train', **c,
-                'rule': 'b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5',
-                'shortening_factor': round(sizes['valid'] / ceiling, 4) if ceiling else None}}
+            'shortening_factor': sf,
+            'left_context_ceiling': {'split': 'valid', 'estimated_on': 'train', **c,
+                                     'rule': rule, 'shortening_factor': ceiling_sf}}
+
+
+def _label_sets(path):
+    """The Unigram label sets of the meta.json at path ({V: set}, older single "unigram"
+    entry included) and its default V; none where there is no meta.json."""
+    if not path.exists():
+        return {}, None
+    try:
+        old = json.loads(path.read_text(encoding='utf-8'))
+        why = meta_problem(old, ('unigram_sets', 'unigram'))
+    except ValueError as e:
+        why = f'unreadable ({e})'
+    if why:
+        raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
+                        'kept, the labels made again)')
+    default = old.get('unigram')
+    listed = old.get('unigram_sets')
+    if not listed and default:
+        listed = {str(default['vocab_size']): {'settings': None, **default}}
+    sets = {u['vocab_size']: u for u in (listed or {}).values()}
+    return sets, default and default['vocab_size']
 
 
 def unigram(args, out, meta):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the meta.json
-    there (or its older single "unigram" entry), and Unigram-V unless made with these settings."""
-    path, sets, default = out / 'meta.json', {}, None
+    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the
+    meta.json there, and Unigram-V unless made with these settings; the last made is the
+    default."""
+    sets, default = _label_sets(out / 'meta.json')
 
     def label_meta(default):   # the last made, or the one made earlier, is the default
-        default = default if default in sets else max(sets, default=None)
+        if default not in sets:
+            default = max(sets, default=None)
         return {'unigram': sets[default] if default else None,
                 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding='utf-8'))
-            why = dataset.meta_problem(old, ('unigram_sets', 'unigram'))
-        except ValueError as e:
-            why = f'unreadable ({e})'
-        if why:
-            raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
-                            'kept, the labels made again)')
-        u = old.get('unigram')
-        sets = old.get('unigram_sets') or ({str(u['vocab_size']): {'settings': None, **u}}
-                                           if u else {})
-        sets, default = {u['vocab_size']: u for u in sets.values()}, u and u['vocab_size']
-    V = args.unigram if args.unigram is not None else LANGS[args.lang]['unigram']
+    V = args.unigram
     settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
                 'max_words': args.unigram_max_words or None,
                 'label_rule': 'piece ends; the space closes its word'}
@@ -423,61 +636,92 @@ def unigram(args, out, meta):
     elif V:
         if sets.pop(V, None):   # it leaves meta.json before its files are replaced
             print(f'unigram-{V}: made with other settings; replacing it', file=sys.stderr)
-            common.write_atomic(out / 'meta.json', json.dumps(
-                {**meta, **label_meta(default)}, ensure_ascii=False, indent=1))
+            _write_json(out / 'meta.json', {**meta, **label_meta(default)})
         sets[V] = make_unigram(args, out, meta, V, settings)
-    return label_meta(V if V in sets else default)
+        default = V
+    return label_meta(default)
 
 
-def prepare(args, out, lang, inputs):
-    """The dataset in out: splits (kept when done), Unigram labels, meta.json last."""
-    import importlib.metadata as md
-    alphabet = TEXT8_ALPHABET if lang is None else ['\n', ' '] + list(LANGS[lang]['letters'])
-    dtype = 'uint8' if len(alphabet) <= 256 else 'uint16'
-    # everything that decides the cleaned text: recorded, and compared by re-runs
+def cleaning_key(args, lang, inputs):
+    """Everything that decides the cleaned text: recorded in .splits.json, compared by
+    re-runs."""
     key = {'dataset': args.dataset, 'lang': lang, 'pipeline': 'text8 as is (a-z and space)',
            'fold_accents': False, 'max_train_chars': args.max_train_chars,
            'max_eval_chars': args.max_eval_chars,
            'input': [f['path'] for f in inputs] if inputs else None}
     if lang:
+        import importlib.metadata as md
+        homoglyphs = None
+        if lang != 'he':
+            version = md.version('confusable-homoglyphs')
+            homoglyphs = f'Unicode confusables via confusable-homoglyphs {version}'
+        fixes = ['NFC first', 'İ -> i']
+        if lang == 'he':
+            fixes.append('digit words without niqqud')
         key.update(pipeline='paper (wiki40b markers, homoglyphs, lower case, digits, alphabet)',
-                   homoglyphs=None if lang == 'he' else 'Unicode confusables via '
-                   f"confusable-homoglyphs {md.version('confusable-homoglyphs')}",
-                   fold_accents=args.fold_accents, alphabet=LANGS[lang]['letters'],
-                   fixes=['NFC first', 'İ -> i'] + ['digit words without niqqud'] * (lang == 'he'))
-    stamp = splits(args, out, alphabet, dtype, lang, key, inputs)
-    sizes, sources, n = stamp['sizes'], stamp['source'], sum(stamp['sizes'].values())
-    ids, space = _ids(out / 'train.bin', dtype), alphabet.index(' ')
-    n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
+                   homoglyphs=homoglyphs, fold_accents=args.fold_accents,
+                   alphabet=LANGS[lang]['letters'], fixes=fixes)
+    return key
+
+
+def prepare(args, out, lang, inputs):
+    """The dataset in out: splits (kept when done), Unigram labels, meta.json last."""
+    alphabet = TEXT8_ALPHABET
+    if lang:
+        alphabet = ['\n', ' '] + list(LANGS[lang]['letters'])
+    dtype = 'uint8' if len(alphabet) <= 256 else 'uint16'
+    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents)
+    key = cleaning_key(args, lang, inputs)
+    stamp = splits(args, out, codec, key, inputs)
+    sizes = stamp['sizes']
+    n = sum(sizes.values())
+    ids = _ids(out / 'train.bin', dtype)
+    space = alphabet.index(' ')
+    n_space = 0
+    for i in range(0, len(ids), 1 << 24):
+        n_space += int((ids[i:i + (1 << 24)] == space).sum())
     mwl = sizes['train'] / n_space if n_space else None
-    part = ({'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
-            if args.dataset == 'text8' and n < 100_000_000 else None)
+    part = None
+    if args.dataset == 'text8' and n < 100_000_000:
+        part = {'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
     meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang, 'alphabet': alphabet,
             'vocab_size': len(alphabet), 'space_id': space,
             'newline_id': alphabet.index('\n') if '\n' in alphabet else None, 'dtype': dtype,
-            'sizes': sizes, 'source': sources, 'slice': part,
+            'sizes': sizes, 'source': stamp['source'], 'slice': part,
             'cleaning': {**key, 'split': stamp['rule']}, 'inputs': inputs,
             'mean_word_length': round(mwl, 4) if mwl else None,
             'defaults': {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}}
     meta.update(unigram(args, out, meta))
-    common.write_atomic(out / 'meta.json', json.dumps(meta, ensure_ascii=False, indent=1))
-    print(f'\n== {out} ==\ndataset {args.dataset}, lang {args.lang}, vocab {len(alphabet)} '
-          f"({dtype}), split: {stamp['rule']}" + (f"\nnote: a {n:,}-character slice of text8 "
-                                                  f"({', '.join(sources)}), not the full "
-                                                  '100,000,000' if part else ''))
-    print('chars: ' + ', '.join(f'{s} {sizes[s]:,}' for s in SPLITS))
-    print(f'mean word length (whitespace shortening factor, train): {mwl or 0:.3f}')
-    for u in meta['unigram_sets'].values():
-        c = u.get('left_context_ceiling') or {}
-        print(f"unigram-{u['vocab_size']} shortening factor: " + ', '.join(
-            f'{s} {v}' for s, v in u['shortening_factor'].items()) + (
-            f"; left-context ceiling on valid: SF {c['shortening_factor']}" if c else '')
-            + (' [default for train.py]' if meta['unigram'] is u else ''))
+    _write_json(out / 'meta.json', meta)
+    _report(out, meta, stamp['rule'])
     return meta
 
 
+def _report(out, meta, rule):
+    """The dataset in a few lines: what it is, its sizes, its shortening factors."""
+    sizes = meta['sizes']
+    print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, vocab "
+          f"{meta['vocab_size']} ({meta['dtype']}), split: {rule}")
+    if meta['slice']:
+        print(f"note: a {meta['slice']['chars']:,}-character slice of text8 "
+              f"({', '.join(meta['source'])}), not the full 100,000,000")
+    print('chars: ' + ', '.join(f'{s} {sizes[s]:,}' for s in SPLITS))
+    mwl = meta['mean_word_length'] or 0
+    print(f'mean word length (whitespace shortening factor, train): {mwl:.3f}')
+    for u in meta['unigram_sets'].values():
+        sf = ', '.join(f'{s} {v}' for s, v in u['shortening_factor'].items())
+        line = f"unigram-{u['vocab_size']} shortening factor: {sf}"
+        ceiling = u.get('left_context_ceiling')
+        if ceiling:
+            line += f"; left-context ceiling on valid: SF {ceiling['shortening_factor']}"
+        if meta['unigram'] is u:
+            line += ' [default for train.py]'
+        print(line)
+
+
 def _matching(pattern, what):
-    """Argument type: a string that `pattern` matches whole, or an error saying it is not `what`."""
+    """Argument type: a string that `pattern` matches whole, or an error saying it is not
+    `what`."""
     def parse(s):
         if re.fullmatch(pattern, s):
             return s.rstrip('/')
@@ -486,93 +730,182 @@ def _matching(pattern, what):
 
 
 def parser():
-    p = common.Parser(prog='prepare_data.py', description=(
+    p = common.Parser(prog='prepare_data.py', allow_abbrev=False, description=(
         'Download, clean, split and encode data for dynpool. Without --dataset, --lang, --input, '
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
-    a, env, url = p.add_argument, os.environ.get, _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
-    a('--dataset', choices=['text8', 'wiki40b', 'cc100', 'input'],
-      help='source (default text8; wiki40b with --lang; input with --input and --lang)')
-    a('--lang', choices=sorted(LANGS), help='its alphabet and digit names (cleaning.LANGS); '
-      'default en for text8, needed for the others')
-    a('--input', nargs='+', type=Path, metavar='FILE', help='.txt/.zip/.xz/.parquet '
-      'file(s), not a download (default): one is cut 90/5/5, several named *train*/*valid*/*test* '
-      'keep their splits')
-    a('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', not . or ..)"),
-      help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, input-<lang>)')
-    a('--out-dir', type=Path, default=Path('data'), help='parent of --name (default data)')
-    a('--fold-accents', action='store_true', default=None, help='fold letters outside the '
-      "alphabet (é -> e, ß -> ss), not the paper's space (default off)")
-    a('--max-train-chars', type=common.int_range(1, 10 ** 12),
-      help='cap on cleaned train characters (default 400M)')
-    a('--max-eval-chars', type=common.int_range(1, 10 ** 12),
-      help='cap on cleaned valid and test characters each (default 2M)')
-    a('--unigram', type=common.int_range(0, 10 ** 6), help='SentencePiece Unigram size V of the '
-      'boundary labels; sizes already made are kept, the same V with other settings replaced '
-      '(default ' + ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items())) +
-      '; 0: none made, those present kept)')
-    a('--unigram-max-words', type=common.int_range(0, 10 ** 9), default=0,
-      help='fit Unigram on the N most frequent train words (default 0: all)')
-    a('--force', action='store_true', help='redo finished steps, not downloads (default off)')
-    a('--hf-base', type=url, help='Hugging Face hub (default HF_ENDPOINT, else huggingface.co)')
-    a('--hf-cache', type=Path, help='huggingface_hub cache (default HF_HUB_CACHE, else '
-      '~/.cache/huggingface/hub)')
-    a('--text8-url', type=url, default=env('DYNPOOL_TEXT8_URL', 'http://mattmahoney.net/dc/'
-      'text8.zip'), help='(default DYNPOOL_TEXT8_URL, else http://mattmahoney.net/dc/text8.zip)')
-    a('--cc100-base', type=url, default=env('DYNPOOL_CC100_BASE', 'https://data.statmt.org/'
-      'cc-100'), help='holds <lang>.txt.xz (default DYNPOOL_CC100_BASE, else data.statmt.org)')
-    a('--retries', type=common.int_range(0, 100), default=5,
-      help='retries per download request (default 5; none for an unknown or refusing host)')
-    a('--backoff', type=common.float_range(0, 3600), default=2.0,
-      help='first retry delay in seconds, doubled each retry (default 2)')
+    url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
+    unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
+    p.add_argument('--dataset', choices=['text8', 'wiki40b', 'cc100', 'input'],
+                   help='source (default text8; wiki40b with --lang; input with --input and '
+                   '--lang)')
+    p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
+                   '(cleaning.LANGS); default en for text8, needed for the others')
+    p.add_argument('--input', nargs='+', type=Path, metavar='FILE',
+                   help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
+                   '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
+                   '*test*; all three), else are refused')
+    p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
+                                            'not . or ..)'),
+                   help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
+                   'input-<lang>)')
+    p.add_argument('--out-dir', type=Path, default=Path('data'),
+                   help='parent of --name (default data)')
+    p.add_argument('--fold-accents', action='store_true', default=None,
+                   help="fold letters outside the alphabet (é -> e, ß -> ss), not the paper's "
+                   'space (default off)')
+    p.add_argument('--max-train-chars', type=common.int_range(1, 10 ** 12),
+                   help='cap on cleaned train characters (default 400M)')
+    p.add_argument('--max-eval-chars', type=common.int_range(1, 10 ** 12),
+                   help='cap on cleaned valid and test characters each (default 2M)')
+    p.add_argument('--unigram', type=common.int_range(0, 10 ** 6),
+                   help='SentencePiece Unigram size V of the boundary labels; sizes already made '
+                   'are kept, the same V with other settings replaced (default '
+                   f'{unigram_defaults}; 0: none made, those present kept)')
+    p.add_argument('--unigram-max-words', type=common.int_range(0, 10 ** 9), default=0,
+                   help='fit Unigram on the N most frequent train words (default 0: all)')
+    p.add_argument('--force', action='store_true',
+                   help='redo finished steps, not downloads (default off)')
+    p.add_argument('--hf-base', type=url,
+                   help='Hugging Face hub (default HF_ENDPOINT, else huggingface.co)')
+    p.add_argument('--hf-cache', type=Path, help='huggingface_hub cache (default HF_HUB_CACHE, '
+                   'else ~/.cache/huggingface/hub)')
+    p.add_argument('--text8-url', type=url,
+                   default=os.environ.get('DYNPOOL_TEXT8_URL',
+                                          'http://mattmahoney.net/dc/text8.zip'),
+                   help='(default DYNPOOL_TEXT8_URL, else http://mattmahoney.net/dc/text8.zip)')
+    p.add_argument('--cc100-base', type=url,
+                   default=os.environ.get('DYNPOOL_CC100_BASE', 'https://data.statmt.org/cc-100'),
+                   help='holds <lang>.txt.xz (default DYNPOOL_CC100_BASE, else data.statmt.org)')
+    p.add_argument('--retries', type=common.int_range(0, 100), default=5,
+                   help='retries per download request (default 5; none for a host that cannot '
+                   'be reached)')
+    p.add_argument('--backoff', type=common.float_range(0, 3600), default=2.0,
+                   help='first retry delay in seconds, doubled each retry (default 2)')
     return p
 
 
-def _rerun(args, *change):
-    """This run's command line for a POSIX shell, `change` appended (a flag again overrides)."""
-    return shlex.join(['python', 'prepare_data.py', *args.argv, *map(str, change)])
+def _rerun(args, flags):
+    """This run's command line for a POSIX shell, with `flags` ({flag: its values, or
+    None to drop it}) in place of the same flags given: no flag twice."""
+    words = []
+    dropping = False
+    for word in args.argv:
+        if word.startswith('-'):
+            dropping = word.split('=')[0] in flags
+        if not dropping:
+            words.append(word)
+    for flag, values in flags.items():
+        if values is not None:
+            words += [flag, *values]
+    return prepare_command(*words)
 
 
-def run(argv=None):
-    """prepare_data.py's work → the meta.json dict it wrote. Fills in --dataset, --lang, --input
-    and the cleaning flags (an existing dataset's, as parser() says) and checks them together."""
-    args = parser().parse_args(argv := [str(a) for a in (sys.argv[1:] if argv is None else argv)])
-    dataset = args.dataset or ('input' if args.input and args.lang else
-                               'wiki40b' if args.lang and not args.input else 'text8')
-    out = args.out_dir / (args.name or {'text8': 'text8'}.get(dataset, f'{dataset}-{args.lang}'))
+def resolve(args):
+    """Fills in what the flags leave open, in one place (an existing dataset's recorded
+    source, language, input and options where none of --dataset, --lang, --input is
+    given; else the defaults) and checks them together → (dataset folder, language
+    cleaned with: None for text8)."""
+    if args.dataset:
+        dataset = args.dataset
+    elif args.input and args.lang:
+        dataset = 'input'
+    elif args.lang:
+        dataset = 'wiki40b'
+    else:
+        dataset = 'text8'
+    name = args.name or ('text8' if dataset == 'text8' else f'{dataset}-{args.lang}')
+    out = args.out_dir / name
+    old = {}
     try:
         old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
         if not (args.dataset or args.lang or args.input):
-            dataset, args.lang = old['dataset'], old['lang'] or 'en'
+            dataset = old['dataset']
+            args.lang = old['lang'] or 'en'
             args.input = old['input'] and [Path(p) for p in old['input']]
     except (OSError, ValueError, TypeError, KeyError):
         old = {}
-    for k, v in DEFAULTS.items():
-        setattr(args, k, old.get(k, v) if getattr(args, k) is None else getattr(args, k))
+    for flag, default in DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, old.get(flag, default))
     if dataset == 'text8' and args.lang not in (None, 'en'):
         raise UserError(f'text8 is English; got --lang {args.lang}', 2)
-    args.argv, args.dataset, args.lang = argv, dataset, 'en' if dataset == 'text8' else args.lang
-    if args.lang is None or dataset == 'input' and not args.input:
-        raise UserError(f'--dataset {dataset} needs --lang' + ' and --input' * (not args.input), 2)
-    lang = None if dataset == 'text8' else args.lang  # text8 is already clean: kept as is
-    inputs = None if not args.input else []   # size, mtime and SHA-256: an edit is noticed
-    for path in map(Path.resolve, args.input or []):
+    if dataset == 'text8':
+        args.lang = 'en'
+    if args.lang is None or (dataset == 'input' and not args.input):
+        needs = '--lang and --input' if not args.input else '--lang'
+        raise UserError(f'--dataset {dataset} needs {needs}', 2)
+    args.dataset = dataset
+    if args.unigram is None:
+        args.unigram = LANGS[args.lang]['unigram']
+    args.roles = input_roles(args.input or [])
+    return out, None if dataset == 'text8' else args.lang
+
+
+def describe_inputs(paths):
+    """Each --input file's path, size, mtime and SHA-256 (an edit in place is noticed),
+    or None."""
+    if not paths:
+        return None
+    inputs = []
+    for path in map(Path.resolve, paths):
         if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO would block reading
             raise UserError(f'input file {path}: not a regular file (a pipe or device?)')
         with open(path, 'rb') as f:
-            st, sha = os.fstat(f.fileno()), hashlib.file_digest(f, 'sha256').hexdigest()
+            st = os.fstat(f.fileno())
+            sha = hashlib.file_digest(f, 'sha256').hexdigest()
         inputs.append(dict(path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
+    return inputs
+
+
+def remove_leftovers(out):
+    """A killed run's temporary files in the dataset folder, removed under the lock before
+    anything is made, so that none outlives the next run: .all.bin, and
+    common.write_atomic's .<stem>.<8 random characters><suffix> of the files this script
+    writes there (only those: the folder may hold other hidden files)."""
+    for f in [*out.glob('.*'), *out.glob('download/.*')]:
+        if LEFTOVER.fullmatch(f.name) and f.is_file():
+            f.unlink()
+
+
+def offline_howto(args, lang, error):
+    """The one line for a failed download: what failed, and the two commands that need no
+    network (the files fetched by hand, or any text of one's own)."""
+    if args.dataset == 'wiki40b':
+        what = f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
+        files = 'train-*.parquet validation-*.parquet test-*.parquet'
+    elif args.dataset == 'cc100':
+        what = f'{args.cc100_base}/{lang}.txt.xz'
+        files = f'{lang}.txt.xz'
+    else:
+        what = args.text8_url
+        files = Path(args.text8_url).name or 'text8.zip'
+    by_hand = {'--dataset': [args.dataset]}
+    if lang:
+        by_hand['--lang'] = [lang]
+    by_hand['--input'] = []
+    # (the file names last and unquoted: shell-safe names, the shards a pattern for the
+    # shell)
+    own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
+    return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
+            f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
+            f'{_rerun(args, own_text)}')
+
+
+def run(argv=None):
+    """prepare_data.py's work → the meta.json dict it wrote."""
+    if argv is None:
+        argv = sys.argv[1:]
+    argv = [str(a) for a in argv]
+    args = parser().parse_args(argv)
+    args.argv = argv
+    out, lang = resolve(args)
+    inputs = describe_inputs(args.input)
     try:
         with common.locked(out, 'the run preparing it'):
+            remove_leftovers(out)
             return prepare(args, out, lang, inputs)
-    except DownloadError as e:   # one line: what failed, and the command that needs no network
-        url = {'cc100': f'{args.cc100_base}/{lang}.txt.xz', 'text8': args.text8_url}.get(dataset)
-        what, files = (url, Path(url).name or 'text8.zip') if url else (
-            f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)',
-            'train-*.parquet validation-*.parquet test-*.parquet')
-        flags = ['--dataset', dataset] + ['--lang', args.lang] * (dataset != 'text8')
-        raise UserError(f'download failed: {e}. Without network, fetch {what} by hand into the '
-                        f"current folder and run: {_rerun(args, *flags, '--input')} {files}"
-                        ) from None
+    except DownloadError as e:
+        raise UserError(offline_howto(args, lang, e)) from None
 
 
 def main(argv=None):
@@ -580,4 +913,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    sys.stdout.reconfigure(errors='surrogateescape')   # a path that is not UTF-8: its own bytes
     sys.exit(main())

@@ -11,6 +11,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -902,9 +903,9 @@ def test_data_cli_other_options_never_mix(tmp_path, capsys):
     assert r.returncode == 0 and 'skipping' in r.stdout
 
 
-def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
-    """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
-    process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
+def _data_fitting(tmp_path):
+    """prepare_data.py started on text8-style text long to fit Unigram on (~20 s), once its
+    SentencePiece child runs → (the process, its out dir, the child's pid)."""
     # 150k random words, no cleaning (text8): training outlasts the wait below by far (~20 s)
     rng, letters = np.random.default_rng(0), np.array(list('abcdefghijklmnopqrstuvwxyz'))
     src = tmp_path / 'words.txt'
@@ -928,22 +929,26 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    err = ''
     for line in p.stderr:  # wait until the training has begun
-        err += line
         if 'training SentencePiece' in line:
             break
     children = Path(f'/proc/{p.pid}/task/{p.pid}/children')
+    kid = None
     for _ in range(100):  # and its process (if any) is up: then SentencePiece is running
         kids = children.read_text().split() if children.exists() else []
-        if any(
-            b'SentencePieceTrainer' in Path(f'/proc/{k}/cmdline').read_bytes()
-            for k in kids
-            if Path(f'/proc/{k}/cmdline').exists()
-        ):
+        kid = next((k for k in kids if Path(f'/proc/{k}/cmdline').exists()
+                    and b'SentencePieceTrainer' in Path(f'/proc/{k}/cmdline').read_bytes()), None)
+        if kid:
             break
         time.sleep(0.05)
     time.sleep(0.5)
+    return p, out, kid
+
+
+def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
+    """SentencePiece's C++ loop holds off Python's Ctrl-C handler: training runs in a child
+    process, so SIGINT ends the run within a second or two, exit 130, splits kept, no model."""
+    p, out, _ = _data_fitting(tmp_path)
     assert p.poll() is None, 'prepare_data.py finished before Ctrl-C: give it more text to train on'
     t0 = time.time()
     p.send_signal(signal.SIGINT)
@@ -958,6 +963,25 @@ def test_data_cli_ctrl_c_during_unigram_training_stops_at_once(tmp_path):
     assert (d / 'train.bin').exists() and (d / '.splits.json').exists()
     assert not (d / 'meta.json').exists() and not list(d.glob('*unigram*')) and not _data_temps(d)
     _data_lock_free(d)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG: Linux only')
+def test_data_unigram_fit_dies_with_its_parent(tmp_path):
+    """The SentencePiece child (in a session of its own) does not go on fitting once
+    prepare_data.py is killed outright (SIGKILL: no handler runs), as after a power cut's
+    or a scheduler's kill."""
+    p, _, kid = _data_fitting(tmp_path)
+    assert kid and p.poll() is None, 'prepare_data.py finished before the kill'
+    p.kill()
+    p.communicate(timeout=60)
+    for _ in range(100):
+        stat = Path(f'/proc/{kid}/stat')
+        if not stat.exists() or stat.read_text().rsplit(')', 1)[1].split()[0] in 'ZX':
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(int(kid), signal.SIGKILL)
+        pytest.fail('the SentencePiece child went on fitting after its parent was killed')
 
 
 # --- the printed fixes, the offline quick start, locks (issues 18 and 19) -------------------------
@@ -1514,3 +1538,139 @@ def test_data_fuzzed_flags_and_damaged_datasets_keep_the_contract(tmp_path, caps
     if code == 0:  # what it leaves is a dataset train.py accepts (the last --name counts)
         name = argv[len(argv) - argv[::-1].index('--name')]
         dataset.read_meta(where / 'data' / str(name))
+
+
+# --- issues 31 and 35: offline at once, plausible data, interrupted work, any file name -----------
+
+
+def _data_closed_port():
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize('source', ['text8', 'wiki40b', 'cc100'])
+def test_data_unreachable_host_one_attempt_then_both_ways_on(source, tmp_path, capsys, monkeypatch):
+    """A host that refuses the connection, or that no name server knows: one connection attempt
+    for every source (no retry loop, huggingface_hub's own included), then one line with the two
+    commands that need no network, quoted for the shell, each flag once."""
+    looked_up = []
+    real = socket.getaddrinfo
+
+    def counting(host, *a, **k):
+        looked_up.append(host)
+        return real(host, *a, **k)
+
+    monkeypatch.setattr(socket, 'getaddrinfo', counting)
+    waits = []   # a retry loop's sleeps (ours or huggingface_hub's), recorded, not slept
+    monkeypatch.setattr(time, 'sleep', waits.append)
+    where = {
+        'text8': ['--text8-url', '{}/text8.zip'],
+        'wiki40b': ['--lang', 'he', '--hf-base', '{}'],
+        'cc100': ['--dataset', 'cc100', '--lang', 'he', '--cc100-base', '{}'],
+    }[source]
+    out = tmp_path / 'my data'
+    for base in (f'http://127.0.0.1:{_data_closed_port()}', 'http://nonexistent.invalid'):
+        looked_up.clear()
+        argv = [w.format(base) for w in where] + ['--out-dir', out, '--retries', '5']
+        r = _data_main(argv + ['--backoff', '30'], capsys)
+        line = _data_one_line(r, 1, 'download failed', base.split('//')[1])
+        assert len(looked_up) == 1 and not waits and 'retry' not in r.stderr, looked_up
+        by_hand, own = re.search(r'run: (.*); or prepare text of your own: (.*)$', line).groups()
+        for command in (by_hand, own):
+            words = shlex.split(command)
+            flags = [w for w in words if w.startswith('--')]
+            assert len(flags) == len(set(flags)) and str(out) in words, command
+        lang = 'en' if source == 'text8' else 'he'
+        assert shlex.split(own)[-4:] == ['--input', 'FILE', '--lang', lang]
+        assert '--dataset' not in own and f'--dataset {source}' in by_hand
+
+
+def test_data_text_in_another_script_is_refused(tmp_path, capsys):
+    """Text whose letters mostly fall outside --lang's alphabet is refused, naming their script and
+    the --lang that keeps them; the same text with its own --lang is a dataset."""
+    f, out = tmp_path / 'he.txt', tmp_path / 'out'
+    f.write_text('שלום עולם, זה טקסט בעברית עם 12 ו-TCP.\n' * 300)
+    base = ['--input', f, '--out-dir', out, '--unigram', '0']
+    msg = _data_fail(base + ['--lang', 'en'], capsys, out)
+    assert 'Hebrew' in msg and '--lang he keeps them' in msg
+    assert prepare_data.run(base + ['--lang', 'he', '--name', 'he'])['sizes']['train'] > 0
+    assert cleaning.foreign_letters('12 345 !!! ... the cat', 'en') is None   # letters only count
+
+
+def test_data_several_inputs_keep_their_roles_or_are_refused(tmp_path, capsys):
+    """Several --input files: each in the split its name says, all three present; a name that says
+    none, or a missing split, is refused before anything is made (never merged and cut 90/5/5)."""
+    texts = {'my_train.txt': 'the cat sat\n' * 40, 'my_dev.txt': 'a dog ran\n' * 5,
+             'my_test.txt': 'on a mat\n' * 5, 'notes.txt': 'hello\n' * 40}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    out = tmp_path / 'out'
+    for names, said in [(['my_train.txt', 'my_test.txt'], 'no file named *valid*'),
+                        (['my_train.txt', 'notes.txt'], 'says no split')]:
+        r = _data_main(['--input', *[tmp_path / n for n in names], '--lang', 'en',
+                        '--out-dir', out], capsys)
+        _data_one_line(r, 2, said, '*train*', 'cut 90/5/5')
+        assert not out.exists()
+    names = ['my_test.txt', 'my_train.txt', 'my_dev.txt']
+    meta = prepare_data.run(['--input', *[tmp_path / n for n in names], '--lang', 'en',
+                             '--out-dir', out, '--unigram', '0'])
+    d = out / 'input-en'
+    roles = [('train', 'my_train.txt'), ('valid', 'my_dev.txt'), ('test', 'my_test.txt')]
+    for split, name in roles:
+        assert _data_decode(d, split, meta) == texts[name]
+
+
+def test_data_giant_line_cut_only_between_words(tmp_path, capsys, monkeypatch):
+    """A line far longer than a piece is cut at a space or ASCII punctuation (which cleaning makes
+    a space): no word is split or merged with its neighbour; a word longer than a piece stays
+    whole."""
+    monkeypatch.setattr(prepare_data, 'CHUNK', 64)
+    long_word = 'x' * 150
+    text = 'abcdefg.' * 300 + 'one_two,three;' * 50 + long_word + '-' + 'abcdefg.' * 30
+    (tmp_path / 'line.txt').write_text(text)
+    out = tmp_path / 'out'
+    meta = prepare_data.run(['--input', tmp_path / 'line.txt', '--lang', 'en', '--out-dir', out,
+                             '--unigram', '0'])
+    words = ''.join(_data_decode(out / 'input-en', s, meta) for s in dataset.SPLITS).split()
+    assert words == clean(text, 'en').split()
+
+
+def test_data_leftovers_of_a_killed_run_removed_and_redone_identically(tmp_path, capsys):
+    """Temporary files a killed run left in the dataset folder go at the next run (under the lock);
+    labels half made are made again, byte for byte as an uninterrupted run makes them."""
+    f = tmp_path / 'in.txt'
+    f.write_text(_data_varied_words(6000).strip() + '\n')
+    out = tmp_path / 'out'
+    argv = ['--input', f, '--lang', 'en', '--out-dir', out, '--unigram', '60']
+    prepare_data.run(argv)
+    d = out / 'input-en'
+    done = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != '.lock'}
+    # killed while labelling: meta.json not yet written, one label file cut, temporaries left
+    (d / 'meta.json').unlink()
+    (d / 'test.unigram-60.bin').write_bytes(b'\x01' * 10)
+    leftovers = ['.valid.unigram-60.k3j_x0a9.bin', '.all.bin', '.meta.q1w2e3r4.json']
+    for name in leftovers:
+        (d / name).write_bytes(b'half')
+    (d / '.notes.abcdefgh.txt').write_text('mine')   # hidden, but not one of the script's
+    prepare_data.run(argv)
+    again = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != '.lock'}
+    assert again.pop('.notes.abcdefgh.txt') == b'mine' and again == done
+
+
+def test_data_file_name_not_utf8_round_trips(tmp_path, capsys):
+    """An input whose name is not UTF-8 (Latin-1 café) is recorded so that it reads back as the
+    same name: a re-run by --name alone finds it; the CLI prints it without a traceback."""
+    name = os.fsencode(tmp_path) + b'/caf\xe9.txt'
+    with open(name, 'wb') as f:
+        f.write(_data_words(3000).encode())
+    out = tmp_path / 'out'
+    meta = prepare_data.run(['--input', os.fsdecode(name), '--lang', 'en', '--out-dir', out,
+                             '--unigram', '0'])
+    stored = json.loads((out / 'input-en' / 'meta.json').read_bytes().decode('ascii'))
+    assert os.fsencode(stored['source'][0]) == name and stored == meta
+    r = _data_main(['--name', 'input-en', '--out-dir', out, '--unigram', '0'], capsys)
+    assert r.returncode == 0 and 'splits done' in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, prepare_data.__file__, '--dataset', 'text8', '--input',
+                        name, '--out-dir', out, '--unigram', '0'], capture_output=True)
+    assert r.returncode == 0 and b'caf\xe9.txt' in r.stdout, r.stderr
