@@ -1,8 +1,8 @@
-"""bench.py: speed, memory and MFU of a dynpool training step (vanilla, fixed and dynamic pooling),
-and cached against recomputed generation (docs/performance.md).
+"""bench.py: speed, memory and MFU of a dynpool training step (vanilla, fixed and
+dynamic pooling), and cached against recomputed generation (docs/performance.md).
 
-    python bench.py                                  # CPU sizes: d 256, L 512, batch 4, 12 configs
-    python bench.py --preset paper                   # GPU: d 512, L 2048, batch 8, bf16
+    python bench.py                   # CPU sizes: d 256, L 512, batch 4, 12 configs
+    python bench.py --preset paper    # GPU: d 512, L 2048, batch 8, bf16
     python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked --plot bench.png
     python bench.py --generate                       # cached vs recomputed generation
 """
@@ -32,9 +32,10 @@ from runtime import pick_device, require_memory, setup_precision, use_tf32
 from sample import generation_bytes
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
-PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5,entropy,'
-                 'gumbel,hnet')
-GPU_EXTRA = ',vanilla+compile,ws5.5+compile,vanilla+blocked,ws5.5+blocked'  # paper preset, GPU
+PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
+                 'unigram5.5,entropy,gumbel,hnet')
+# added to the paper preset's on a GPU
+GPU_EXTRA = ',vanilla+compile,ws5.5+compile,vanilla+blocked,ws5.5+blocked'
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4,
                 configs=DEFAULT_CONFIGS),
@@ -44,9 +45,10 @@ PRESETS = {
 # The flags whose default depends on the device: a GPU step is short and steady.
 GPU_DEFAULTS = dict(steps=10, warmup=3, rounds=1, peak_n=8192, timeout=300.0)
 CPU_DEFAULTS = dict(steps=3, warmup=1, rounds=2, peak_n=2048, timeout=None)
-# A configuration's name: the boundary mode ('vanilla' for none, 'ws' for whitespace), and K
-# where K sets the boundaries: fixed's segment length, ws's and unigram's boundary rate 1/K.
-# The predicted sources pool where their untrained predictor decides (the SF column).
+# A configuration's name: the boundary mode ('vanilla' for none, 'ws' for whitespace),
+# and K where K sets the boundaries: fixed's segment length, ws's and unigram's boundary
+# rate 1/K. The predicted sources pool where their untrained predictor decides (the SF
+# column).
 SHORT_NAMES = {'none': 'vanilla', 'whitespace': 'ws'}
 MODE_OF = {SHORT_NAMES.get(mode, mode): mode for mode in dynpool.BOUNDARY_MODES}
 WITH_K = ('fixed', 'ws', 'unigram')
@@ -55,16 +57,46 @@ ATTENTION = ('auto', 'sdpa', 'blocked')
 VOCAB = 27   # text8's alphabet; id 0 is the space
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 GENERATED = ('vanilla', 'ws5.5')   # the models --generate times
-PAPER_FILE = Path('out/bench-paper.json')   # --preset paper's FLOP/s per device, for study.sh
+PAPER_FILE = Path('out/bench-paper.json')   # --preset paper's FLOP/s, for study.sh
 
 
 def parser():
+    """The flags; model_flags and measuring_flags add most of them."""
     p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    size = common.positive_int
     p.add_argument('--preset', choices=PRESETS, default='cpu',
-                   help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, L 2048, '
-                        'batch 8); the flags below override single values')
+                   help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, '
+                        'L 2048, batch 8); the flags below override single values')
+    model_flags(p)
+    p.add_argument('--configs',
+                   help=f'comma-separated: {FORMS} (K: see docs/performance.md, e.g. '
+                        'ws5.5), each optionally +compile, +sdpa, +blocked, +auto. '
+                        f'Default: {DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS} '
+                        f'(GPU: {GPU_EXTRA[1:]})')
+    measuring_flags(p)
+    p.add_argument('--plot', metavar='FILE',
+                   help='PNG of step time and memory against shortening factor')
+    p.add_argument('--profile', metavar='CONFIG',
+                   help='print the torch.profiler table of one step of CONFIG')
+    p.add_argument('--generate', action='store_true',
+                   help='time cached generation against recomputation')
+    p.add_argument('--context', type=common.positive_int, default=1024,
+                   help='--generate: characters of context')
+    p.add_argument('--new', type=common.positive_int, default=128,
+                   help='--generate: characters generated with the cache')
+    p.add_argument('--gen-batch', type=common.positive_int, default=1,
+                   help='--generate: sequences side by side')
+    p.add_argument('--recompute-steps', type=common.positive_int, default=8,
+                   help='--generate: characters by recomputation')
+    p.add_argument('--seed', type=common.seed_int, default=0,
+                   help='seed of weights, characters, boundaries')
+    p.add_argument('--one', metavar='CONFIG', help=argparse.SUPPRESS)   # a child's
+    return p
+
+
+def model_flags(p):
+    """The model's sizes and Config fields."""
+    size = common.positive_int
     p.add_argument('--d-model', type=size, help='model width')
     p.add_argument('--n-head', type=size, help='attention heads')
     p.add_argument('--d-head', type=size, help='width of one head')
@@ -75,24 +107,27 @@ def parser():
                    help='pre,shortened,post (vanilla: the sum)')
     p.add_argument('--dropout', type=common.fraction, default=0.1,
                    help='residual dropout (0.1, as the paper)')
-    p.add_argument('--dropatt', type=common.fraction, default=0.1, help='attention dropout (0.1)')
-    p.add_argument('--attn-chunk', type=size, help='queries per attention block (Config)')
-    p.add_argument('--attention', choices=ATTENTION, help='Config.attention of every config')
-    p.add_argument('--configs', help=f'comma-separated: {FORMS} (K: see docs/performance.md, e.g. '
-                   'ws5.5), each optionally +compile, +sdpa, +blocked, +auto. Default: '
-                   f'{DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS} (GPU: {GPU_EXTRA[1:]})')
-    p.add_argument('--steps', type=size, help='timed steps per config and round (3; 10 on a GPU)')
+    p.add_argument('--dropatt', type=common.fraction, default=0.1,
+                   help='attention dropout (0.1)')
+    p.add_argument('--attn-chunk', type=size, help='queries per attention block')
+    p.add_argument('--attention', choices=ATTENTION, help='Config.attention of all')
+
+
+def measuring_flags(p):
+    """How a step is run and timed."""
+    size = common.positive_int
+    p.add_argument('--steps', type=size, help='timed steps per config, round (3; GPU 10)')
     p.add_argument('--warmup', type=common.non_negative_int,
                    help='untimed steps first (1; 3 on a GPU)')
-    p.add_argument('--rounds', type=size, help='rounds over the configurations (2; 1 on a GPU)')
-    p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    p.add_argument('--rounds', type=size, help='rounds over the configs (2; GPU 1)')
+    p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda if any)')
     p.add_argument('--amp', choices=['auto', 'off', 'bf16', 'fp16'], default='auto',
-                   help="autocast, as train.py's --amp (auto: bf16 or fp16 on a GPU, else off)")
+                   help="autocast, as train.py's --amp (auto: bf16 or fp16 on a GPU)")
     p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1),
                    help='torch.set_num_threads')
     p.add_argument('--clock', choices=CLOCKS, default='wall',
-                   help="cpu: the process's CPU time, steady on a CPU other jobs share (with "
-                        '--threads 1; CPU only)')
+                   help="cpu: the process's CPU time, steady on a CPU other jobs share "
+                        '(with --threads 1; CPU only)')
     p.add_argument('--adam', choices=['fused', 'foreach', 'loop'], default='fused',
                    help='Adam implementation')
     p.add_argument('--compile', action='store_true',
@@ -100,51 +135,41 @@ def parser():
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
     p.add_argument('--peak-flops', type=common.positive_float,
-                   help="MFU against this FLOP/s (e.g. a GPU's nominal bf16 peak) instead of the "
-                        'measured peak')
+                   help="MFU against this FLOP/s (e.g. a GPU's nominal bf16 peak) "
+                        'instead of the measured peak')
     p.add_argument('--no-pieces', action='store_true',
                    help='no effect (the part timing is gone): old commands')
     p.add_argument('--timeout', type=common.positive_float,
-                   help="seconds a configuration's process may take (default: none; 300 on a GPU)")
-    p.add_argument('--plot', metavar='FILE',
-                   help='PNG of step time and memory against shortening factor')
-    p.add_argument('--profile', metavar='CONFIG',
-                   help='print the torch.profiler table of one step of CONFIG')
-    p.add_argument('--generate', action='store_true',
-                   help='time cached generation against recomputation')
-    p.add_argument('--context', type=size, default=1024, help='--generate: characters of context')
-    p.add_argument('--new', type=size, default=128,
-                   help='--generate: characters generated with the cache')
-    p.add_argument('--gen-batch', type=size, default=1, help='--generate: sequences side by side')
-    p.add_argument('--recompute-steps', type=size, default=8,
-                   help='--generate: characters by recomputation')
-    p.add_argument('--seed', type=common.seed_int, default=0,
-                   help='seed of weights, characters, boundaries')
-    p.add_argument('--one', metavar='CONFIG', help=argparse.SUPPRESS)   # the child's config
-    return p
+                   help="seconds a configuration's process may take (default: none; GPU "
+                        '300)')
 
 
 def parse_args(argv=None):
-    """The flags, with what the preset and the device decide filled in. Every configuration that
-    will run is built once as a Config, so a bad one is one UserError (exit 2) before any run."""
+    """The flags, with what the preset and the device decide filled in. Every
+    configuration that will run is built once as a Config, so a bad one is one UserError
+    (exit 2) before any run."""
     args = parser().parse_args(argv)
     args.device = pick_device(args.device)
     cuda = args.device.startswith('cuda')
     if args.device.startswith('mps') or (args.clock == 'cpu' and cuda):
-        raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda, and with --clock '
-                        'cpu on cpu only', code=2)
+        raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda, and '
+                        'with --clock cpu on cpu only', code=2)
     if args.plot and (args.generate or args.profile):
-        raise UserError('--plot draws the table, which --generate and --profile do not make', 2)
+        raise UserError('--plot draws the table, which --generate and --profile do not '
+                        'make', 2)
     defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if cuda else CPU_DEFAULTS))
     if cuda and args.preset == 'paper':
         defaults['configs'] += GPU_EXTRA
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    args.amp, args.autocast, args.scaler = setup_precision(args.amp, torch.device(args.device).type)
-    if isinstance(args.layers, str):   # presets.layer_counts returns a tuple after its rewrite
+    device_type = torch.device(args.device).type
+    args.amp, args.autocast, args.scaler = setup_precision(args.amp, device_type)
+    # presets.layer_counts returns a tuple after the train helper's rewrite
+    if isinstance(args.layers, str):
         args.layers = tuple(int(n) for n in args.layers.split(','))
-    args.names = list(dict.fromkeys(args.configs.split(',')))   # '' is an unknown configuration
+    # '' is an unknown configuration
+    args.names = list(dict.fromkeys(args.configs.split(',')))
     if args.generate:
         checked = GENERATED
     elif args.one or args.profile:
@@ -164,10 +189,11 @@ def parse_args(argv=None):
     return args
 
 
-# ----------------------------------------------------------------------------- configurations
+# -----------------------------------------------------------------------------
+# configurations
 def model_config(args, name, **override):
-    """'ws5.5+compile+blocked' → (its Config, K or None, compiled?); a bad name or Config's own
-    refusal is one UserError (exit 2)."""
+    """'ws5.5+compile+blocked' → (its Config, K or None, compiled?); a bad name or
+    Config's own refusal is one UserError (exit 2)."""
     base, *suffixes = name.split('+')
     match = re.fullmatch(r'([a-z]+?)(\d+(?:\.\d*)?)?', base)
     boundary = match and MODE_OF.get(match[1])
@@ -176,9 +202,10 @@ def model_config(args, name, **override):
         raise UserError(f'unknown configuration {name!r}: use {FORMS}, each optionally '
                         '+compile, +sdpa, +blocked, +auto', code=2)
     k = float(match[2]) if match[2] else None
-    if k is not None and not (1 <= k <= args.seq_len and (boundary != 'fixed' or k.is_integer())):
-        raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] (an '
-                        'integer for fixed)', code=2)
+    fits = k is None or (1 <= k <= args.seq_len and (boundary != 'fixed' or k.is_integer()))
+    if not fits:
+        raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] '
+                        '(an integer for fixed)', code=2)
     fields = dict(vocab_size=VOCAB, d_model=args.d_model, n_head=args.n_head, d_head=args.d_head,
                   d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt,
                   layers=args.layers, boundary=boundary, whitespace_id=0)
@@ -197,10 +224,11 @@ def model_config(args, name, **override):
 
 
 def prepared(args, name):
-    """(model, step(), outs, (x, y, b)): the seeded model of `name`, training; a step (compiled if
-    asked) with Adam at learning rate 0 (an update's arithmetic, weights unchanged, so every step
-    pools alike), its output in outs[0]; x, y [B, L] random characters and the next ones; b [B, L]
-    round(L/K) random boundaries per row for wsK (unigramK's targets), else None."""
+    """(model, step(), outs, (x, y, b)): the seeded model of `name`, training; a step
+    (compiled if asked) with Adam at learning rate 0 (an update's arithmetic, weights
+    unchanged, so every step pools alike), its output in outs[0]; x, y [B, L] random
+    characters and the next ones; b [B, L] round(L/K) random boundaries per row for wsK
+    (unigramK's targets), else None."""
     torch.manual_seed(args.seed)
     cfg, k, compiled = model_config(args, name)
     model = DynamicPoolingLM(cfg).to(args.device).train()
@@ -213,7 +241,8 @@ def prepared(args, name):
     if cfg.boundary in ('whitespace', 'unigram'):
         rows = [torch.randperm(L, generator=gen) < max(1, round(L / k)) for _ in range(B)]
         b = torch.stack(rows).float().to(args.device)
-    adam = {'fused': dict(fused=True), 'foreach': dict(foreach=True), 'loop': dict(foreach=False)}
+    adam = {'fused': dict(fused=True), 'foreach': dict(foreach=True),
+            'loop': dict(foreach=False)}
     opt = torch.optim.Adam(model.parameters(), lr=0.0, **adam[args.adam])
     run = torch.compile(model) if compiled else model
     outs = [None]
@@ -228,9 +257,11 @@ def prepared(args, name):
     return model, step, outs, (x, y, b)
 
 
-# ----------------------------------------------------------------------------- timing, memory
+# ----------------------------------------------------------------------------- timing,
+# memory
 def time_calls(fn, n, args):
-    """Seconds of each of n calls of fn() by args.clock, on a GPU until its work is done."""
+    """Seconds of each of n calls of fn() by args.clock, on a GPU until its work is
+    done."""
     clock = CLOCKS[args.clock]
     times = []
     for _ in range(n):
@@ -243,7 +274,8 @@ def time_calls(fn, n, args):
 
 
 def matmul_peak(args):
-    """FLOP/s of the best of a few n×n×n matmuls in the training dtype: the machine's own peak."""
+    """FLOP/s of the best of a few n×n×n matmuls in the training dtype: the machine's
+    own peak."""
     n = args.peak_n
     cuda = args.device.startswith('cuda')
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp, torch.float32)
@@ -257,11 +289,12 @@ def matmul_peak(args):
 
 
 def resident(field):
-    """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in bytes;
-    without Linux's /proc, the peak over the whole process (getrusage)."""
+    """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in
+    bytes; without Linux's /proc, the peak over the whole process (getrusage)."""
     try:
         with open('/proc/self/status') as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ':'))
+            line = next(line for line in f if line.startswith(field + ':'))
+            return int(line.split()[1]) * 1024
     except OSError:
         kib = 1 if sys.platform == 'darwin' else 1024   # ru_maxrss: bytes on macOS
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
@@ -269,9 +302,10 @@ def resident(field):
 
 # ----------------------------------------------------------------------------- the table
 def run_one(args, name):
-    """The child: warm up, time args.steps steps, print one JSON line (--profile: the profiler's
-    table of one step). Memory: the peak over the timed steps (compilation and autotuning are not
-    in it); step mem: that peak minus the use before the warm-up (gradients, Adam moments count)."""
+    """The child: warm up, time args.steps steps, print one JSON line (--profile: the
+    profiler's table of one step). Memory: the peak over the timed steps (compilation
+    and autotuning are not in it); step mem: that peak minus the use before the warm-up
+    (gradients, Adam moments count)."""
     step, outs = prepared(args, name)[1:3]
     cuda = args.device.startswith('cuda')
     base = torch.cuda.memory_allocated() if cuda else resident('VmRSS')
@@ -283,7 +317,7 @@ def run_one(args, name):
         return print(prof.key_averages().table(row_limit=25, sort_by=sort))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    else:   # restart VmHWM at the resident set of now (Linux; elsewhere the process's peak stays)
+    else:   # VmHWM restarts at the resident set of now (Linux; elsewhere: the peak stays)
         with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
             f.write('5')
     times = time_calls(step, args.steps, args)
@@ -295,8 +329,9 @@ def run_one(args, name):
 
 
 def spawn(args, name):
-    """Configuration `name` in a fresh process (so its peak memory cannot hide behind another's,
-    and --timeout can stop it) → (its record, None) or (None, why it failed)."""
+    """Configuration `name` in a fresh process (so its peak memory cannot hide behind
+    another's, and --timeout can stop it) → (its record, None) or (None, why it failed).
+    """
     cmd = [sys.executable, os.path.abspath(__file__), *args.argv, '--one', name]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -321,9 +356,9 @@ def precision(args):
 
 
 def measure(args):
-    """Every configuration in interleaved rounds (a noisy neighbour slows all alike), the matmul
-    peak before each → ({name: row}, {name: why it failed}, peak). A row: the median step over
-    all rounds, peak and step memory, SF, model FLOPs."""
+    """Every configuration in interleaved rounds (a noisy neighbour slows all alike),
+    the matmul peak before each → ({name: row}, {name: why it failed}, peak). A row: the
+    median step over all rounds, peak and step memory, SF, model FLOPs."""
     print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner '
           f'{args.d_inner}, L {args.seq_len}, batch {args.batch}, layers {args.layers}, dropout '
           f'{args.dropout}/{args.dropatt}, {precision(args)}, {args.adam} Adam, {args.where}, '
@@ -336,7 +371,7 @@ def measure(args):
     peaks = []
     for r in range(args.rounds):
         peaks.append(matmul_peak(args))
-        torch.cuda.empty_cache()   # the children get the memory the matrices held (no-op on CPU)
+        torch.cuda.empty_cache()   # the matrices' memory to the children (no-op on CPU)
         for name in [n for n in args.names if n not in failed]:
             record, why = spawn(args, name)
             if record:
@@ -367,8 +402,8 @@ def summarise(args, runs):
 
 
 def print_table(args, table, peak):
-    """The FLOP formula, then the table: speed-up and memory ratio against vanilla with the same
-    +suffixes (or plain vanilla), if measured."""
+    """The FLOP formula, then the table: speed-up and memory ratio against vanilla with
+    the same +suffixes (or plain vanilla), if measured."""
     doc = '\n'.join('  ' + line for line in inspect.cleandoc(step_flops.__doc__).splitlines())
     print(f'model FLOPs (dynpool.step_flops, n_short = 1 + L/SF, SF measured in the step):\n{doc}')
     w = max(8, *map(len, table))
@@ -418,8 +453,9 @@ def plot(args, table, plt):
 
 
 def record_paper(args, table):
-    """--preset paper: the median model FLOP/s over the configurations timed, merged into
-    PAPER_FILE under this device's name (study.sh prices runs with it); other devices' kept."""
+    """--preset paper: the median model FLOP/s over the configurations timed, merged
+    into PAPER_FILE under this device's name (study.sh prices runs with it); other
+    devices' kept."""
     entries = {}
     if PAPER_FILE.exists():
         try:
@@ -427,19 +463,22 @@ def record_paper(args, table):
         except ValueError:
             entries = None
         if not isinstance(entries, dict):
-            raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it away')
+            raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it '
+                            'away')
     flops_per_s = statistics.median(row['flops'] / row['time'] for row in table.values())
-    entries[args.where] = dict(flops_per_s=flops_per_s, date=datetime.date.today().isoformat(),
-                               torch=torch.__version__)
+    today = datetime.date.today().isoformat()
+    entries[args.where] = dict(flops_per_s=flops_per_s, date=today, torch=torch.__version__)
     PAPER_FILE.parent.mkdir(exist_ok=True)
     common.write_atomic(PAPER_FILE, json.dumps(entries, indent=1) + '\n')
     print(f'{flops_per_s / 1e9:.1f} GFLOP/s on {args.where} recorded in {PAPER_FILE}')
 
 
-# ----------------------------------------------------------------------------- generation
+# -----------------------------------------------------------------------------
+# generation
 def bench_generate(args):
-    """Characters/s of model.generate (cached, prefill included) against recomputing the whole
-    sequence for each character, both greedy from the same text-like prompt x [B, C]."""
+    """Characters/s of model.generate (cached, prefill included) against recomputing the
+    whole sequence for each character, both greedy from the same text-like prompt x [B,
+    C]."""
     n = args.new
     m = args.recompute_steps
     for name in GENERATED:   # priced before any tensor of that size is made
@@ -449,7 +488,8 @@ def bench_generate(args):
                        'lower --gen-batch, --context or --new')
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randint(1, VOCAB, (args.gen_batch, args.context), generator=gen)
-    x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = 0   # spaces: word-like segments for ws5.5
+    # spaces: word-like segments for ws5.5
+    x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = 0
     x = x.to(args.device)
     print(f'generation: context {args.context}, batch {args.gen_batch}, d {args.d_model}, layers '
           f'{args.layers}, {args.where}; both methods greedy from the same prompt')
@@ -467,7 +507,7 @@ def bench_generate(args):
             for _ in range(m):
                 seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
         with torch.no_grad():
-            time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)   # warm-up
+            time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)
             cached_rate = args.gen_batch * n / time_calls(cached, 1, args)[0]
             full_rate = args.gen_batch * m / time_calls(recompute, 1, args)[0]
         print(f'  {name:10s} {"model.generate (prefill included)":36s} {cached_rate:9.1f} '
@@ -499,8 +539,8 @@ def run(argv):
             record_paper(args, table)
     if failed:
         reasons = '; '.join(f'{name}: {why}' for name, why in failed.items())
-        raise UserError(f'{len(failed)} of {len(args.names)} configurations failed (left out of '
-                        f'the table): {reasons}')
+        raise UserError(f'{len(failed)} of {len(args.names)} configurations failed (left '
+                        f'out of the table): {reasons}')
 
 
 def main(argv=None):

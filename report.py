@@ -1,5 +1,6 @@
-"""Tables of dynpool runs (train.py's log.jsonl in each run folder): BPC, SF, speed and cost, mean
-± std over seeds with the paper's paired t-test; and plots. docs/results.md shows them.
+"""Tables of dynpool runs (train.py's log.jsonl in each run folder): BPC, SF, speed and
+cost, mean ± std over seeds with the paper's paired t-test; and plots. docs/results.md
+shows them.
 
     python report.py runs/study runs/other --at-chars 2M --at-flops min --plot study.png
 """
@@ -21,14 +22,16 @@ from common import UserError
 from dynpool import BOUNDARY_MODES as MODES
 
 RANK = {mode: i for i, mode in enumerate(MODES)}   # a mode's colour is C<rank>
-# Config fields that say nothing about the experiment: runs differing only in these are its seeds.
-NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step', 'params',
-                      'torch', 'device_name', 'world', 'preset', 'tensorboard', 'wandb', 'run_id'}
+# Config fields that say nothing about the experiment: runs differing only in these are
+# its seeds.
+NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
+                      'params', 'torch', 'device_name', 'world', 'preset', 'tensorboard',
+                      'wandb', 'run_id'}
 # The fields that choose the boundary source and its pooling (and hnet's): all others
 # (model shape, budget, training) and the dataset must match to pair a baseline's seeds.
-SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature', 'entropy_window',
-                 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id', 'data', 'ratio_target',
-                 'ratio_weight'}
+SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
+                 'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
+                 'data', 'ratio_target', 'ratio_weight'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
@@ -38,20 +41,23 @@ NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flo
                   ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
                   ('test BPC', 'test_bpc', 'bpc'), ('SF', 'sf', 'sf'),
                   ('chars/s', 'chars_per_s', ''))
-# Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged run's).
+# Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
+# run's).
 NUMBERS = ('step', 'bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'resumed_from',
            'seed', 'max_steps', 'flop_budget')
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
 BASELINES = ('none', 'fixed')
-SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the baseline's runs "
-                "of the same dataset, budget and model shape (a run trained to a FLOP budget: also "
-                "with vanilla's runs of those FLOPs; a source pooled by its last token: also with "
-                "its mean-pooled runs); seeds on one side only left out; '-': < 2 pairs; "
-                "*: lower than vanilla and every fixed k at p < 0.05 (the paper's Table 1)")
+SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the baseline's "
+                'runs of the same dataset, budget and model shape (a run trained to a FLOP '
+                "budget: also with vanilla's runs of those FLOPs; a source pooled by its last "
+                "token: also with its mean-pooled runs); seeds on one side only left out; '-': "
+                "< 2 pairs; *: lower than vanilla and every fixed k at p < 0.05 (the paper's "
+                'Table 1)')
 
 
 def mode_label(cfg):
-    """The source with its Pareto knob (k, α) and ' (last)' for last-token pooling (Table 2)."""
+    """The source with its Pareto knob (k, α) and ' (last)' for last-token pooling
+    (Table 2)."""
     label = str(cfg.get('boundary', '?'))
     knob = None
     if label == 'fixed':
@@ -68,23 +74,24 @@ def mode_label(cfg):
 
 
 def read_log(log):
-    """<run>/log.jsonl → [(kind, record)], kind 'diverged' for a diverged record. A damaged line
-    is one error naming it (no JSON object, no number in NUMBERS); a last line cut short (a run
-    writing it now) is left out with a note."""
-    if not log.is_file():   # a FIFO (or a folder): reading it would wait for a writer forever
+    """<run>/log.jsonl → [(kind, record)], kind 'diverged' for a diverged record. A
+    damaged line is one error naming it (no JSON object, no number in NUMBERS); a last
+    line cut short (a run writing it now) is left out with a note."""
+    if not log.is_file():   # a FIFO (or a folder): reading would wait for a writer forever
         raise UserError(f'{log} is not a regular file, so no log written by train.py')
     lines = log.read_bytes().decode('utf-8', errors='replace').split('\n')
     records = []
     for i, line in enumerate(lines, 1):
         try:
             rec = json.loads(line) if line.strip() else {}
-        except (ValueError, RecursionError):   # RecursionError: '[[[[...' nested too deep
+        except (ValueError, RecursionError):   # RecursionError: '[[[[...' too deep
             if i == len(lines):   # after the last line end: cut short
                 print(f'note: {log}: skipped its last line {i}, cut short', file=sys.stderr)
                 break
             rec = None
         if not isinstance(rec, dict):
-            raise UserError(f'{log} line {i} is not a JSON object; not a log written by train.py')
+            raise UserError(f'{log} line {i} is not a JSON object; not a log written by '
+                            'train.py')
         kind = rec.get('kind')
         if rec.get('diverged') is True:
             kind = 'diverged'
@@ -101,7 +108,8 @@ def read_log(log):
 
 
 def lock_held(run):
-    """Whether another process holds <run>/.lock: train.py holds it while the run trains."""
+    """Whether another process holds <run>/.lock: train.py holds it while the run
+    trains."""
     if not (run / '.lock').is_file():
         return False
     try:
@@ -114,10 +122,10 @@ def lock_held(run):
 
 
 def run_state(run, recs, done):
-    """'' for a finished run; else what stopped it: 'running' (it holds its folder's lock),
-    'diverged' (a diverged record), 'unfinished' (its log ends at a validation: train.py
-    validates and saves its checkpoint before it stops to be resumed), else 'crashed' (records
-    after its last validation: it stopped between two)."""
+    """'' for a finished run; else what stopped it: 'running' (it holds its folder's
+    lock), 'diverged' (a diverged record), 'unfinished' (its log ends at a validation:
+    train.py validates and saves its checkpoint before it stops to be resumed), else
+    'crashed' (records after its last validation: it stopped between two)."""
     if done:
         return ''
     if lock_held(run):
@@ -130,16 +138,19 @@ def run_state(run, recs, done):
 
 
 def summarize(run):
-    """One row of the runs table from <run>/log.jsonl, less the records a resume redid, with the
-    validation curve of each budget, its state (run_state) and its identity: the run_id of its
-    config record (older logs: its first config record)."""
+    """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
+    with the validation curve of each budget, its state (run_state) and its identity:
+    the run_id of its config record (older logs: its first config record)."""
     cfg = {}
     first = None
     recs = []
     for kind, rec in read_log(run / 'log.jsonl'):
-        if kind == 'config':   # a restart: --resume redoes the steps after resumed_from; a run
-            start = rec.get('resumed_from') or 0   # without it starts over (no evaluation counts)
-            recs = [r for r in recs if r['step'] <= start and (start or r['kind'] == 'train')]
+        # a restart: --resume redoes the steps after resumed_from; a run without it starts
+        # over (no evaluation counts)
+        if kind == 'config':
+            start = rec.get('resumed_from') or 0
+            recs = [r for r in recs
+                    if r['step'] <= start and (start or r['kind'] == 'train')]
             cfg = rec
             first = first or rec
         elif kind in ('train', 'eval', 'diverged'):
@@ -160,7 +171,7 @@ def summarize(run):
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
         chars_per_s = last['train_chars'] / last['train_time']
-    budget = cfg.get('flop_budget')   # train.py --flop-budget: max_steps is then out of reach
+    budget = cfg.get('flop_budget')   # train.py --flop-budget: max_steps out of reach
     if budget:
         budget_words = f'{fmt(budget, "flops")} FLOPs'
     else:
@@ -197,8 +208,8 @@ def one_per_run(rows):
 
 
 def value_at(pts, budget, interp):
-    """Valid BPC at a budget from sorted (budget, BPC) points: interpolated between the two around
-    it (or the last at or before it); None where the run never got there."""
+    """Valid BPC at a budget from sorted (budget, BPC) points: interpolated between the
+    two around it (or the last at or before it); None where the run never got there."""
     before = [p for p in pts if p[0] <= budget]
     after = [p for p in pts if p[0] >= budget]
     if not before or not after:
@@ -211,8 +222,8 @@ def value_at(pts, budget, interp):
 
 
 def mean_std(values):
-    """(mean, std) over seeds: None where a seed lacks the value, std None for one seed, NaN
-    where a value is not finite (a diverged run's)."""
+    """(mean, std) over seeds: None where a seed lacks the value, std None for one seed,
+    NaN where a value is not finite (a diverged run's)."""
     if None in values:
         return None
     std = None
@@ -224,9 +235,9 @@ def mean_std(values):
 
 
 def group_seeds(rows, budgets):
-    """One group per experiment (all that defines it but the seed): the first seed's row with
-    n, members, the furthest steps, the seeds, the states, its shape (model, budget, data: what a
-    baseline must share) and (mean, std) of every number."""
+    """One group per experiment (all that defines it but the seed): the first seed's row
+    with n, members, the furthest steps, the seeds, the states, its shape (model,
+    budget, data: what a baseline must share) and (mean, std) of every number."""
     groups = collections.defaultdict(list)
     for r in rows:
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in r['config'].items()
@@ -252,10 +263,10 @@ def unscheduled(g):
 
 
 def experiments(rows, budgets):
-    """One row per experiment (group_seeds) with p {baseline: p} of its test BPC paired by seed
-    with vanilla's and each fixed k's of its shape (Table 1), trained to a FLOP budget also with
-    the vanilla runs that spent it, and, pooled by the last token, with its mean-pooled twin's
-    (Table 2)."""
+    """One row per experiment (group_seeds) with p {baseline: p} of its test BPC paired
+    by seed with vanilla's and each fixed k's of its shape (Table 1), trained to a FLOP
+    budget also with the vanilla runs that spent it, and, pooled by the last token, with
+    its mean-pooled twin's (Table 2)."""
     out = group_seeds(rows, budgets)
     done = [g for g in out if g['test_bpc'] is not None]
     bases = collections.defaultdict(list)
@@ -263,21 +274,23 @@ def experiments(rows, budgets):
         if g['boundary'] in BASELINES:
             bases[g['shape']].append(g)
     for g in done:
-        # equal compute: a run trained to a FLOP budget, against the vanilla runs of its shape
-        # that spent as much
+        # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
+        # shape that spent as much
         spent = []
         for v in done:
             vanilla = v['boundary'] == 'none' and not v['flop_budget'] and v['train_flops']
             if (g['flop_budget'] and vanilla and unscheduled(v) == unscheduled(g)
                     and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
                 spent.append(v)
-        twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')   # older logs: no pooling
+        # (older logs: no pooling)
+        twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')
         twins = []
         for t in done:
             mean_pooled = tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"'))
             if ('pooling', '"last"') in g['key'] and mean_pooled == twin:
                 twins.append(t)
-        beaten = []   # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
+        # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
+        beaten = []
         for base in [b for b in bases[g['shape']] + spent if b is not g] + twins:
             mine = {m['seed']: m['test_bpc'] for m in g['members']}
             theirs = {m['seed']: m['test_bpc'] for m in base['members']}
@@ -286,14 +299,15 @@ def experiments(rows, budgets):
                 warnings.simplefilter('ignore')
                 t = scipy.stats.ttest_rel([mine[s] for s in seeds], [theirs[s] for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
-            if base not in twins:   # (the twin's p answers Table 2, not the star's question)
+            if base not in twins:   # (the twin's p answers Table 2, not the star's)
                 beaten.append(t.pvalue < 0.05 and t.statistic < 0)
         g['star'] = g['boundary'] not in BASELINES and 'none' in g['p'] and all(beaten)
     return out
 
 
 def fmt(v, kind):
-    """A number as the tables show it: '-' where it is missing; (mean, std) as 'mean ± std'."""
+    """A number as the tables show it: '-' where it is missing; (mean, std) as 'mean ±
+    std'."""
     if isinstance(v, tuple):
         text = fmt(v[0], kind)
         if v[1]:   # a std of exactly 0 (the same characters) says nothing
@@ -317,8 +331,9 @@ def fmt(v, kind):
 
 
 def cell(row, key, kind):
-    """The text of a table's cell: row[key] shown as `kind` ('text', 'steps': the steps and the
-    run's state, 'p': the p against baseline `key`, else fmt's kind, test BPC starred)."""
+    """The text of a table's cell: row[key] shown as `kind` ('text', 'steps': the steps
+    and the run's state, 'p': the p against baseline `key`, else fmt's kind, test BPC
+    starred)."""
     if kind == 'text':
         return str(row[key])
     if kind == 'steps':
@@ -350,8 +365,8 @@ def table(rows, cols, markdown):
 
 
 def columns(rows, budgets, grouped, baselines=()):
-    """The columns of the runs table, or of the seeds table (a p column per baseline): 'flags'
-    where they differ, 'budget' where a FLOP budget is."""
+    """The columns of the runs table, or of the seeds table (a p column per baseline):
+    'flags' where they differ, 'budget' where a FLOP budget is."""
     heads = ['mode', 'data']
     if any(r['flags'] for r in rows):
         heads.append('flags')
@@ -371,8 +386,9 @@ def columns(rows, budgets, grouped, baselines=()):
 
 
 def text_of(g):
-    """The text a run trained on: its dataset's name less a Unigram label set's -u<V> (study.sh
-    names the datasets that differ only in their labels fi-u200, fi-u500, ...)."""
+    """The text a run trained on: its dataset's name less a Unigram label set's -u<V>
+    (study.sh names the datasets that differ only in their labels fi-u200, fi-u500,
+    ...)."""
     name, _, v = g['data'].rpartition('-u')
     if name and v.isdigit():
         return name
@@ -380,7 +396,8 @@ def text_of(g):
 
 
 def variant(g):
-    """The Pareto knob that sets runs of one source and text apart: 'α=0.2', 'V=200' or ''."""
+    """The Pareto knob that sets runs of one source and text apart: 'α=0.2', 'V=200' or
+    ''."""
     if g['boundary'] == 'gumbel':
         return f'α={g["config"].get("prior")}'
     v = g['config'].get('unigram') or g['data'][len(text_of(g)) + 2:]   # fi-u200: 200
@@ -390,16 +407,18 @@ def variant(g):
 
 
 def by_data(groups, markdown):
-    """Test BPC (SF, seeds): a column per dataset (text_of), a row per source and budget; a
-    language's own Gumbel prior in its source's row, the variants of a source on one dataset
-    (α, Unigram V: a Pareto front) in one cell, each named, in the knob's order."""
+    """Test BPC (SF, seeds): a column per dataset (text_of), a row per source and
+    budget; a language's own Gumbel prior in its source's row, the variants of a source
+    on one dataset (α, Unigram V: a Pareto front) in one cell, each named, in the knob's
+    order."""
     def order(g):
         return bool(g['flop_budget']), RANK.get(g['boundary'], 9), float(variant(g)[2:] or 0)
     rows = {}
     for g in sorted(groups, key=order):
         mode = mode_label(dict(g['config'], prior=None))
         row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
-        row['budgets'].add(g['budget'])   # a FLOP budget of one shape differs between datasets
+        # a FLOP budget of one shape differs between datasets
+        row['budgets'].add(g['budget'])
         star = ' *' if g['star'] else ''
         result = f'{fmt(g["test_bpc"], "bpc")}{star} ({fmt(g["sf"], "sf")}, n={g["n"]})'
         row.setdefault(text_of(g), []).append((variant(g), result))
@@ -420,8 +439,8 @@ def by_data(groups, markdown):
 
 
 def pareto(ax, done, title=''):
-    """The paper's Pareto figure: test BPC against SF, a line per source (a FLOP budget: hollow
-    squares)."""
+    """The paper's Pareto figure: test BPC against SF, a line per source (a FLOP budget:
+    hollow squares)."""
     for mode in MODES:
         for at_flops in (False, True):
             pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
@@ -441,7 +460,8 @@ def pareto(ax, done, title=''):
 
 
 def draw_layers(plt, done):
-    """The paper's scaling figure: test BPC against the number of layers, a line per source."""
+    """The paper's scaling figure: test BPC against the number of layers, a line per
+    source."""
     fig, ax = plt.subplots(figsize=(7, 5))
     lines = collections.defaultdict(list)
     for g in done:
@@ -457,8 +477,9 @@ def draw_layers(plt, done):
 
 
 def draw(plt, flag, rows, done):
-    """The figure of a plot flag: --plot valid BPC against characters, FLOPs and seconds and the
-    Pareto panel; --plot-sf the Pareto panel per dataset; --plot-layers the paper's scaling."""
+    """The figure of a plot flag: --plot valid BPC against characters, FLOPs and seconds
+    and the Pareto panel; --plot-sf the Pareto panel per dataset; --plot-layers the
+    paper's scaling."""
     if flag == '--plot-layers':
         return draw_layers(plt, done)
     if flag == '--plot-sf':
@@ -483,7 +504,8 @@ def draw(plt, flag, rows, done):
 
 
 def parse_budget(s):
-    """Argument type: 'min' or a number >= 0 with an optional k/M/G/T suffix (2M = 2e6)."""
+    """Argument type: 'min' or a number >= 0 with an optional k/M/G/T suffix (2M = 2e6).
+    """
     if s == 'min':
         return s
     scale = {'k': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}.get(s[-1:])
@@ -498,32 +520,35 @@ def plot_path(s):
 
 
 def parse_args(argv):
-    p = common.Parser(prog='report.py', description='Tables and plots of dynpool training runs.')
-    p.add_argument('runs', nargs='+', help='run folders (with log.jsonl) or folders holding them')
+    p = common.Parser(prog='report.py',
+                      description='Tables and plots of dynpool training runs.')
+    p.add_argument('runs', nargs='+',
+                   help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
     p.add_argument('--plot', type=plot_path, metavar='OUT.png',
-                   help='also draw BPC against characters, FLOPs, seconds and SF (matplotlib)')
+                   help='also draw BPC against characters, FLOPs, seconds and SF')
     p.add_argument('--plot-sf', type=plot_path, metavar='OUT.png',
-                   help='also draw test BPC against SF alone, a panel per dataset (matplotlib)')
+                   help='also draw test BPC against SF alone, a panel per dataset')
     p.add_argument('--plot-layers', type=plot_path, metavar='OUT.png',
-                   help='also draw test BPC against the layers, a line per source (matplotlib)')
+                   help='also draw test BPC against the layers, a line per source')
     p.add_argument('--at-chars', type=parse_budget, metavar='N',
                    help='valid BPC at this many training characters (2M = 2e6; min: the most '
                         'every run reached)')
     p.add_argument('--at-flops', type=parse_budget, metavar='N',
                    help='valid BPC at this many training FLOPs (as --at-chars)')
     p.add_argument('--at-time', type=parse_budget, metavar='N',
-                   help='valid BPC at this many wall-clock seconds of training (as --at-chars)')
+                   help='valid BPC at this many seconds of training (as --at-chars)')
     p.add_argument('--no-interp', action='store_true',
-                   help='at a budget, take the last validation at or before it (no interpolation)')
+                   help='at a budget, the last validation at or before it (no '
+                        'interpolation)')
     p.add_argument('--by-data', action='store_true',
                    help='also a table of test BPC (SF, seeds), a column per dataset')
     return p.parse_args(argv)
 
 
 def find_runs(paths):
-    """The run folders: a path is a run (with log.jsonl, or log.jsonl itself) or a folder of
-    them."""
+    """The run folders: a path is a run (with log.jsonl, or log.jsonl itself) or a
+    folder of them."""
     runs = []
     for p in map(Path, paths):
         if p.name == 'log.jsonl' and not p.is_dir():
@@ -568,7 +593,8 @@ def save_plot(plt, flag, path, fig):
     """A figure written whole or not at all, in the format its path's suffix names."""
     kind = path.suffix[1:].lower()
     if kind not in fig.canvas.get_supported_filetypes():
-        raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, .pdf, ...)')
+        raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, '
+                        '.pdf, ...)')
     for ax in fig.axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -579,11 +605,11 @@ def save_plot(plt, flag, path, fig):
 
 
 def run(argv):
-    """Draw the plots (written whole or not at all), then print the tables: nothing on stdout
-    from a plot that fails."""
+    """Draw the plots (written whole or not at all), then print the tables: nothing on
+    stdout from a plot that fails."""
     args = parse_args(argv)
     if hasattr(sys.stdout, 'reconfigure'):
-        sys.stdout.reconfigure(errors='replace')  # '±' and 'α' on a terminal that lacks them
+        sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
     rows, groups, budgets = results(args)
     done = [g for g in groups if g['test_bpc'] is not None]
     plots = [(flag, getattr(args, flag[2:].replace('-', '_')))

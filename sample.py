@@ -1,6 +1,8 @@
-"""Generate text from a dynpool checkpoint; show the segments the model chose (docs/generation.md).
+"""Generate text from a dynpool checkpoint; show the segments the model chose
+(docs/generation.md).
 
-    python sample.py --ckpt out/text8-whitespace --prompt "The History of" --show-segments
+    python sample.py --ckpt out/text8-whitespace --prompt "The History of" \
+        --show-segments
     python sample.py --ckpt out/text8-entropy --chars 120 --entropy-plot fig2.png
 """
 import json
@@ -21,14 +23,16 @@ from common import UserError, import_pyplot, nonblank, write_atomic
 from dynpool import entropy_spikes
 from runtime import pick_device, require_memory
 
-ANSI = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m', '\033[0m')  # 2 colours, reset
+# --color: two colours, then the reset
+ANSI = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m', '\033[0m')
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
 
 
 def clean_prompt(text, vocab):
-    """The prompt cleaned as the training text was → (text, how, in words): cleaning.clean in the
-    checkpoint's recorded language, else the one whose alphabet it has; else lower case only. Line
-    breaks become spaces where the alphabet has none; a trailing space or break is kept."""
+    """The prompt cleaned as the training text was → (text, how, in words):
+    cleaning.clean in the checkpoint's recorded language, else the one whose alphabet it
+    has; else lower case only. Line breaks become spaces where the alphabet has none; a
+    trailing space or break is kept."""
     alphabet = vocab['alphabet']
     recorded = vocab.get('cleaning')
     fold = False
@@ -63,10 +67,10 @@ def clean_prompt(text, vocab):
 
 @torch.no_grad()
 def generate(args, model, ids, ckpt):
-    """args.num_samples continuations of `ids` by model.steps → per sample, by position t: texts;
-    entropy H_t in bits after t (§3.2; temperature 1, no top-k); spikes, the rule of window k
-    (--spike-window, else the checkpoint's entropy_window); boundaries, the model's b_t or None.
-    A terminal on stderr shows the progress."""
+    """args.num_samples continuations of `ids` by model.steps → per sample, by position
+    t: texts; entropy H_t in bits after t (§3.2; temperature 1, no top-k); spikes, the
+    rule of window k (--spike-window, else the checkpoint's entropy_window); boundaries,
+    the model's b_t or None. A terminal on stderr shows the progress."""
     alphabet = ckpt['vocab']['alphabet']
     x = torch.tensor([ids], device=args.device).repeat(args.num_samples, 1)
     torch.manual_seed(args.seed)
@@ -78,12 +82,13 @@ def generate(args, model, ids, ckpt):
     b = []
     entropy = []
     try:   # (disable=None: no bar where stderr is not a terminal)
-        for step in tqdm(steps, total=args.chars + 1, unit='char', disable=None, leave=False):
+        for step in tqdm(steps, total=args.chars + 1, unit='char', disable=None,
+                         leave=False):
             logp = F.log_softmax(step.logits.float(), -1)
             tokens.append(step.tokens)
             b.append(step.boundaries)
             entropy.append(-(logp.exp() * logp).sum(-1) / math.log(2))
-    except RuntimeError as e:   # sampling from NaN probabilities: refused below, as greedy's NaN
+    except RuntimeError as e:   # sampling from NaN probabilities: refused below
         if 'probability tensor' not in str(e):
             raise
         entropy = [torch.tensor([[math.nan]])]
@@ -100,9 +105,11 @@ def generate(args, model, ids, ckpt):
                            spikes=entropy_spikes(entropy, k).tolist(), boundaries=boundaries)
 
 
-def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None, mark=PROMPT_MARK):
-    """Segment ends marked: `sep` after each b_t = 1 (or alternate ANSI colours per segment), `mark`
-    after the prompt's prompt_len characters; without the marks, `text` again."""
+def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None,
+                  mark=PROMPT_MARK):
+    """Segment ends marked: `sep` after each b_t = 1 (or alternate ANSI colours per
+    segment), `mark` after the prompt's prompt_len characters; without the marks, `text`
+    again."""
     colour = colour and boundaries is not None
     b = [bool(v) for v in boundaries or [0] * len(text)]
     out = []
@@ -111,7 +118,7 @@ def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None, mark
     for t, bt in enumerate(b):
         if not colour:
             out.append(text[t] + (sep if bt else ''))
-        elif bt or t + 1 == prompt_len or t == len(text) - 1:   # one run per segment, cut at mark
+        elif bt or t + 1 == prompt_len or t == len(text) - 1:   # a run per segment
             out.append(ANSI[segment % 2] + text[start:t + 1] + ANSI[2])
             segment += bt
             start = t + 1
@@ -121,7 +128,8 @@ def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None, mark
 
 
 def segment_summary(text, boundaries, prompt_len):
-    """One line: characters, segments closed (in the prompt, in all), open, shortening factor."""
+    """One line: characters, segments closed (in the prompt, in all), open, shortening
+    factor."""
     b = boundaries[:len(text)]
     closed = sum(map(bool, b))
     in_prompt = sum(map(bool, b[:prompt_len]))
@@ -134,11 +142,12 @@ def segment_summary(text, boundaries, prompt_len):
 
 
 def entropy_figure(text, entropy, spikes, boundaries, k, title='', per_row=80, prompt_len=0):
-    """The paper's Figure 2 → a Figure, a row of axes per `per_row` characters: entropy (bits), red
-    dashed lines after the rule's spikes, the model's segment ends in green, the prompt grey."""
+    """The paper's Figure 2 → a Figure, a row of axes per `per_row` characters: entropy
+    (bits), red dashed lines after the rule's spikes, the model's segment ends in green,
+    the prompt grey."""
     plt = import_pyplot('--entropy-plot')
     n_rows = max(1, math.ceil(len(text) / per_row))
-    top = max(1e-3, max(entropy)) * 1.2            # room above the curve for the model's row
+    top = max(1e-3, max(entropy)) * 1.2   # room above the curve for the model's row
     width = max(8, 0.16 * min(per_row, len(text)) + 1)
     fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(width, 1.9 * n_rows + 0.6))
     for r, ax in enumerate(axes[:, 0]):
@@ -184,7 +193,7 @@ def parse_args(argv=None):
                    help='always take the most likely character (argmax)')
     p.add_argument('--seed', type=common.seed_int, default=1337,
                    help='same seed, same output (1337)')
-    p.add_argument('--device', help='cpu, cuda, cuda:N, mps (default: cuda if available)')
+    p.add_argument('--device', help='cpu, cuda, cuda:N, mps (default: cuda if any)')
     p.add_argument('--show-segments', action='store_true',
                    help=f'SEP after segments, {PROMPT_MARK} at prompt')
     p.add_argument('--separator', default='|',
@@ -202,7 +211,8 @@ def parse_args(argv=None):
     p.add_argument('--trust-ckpt', action='store_true',
                    help='load pickled objects: files you trust only')
     args = p.parse_args(argv)
-    if not args.separator or {'\n', '\r'} & set(args.separator):   # the output's lines stay whole
+    # the output's lines stay whole
+    if not args.separator or {'\n', '\r'} & set(args.separator):
         p.error(f'argument --separator {args.separator!r}: must be characters, no line break')
     if args.entropy_plot is not None and args.entropy_plot in ('-', args.entropy_trace):
         p.error("argument --entropy-plot: needs a file of its own, not - nor --entropy-trace's")
@@ -214,11 +224,11 @@ def parse_args(argv=None):
 
 
 def generation_bytes(cfg, batch, prompt_len, new):
-    """An upper bound of the memory, in bytes, that generating `new` characters after a prompt of
-    prompt_len takes for `batch` rows, beyond the weights (4 bytes a number): every layer's keys,
-    values and position keys for all positions; the prompt's pass with all its attention scores
-    (several tensors of them), the pooling's boundary matrix (at most a segment per character)
-    and the activations."""
+    """An upper bound of the memory, in bytes, that generating `new` characters after a
+    prompt of prompt_len takes for `batch` rows, beyond the weights (4 bytes a number):
+    every layer's keys, values and position keys for all positions; the prompt's pass
+    with all its attention scores (several tensors of them), the pooling's boundary
+    matrix (at most a segment per character) and the activations."""
     length = prompt_len + new
     caches = (2 * batch + 1) * sum(cfg.layers) * cfg.n_head * cfg.d_head * length
     scores = 4 * batch * cfg.n_head * prompt_len ** 2
@@ -230,9 +240,10 @@ def generation_bytes(cfg, batch, prompt_len, new):
 
 
 def prompt_ids(args, ckpt):
-    """--prompt cleaned as the training text was (a note on stderr where that changed it), kept
-    to the last seq_len characters the model trained on (a note where cut) → token ids; a prompt
-    that keeps none of its characters, or one outside the alphabet, is refused."""
+    """--prompt cleaned as the training text was (a note on stderr where that changed
+    it), kept to the last seq_len characters the model trained on (a note where cut) →
+    token ids; a prompt that keeps none of its characters, or one outside the alphabet,
+    is refused."""
     text, how = clean_prompt(args.prompt, ckpt['vocab'])
     if args.prompt.strip() and not text:
         raise UserError(f'--prompt {json.dumps(args.prompt, ensure_ascii=False)} keeps none of '
@@ -248,8 +259,9 @@ def prompt_ids(args, ckpt):
                         f"{', '.join(map(repr, bad))} (alphabet: {''.join(index)!r})")
     trained = ckpt.get('args')
     seq_len = trained.get('seq_len') if isinstance(trained, dict) else None
-    # Attention over more than the model trained on costs memory and time with the length's square
-    # and goes past the distances it learnt: the end of a longer prompt is what it continues.
+    # Attention over more than the model trained on costs memory and time with the
+    # length's square and goes past the distances it learnt: the end of a longer prompt
+    # is what it continues.
     if isinstance(seq_len, int) and 0 < seq_len < len(text):
         print(f'note: the prompt is cut to its last {seq_len} characters (of {len(text)}), the '
               'length the model trained on', file=sys.stderr)
@@ -260,7 +272,8 @@ def prompt_ids(args, ckpt):
 
 
 def write_trace(args, out):
-    """--entropy-trace: per sample, per position: pos, char, H_t, the model's b_t, spike."""
+    """--entropy-trace: per sample, per position: pos, char, H_t, the model's b_t,
+    spike."""
     lines = []
     for i, text in enumerate(out.texts):
         if len(out.texts) > 1:
@@ -277,7 +290,8 @@ def write_trace(args, out):
 
 
 def print_samples(args, out, prompt_len):
-    """The samples on stdout (segments marked with --show-segments), their counts on stderr."""
+    """The samples on stdout (segments marked with --show-segments), their counts on
+    stderr."""
     b = out.boundaries
     if args.show_segments and b is None:
         print('note: a vanilla checkpoint has no segments to show', file=sys.stderr)
@@ -298,7 +312,8 @@ def print_samples(args, out, prompt_len):
 
 
 def plot_format(path):
-    """--entropy-plot's format, refused before generating where matplotlib cannot write it."""
+    """--entropy-plot's format, refused before generating where matplotlib cannot write
+    it."""
     import_pyplot('--entropy-plot')
     from matplotlib.backend_bases import FigureCanvasBase
     fmt = os.path.splitext(path)[1][1:].lower() or 'png'
@@ -314,8 +329,8 @@ def run(args):
     model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
-    require_memory(need, f'{args.num_samples} sample(s) of {len(ids)} + {args.chars} characters',
-                   args.device, 'lower --chars or --num-samples')
+    what = f'{args.num_samples} sample(s) of {len(ids)} + {args.chars} characters'
+    require_memory(need, what, args.device, 'lower --chars or --num-samples')
     out = generate(args, model, ids, ckpt)
     if args.entropy_trace is not None:
         write_trace(args, out)
@@ -328,7 +343,8 @@ def run(args):
                              out.boundaries and out.boundaries[0], out.k, prompt_len=len(ids),
                              title=title)
         try:
-            write_atomic(args.entropy_plot, lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
+            write_atomic(args.entropy_plot,
+                         lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
         finally:
             import_pyplot('--entropy-plot').close(fig)
         print(f'wrote {args.entropy_plot}', file=sys.stderr)
