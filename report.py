@@ -36,6 +36,8 @@ OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
 UNITS = dict(chars='chars', flops='FLOPs', time='s')   # short: a column head
+# fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
+FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
 # (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std
 NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flops', 'flops'),
                   ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
@@ -317,17 +319,9 @@ def fmt(v, kind):
         return '-'
     if kind == 'p' and v < 0.001:
         return '<0.001'
-    if kind == 'bpc':
-        return f'{v:.4f}'
-    if kind == 'sf':
-        return f'{v:.2f}'
-    if kind == 'p':
-        return f'{v:.3f}'
-    if kind == 'flops':
-        return f'{v:.3g}'.replace('e+', 'e')
     if kind == 'time' and v < 100:
         return f'{v:.3g}'
-    return f'{v:,.0f}'
+    return format(v, FORMATS.get(kind, ',.0f')).replace('e+', 'e')
 
 
 def cell(row, key, kind):

@@ -330,7 +330,8 @@ def run(args):
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
     what = f'{args.num_samples} sample(s) of {len(ids)} + {args.chars} characters'
-    require_memory(need, what, args.device, 'lower --chars or --num-samples')
+    require_memory(need, what, args.device, 'lower --chars or --num-samples, or shorten '
+                   '--prompt')
     out = generate(args, model, ids, ckpt)
     if args.entropy_trace is not None:
         write_trace(args, out)
