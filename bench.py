@@ -260,8 +260,8 @@ def prepared(args, name):
 # ----------------------------------------------------------------------------- timing,
 # memory
 def time_calls(fn, n, args):
-    """Seconds of each of n calls of fn() by args.clock, on a GPU until its work is
-    done."""
+    """Seconds of each of n calls of fn() by args.clock, on a GPU until
+    its work is done."""
     clock = CLOCKS[args.clock]
     times = []
     for _ in range(n):
@@ -274,8 +274,8 @@ def time_calls(fn, n, args):
 
 
 def matmul_peak(args):
-    """FLOP/s of the best of a few n×n×n matmuls in the training dtype: the machine's
-    own peak."""
+    """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
+    the machine's own peak."""
     n = args.peak_n
     cuda = args.device.startswith('cuda')
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp, torch.float32)
@@ -329,9 +329,9 @@ def run_one(args, name):
 
 
 def spawn(args, name):
-    """Configuration `name` in a fresh process (so its peak memory cannot hide behind
-    another's, and --timeout can stop it) → (its record, None) or (None, why it failed).
-    """
+    """Configuration `name` in a fresh process (so its peak memory
+    cannot hide behind another's, and --timeout can stop it) → (its
+    record, None) or (None, why it failed). """
     cmd = [sys.executable, os.path.abspath(__file__), *args.argv, '--one', name]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -453,9 +453,9 @@ def plot(args, table, plt):
 
 
 def record_paper(args, table):
-    """--preset paper: the median model FLOP/s over the configurations timed, merged
-    into PAPER_FILE under this device's name (study.sh prices runs with it); other
-    devices' kept."""
+    """--preset paper: the median model FLOP/s over the configurations
+    timed, merged into PAPER_FILE under this device's name (study.sh
+    prices runs with it); other devices' kept."""
     entries = {}
     if PAPER_FILE.exists():
         try:
@@ -476,9 +476,9 @@ def record_paper(args, table):
 # -----------------------------------------------------------------------------
 # generation
 def bench_generate(args):
-    """Characters/s of model.generate (cached, prefill included) against recomputing the
-    whole sequence for each character, both greedy from the same text-like prompt x [B,
-    C]."""
+    """Characters/s of model.generate (cached, prefill included)
+    against recomputing the whole sequence for each character, both
+    greedy from the same text-like prompt x [B, C]."""
     n = args.new
     m = args.recompute_steps
     for name in GENERATED:   # priced before any tensor of that size is made

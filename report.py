@@ -58,8 +58,8 @@ SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the
 
 
 def mode_label(cfg):
-    """The source with its Pareto knob (k, α) and ' (last)' for last-token pooling
-    (Table 2)."""
+    """The source with its Pareto knob (k, α) and ' (last)' for
+    last-token pooling (Table 2)."""
     label = str(cfg.get('boundary', '?'))
     knob = None
     if label == 'fixed':
@@ -110,8 +110,8 @@ def read_log(log):
 
 
 def lock_held(run):
-    """Whether another process holds <run>/.lock: train.py holds it while the run
-    trains."""
+    """Whether another process holds <run>/.lock: train.py holds it
+    while the run trains."""
     if not (run / '.lock').is_file():
         return False
     try:
@@ -308,8 +308,8 @@ def experiments(rows, budgets):
 
 
 def fmt(v, kind):
-    """A number as the tables show it: '-' where it is missing; (mean, std) as 'mean ±
-    std'."""
+    """A number as the tables show it: '-' where it is missing; (mean,
+    std) as 'mean ± std'."""
     if isinstance(v, tuple):
         text = fmt(v[0], kind)
         if v[1]:   # a std of exactly 0 (the same characters) says nothing
@@ -325,9 +325,9 @@ def fmt(v, kind):
 
 
 def cell(row, key, kind):
-    """The text of a table's cell: row[key] shown as `kind` ('text', 'steps': the steps
-    and the run's state, 'p': the p against baseline `key`, else fmt's kind, test BPC
-    starred)."""
+    """The text of a table's cell: row[key] shown as `kind` ('text',
+    'steps': the steps and the run's state, 'p': the p against baseline
+    `key`, else fmt's kind, test BPC starred)."""
     if kind == 'text':
         return str(row[key])
     if kind == 'steps':
@@ -380,9 +380,9 @@ def columns(rows, budgets, grouped, baselines=()):
 
 
 def text_of(g):
-    """The text a run trained on: its dataset's name less a Unigram label set's -u<V>
-    (study.sh names the datasets that differ only in their labels fi-u200, fi-u500,
-    ...)."""
+    """The text a run trained on: its dataset's name less a Unigram
+    label set's -u<V> (study.sh names the datasets that differ only in
+    their labels fi-u200, fi-u500, ...)."""
     name, _, v = g['data'].rpartition('-u')
     if name and v.isdigit():
         return name
@@ -390,8 +390,8 @@ def text_of(g):
 
 
 def variant(g):
-    """The Pareto knob that sets runs of one source and text apart: 'α=0.2', 'V=200' or
-    ''."""
+    """The Pareto knob that sets runs of one source and text apart:
+    'α=0.2', 'V=200' or ''."""
     if g['boundary'] == 'gumbel':
         return f'α={g["config"].get("prior")}'
     v = g['config'].get('unigram') or g['data'][len(text_of(g)) + 2:]   # fi-u200: 200
@@ -401,10 +401,10 @@ def variant(g):
 
 
 def by_data(groups, markdown):
-    """Test BPC (SF, seeds): a column per dataset (text_of), a row per source and
-    budget; a language's own Gumbel prior in its source's row, the variants of a source
-    on one dataset (α, Unigram V: a Pareto front) in one cell, each named, in the knob's
-    order."""
+    """Test BPC (SF, seeds): a column per dataset (text_of), a row per
+    source and budget; a language's own Gumbel prior in its source's
+    row, the variants of a source on one dataset (α, Unigram V: a
+    Pareto front) in one cell, each named, in the knob's order."""
     def order(g):
         return bool(g['flop_budget']), RANK.get(g['boundary'], 9), float(variant(g)[2:] or 0)
     rows = {}
@@ -433,8 +433,8 @@ def by_data(groups, markdown):
 
 
 def pareto(ax, done, title=''):
-    """The paper's Pareto figure: test BPC against SF, a line per source (a FLOP budget:
-    hollow squares)."""
+    """The paper's Pareto figure: test BPC against SF, a line per
+    source (a FLOP budget: hollow squares)."""
     for mode in MODES:
         for at_flops in (False, True):
             pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
@@ -454,8 +454,8 @@ def pareto(ax, done, title=''):
 
 
 def draw_layers(plt, done):
-    """The paper's scaling figure: test BPC against the number of layers, a line per
-    source."""
+    """The paper's scaling figure: test BPC against the number of
+    layers, a line per source."""
     fig, ax = plt.subplots(figsize=(7, 5))
     lines = collections.defaultdict(list)
     for g in done:
@@ -471,9 +471,9 @@ def draw_layers(plt, done):
 
 
 def draw(plt, flag, rows, done):
-    """The figure of a plot flag: --plot valid BPC against characters, FLOPs and seconds
-    and the Pareto panel; --plot-sf the Pareto panel per dataset; --plot-layers the
-    paper's scaling."""
+    """The figure of a plot flag: --plot valid BPC against characters,
+    FLOPs and seconds and the Pareto panel; --plot-sf the Pareto panel
+    per dataset; --plot-layers the paper's scaling."""
     if flag == '--plot-layers':
         return draw_layers(plt, done)
     if flag == '--plot-sf':
@@ -498,8 +498,8 @@ def draw(plt, flag, rows, done):
 
 
 def parse_budget(s):
-    """Argument type: 'min' or a number >= 0 with an optional k/M/G/T suffix (2M = 2e6).
-    """
+    """Argument type: 'min' or a number >= 0 with an optional k/M/G/T
+    suffix (2M = 2e6). """
     if s == 'min':
         return s
     scale = {'k': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}.get(s[-1:])
@@ -541,8 +541,8 @@ def parse_args(argv):
 
 
 def find_runs(paths):
-    """The run folders: a path is a run (with log.jsonl, or log.jsonl itself) or a
-    folder of them."""
+    """The run folders: a path is a run (with log.jsonl, or log.jsonl
+    itself) or a folder of them."""
     runs = []
     for p in map(Path, paths):
         if p.name == 'log.jsonl' and not p.is_dir():

@@ -107,9 +107,9 @@ def generate(args, model, ids, ckpt):
 
 def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None,
                   mark=PROMPT_MARK):
-    """Segment ends marked: `sep` after each b_t = 1 (or alternate ANSI colours per
-    segment), `mark` after the prompt's prompt_len characters; without the marks, `text`
-    again."""
+    """Segment ends marked: `sep` after each b_t = 1 (or alternate ANSI
+    colours per segment), `mark` after the prompt's prompt_len
+    characters; without the marks, `text` again."""
     colour = colour and boundaries is not None
     b = [bool(v) for v in boundaries or [0] * len(text)]
     out = []
@@ -128,8 +128,8 @@ def show_segments(text, boundaries, sep='|', colour=False, prompt_len=None,
 
 
 def segment_summary(text, boundaries, prompt_len):
-    """One line: characters, segments closed (in the prompt, in all), open, shortening
-    factor."""
+    """One line: characters, segments closed (in the prompt, in all),
+    open, shortening factor."""
     b = boundaries[:len(text)]
     closed = sum(map(bool, b))
     in_prompt = sum(map(bool, b[:prompt_len]))
@@ -142,9 +142,9 @@ def segment_summary(text, boundaries, prompt_len):
 
 
 def entropy_figure(text, entropy, spikes, boundaries, k, title='', per_row=80, prompt_len=0):
-    """The paper's Figure 2 → a Figure, a row of axes per `per_row` characters: entropy
-    (bits), red dashed lines after the rule's spikes, the model's segment ends in green,
-    the prompt grey."""
+    """The paper's Figure 2 → a Figure, a row of axes per `per_row`
+    characters: entropy (bits), red dashed lines after the rule's
+    spikes, the model's segment ends in green, the prompt grey."""
     plt = import_pyplot('--entropy-plot')
     n_rows = max(1, math.ceil(len(text) / per_row))
     top = max(1e-3, max(entropy)) * 1.2   # room above the curve for the model's row
@@ -240,10 +240,10 @@ def generation_bytes(cfg, batch, prompt_len, new):
 
 
 def prompt_ids(args, ckpt):
-    """--prompt cleaned as the training text was (a note on stderr where that changed
-    it), kept to the last seq_len characters the model trained on (a note where cut) →
-    token ids; a prompt that keeps none of its characters, or one outside the alphabet,
-    is refused."""
+    """--prompt cleaned as the training text was (a note on stderr where
+    that changed it), kept to the last seq_len characters the model
+    trained on (a note where cut) → token ids; a prompt that keeps none
+    of its characters, or one outside the alphabet, is refused."""
     text, how = clean_prompt(args.prompt, ckpt['vocab'])
     if args.prompt.strip() and not text:
         raise UserError(f'--prompt {json.dumps(args.prompt, ensure_ascii=False)} keeps none of '
@@ -272,8 +272,8 @@ def prompt_ids(args, ckpt):
 
 
 def write_trace(args, out):
-    """--entropy-trace: per sample, per position: pos, char, H_t, the model's b_t,
-    spike."""
+    """--entropy-trace: per sample, per position: pos, char, H_t, the
+    model's b_t, spike."""
     lines = []
     for i, text in enumerate(out.texts):
         if len(out.texts) > 1:
@@ -290,8 +290,8 @@ def write_trace(args, out):
 
 
 def print_samples(args, out, prompt_len):
-    """The samples on stdout (segments marked with --show-segments), their counts on
-    stderr."""
+    """The samples on stdout (segments marked with --show-segments),
+    their counts on stderr."""
     b = out.boundaries
     if args.show_segments and b is None:
         print('note: a vanilla checkpoint has no segments to show', file=sys.stderr)
@@ -312,8 +312,8 @@ def print_samples(args, out, prompt_len):
 
 
 def plot_format(path):
-    """--entropy-plot's format, refused before generating where matplotlib cannot write
-    it."""
+    """--entropy-plot's format, refused before generating where
+    matplotlib cannot write it."""
     import_pyplot('--entropy-plot')
     from matplotlib.backend_bases import FigureCanvasBase
     fmt = os.path.splitext(path)[1][1:].lower() or 'png'
