@@ -706,8 +706,8 @@ def test_non_finite_bpc_of_seeds_is_shown_as_missing(tmp_path, capsys):
 
 
 def test_modes_are_dynpool_s():
-    """report.py spells out the boundary modes (no torch import): the same, in dynpool's order, so
-    every mode gets its colour and its point in the Pareto panel."""
+    """report.py takes the boundary modes from dynpool (hnet registered): all of them, in dynpool's
+    order, so every mode gets its colour and its point in the Pareto panel."""
     from dynpool import BOUNDARY_MODES
 
     assert report.MODES == BOUNDARY_MODES
