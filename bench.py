@@ -506,7 +506,7 @@ def bench_generate(args):
             seq = x
             for _ in range(m):
                 seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
-        with torch.no_grad():
+        with torch.no_grad():   # a short warm-up generation, then the two timed
             time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)
             cached_rate = args.gen_batch * n / time_calls(cached, 1, args)[0]
             full_rate = args.gen_batch * m / time_calls(recompute, 1, args)[0]
