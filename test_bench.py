@@ -24,7 +24,7 @@ from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, odd_path
 
 TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
-ALL = ['vanilla', 'fixed2', 'ws4', 'unigram4', 'entropy4', 'gumbel4', 'hnet4']
+ALL = ['vanilla', 'fixed2', 'ws4', 'unigram4', 'entropy', 'gumbel', 'hnet']
 
 
 def _in_process_spawn(args, name):
@@ -61,6 +61,9 @@ def _no_plotting(monkeypatch):
     (['--configs', 'fixed2.5'], 'fixed2.5'), (['--configs', 'fixed65'], '--seq-len 64'),
     (['--configs', 'ws4+fast'], '+fast'), (['--configs', 'vanila'], 'vanila'),
     (['--configs', ','], "configuration ''"),
+    (['--configs', 'entropy5.5'], 'entropy5.5'), (['--configs', 'hnet5.5'], 'hnet5.5'),
+    (['--configs', 'ws'], "'ws'"), (['--configs', 'whitespace4'], 'whitespace4'),
+    (['--configs', 'none'], "'none'"), (['--amp', 'fp16'], '--amp fp16'),
     (['--configs', 'ws4', '--layers', '1,0,1'], 'shortened'),
     (['--device', 'meta'], '--device'), (['--device', 'nonsense'], '--device'),
     (['--plot', 'p.png', '--generate'], '--plot'), (['--profile', 'vanila'], 'vanila'),
@@ -82,8 +85,8 @@ def test_attention_suffix_sets_the_attention_path():
     args = bench.parse_args(TINY)
     cfg, k, compiled = bench.model_config(args, 'ws4+compile+blocked')
     assert (cfg.boundary, cfg.attention, k, compiled) == ('whitespace', 'blocked', 4.0, True)
-    cfg, k, compiled = bench.model_config(args, 'gumbel5.5')
-    assert (cfg.boundary, cfg.attention, k, compiled) == ('gumbel', 'auto', 5.5, False)
+    cfg, k, compiled = bench.model_config(args, 'gumbel')
+    assert (cfg.boundary, cfg.attention, k, compiled) == ('gumbel', 'auto', None, False)
     assert bench.model_config(args, 'vanilla+sdpa')[0].attention == 'sdpa'
 
 
@@ -121,11 +124,20 @@ def test_ctrl_c_is_one_line_exit_130(monkeypatch, capsys, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize('extra', [['--generate', '--gen-batch', str(10 ** 8)],
-                                   ['--configs', 'vanilla', '--peak-n', str(10 ** 7)]])
-def test_out_of_memory_is_one_line(capsys, extra):
-    rc, _, err = run_main(bench.main, TINY + extra, capsys)
+def test_out_of_memory_is_one_line(capsys):
+    rc, _, err = run_main(bench.main, TINY + ['--configs', 'vanilla', '--peak-n', str(10 ** 7)],
+                          capsys)
     assert rc == 1 and err.count('\n') == 1 and err.startswith('error: out of memory'), err
+
+
+@pytest.mark.parametrize('flag', ['--gen-batch', '--context', '--new'])
+def test_generation_sizes_are_priced_before_they_are_spent(capsys, monkeypatch, flag):
+    """--generate's batch and lengths are refused before any tensor of their size is made: one
+    line naming the flags to lower, exit 2."""
+    monkeypatch.setattr(bench.torch, 'randint', None)   # nothing may be allocated
+    rc, out, err = run_main(bench.main, TINY + ['--generate', flag, str(10 ** 8)], capsys)
+    assert rc == 2 and out == '' and err.count('\n') == 1, err
+    assert 'GiB' in err and 'lower --gen-batch, --context or --new' in err, err
 
 
 def test_unwritable_plot_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
@@ -147,7 +159,7 @@ def test_unwritable_plot_is_one_line_and_leaves_nothing(tmp_path, capsys, monkey
 # ---------------------------------------------------------------------------------------------
 # What is measured
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel4', 'hnet4'])
+@pytest.mark.parametrize('name', ['vanilla', 'ws4', 'gumbel', 'hnet'])
 def test_flop_formula_matches_counted_matmuls(name):
     """The printed formula against torch's own count of the matrix multiplies of one training step
     (forward + backward), with the attention computed in one block so that every n² term runs; one
@@ -222,6 +234,7 @@ def test_cuda_runs_with_tf32_matmuls_as_train_py(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda d: None)
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda d: 'a GPU')
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda **kw: True)
     seen = {}
     monkeypatch.setattr(bench, 'run_one', lambda args, name: seen.update(
         device=args.device, matmul=torch.backends.cuda.matmul.allow_tf32,
@@ -236,7 +249,7 @@ def test_cuda_runs_with_tf32_matmuls_as_train_py(monkeypatch):
 
 
 def test_profile_prints_the_ops_of_a_step(capsys):
-    rc, out, _ = run_main(bench.main, TINY + ['--profile', 'gumbel4', '--warmup', '1'], capsys)
+    rc, out, _ = run_main(bench.main, TINY + ['--profile', 'gumbel', '--warmup', '1'], capsys)
     assert rc == 0 and 'aten::mm' in out and 'Self CPU' in out, out[-500:]
 
 
@@ -256,6 +269,44 @@ def test_table_reads_the_runs(capsys):
     assert cols[4] == '3.00×' and cols[7] == '0.25' and cols[10] == '40%'
 
 
+def test_paper_preset_records_its_flops_per_second(tmp_path, monkeypatch, capsys):
+    """--preset paper (sizes overridden to run on CPU) merges the median model FLOP/s of its table
+    into out/bench-paper.json under this device's name, with the date and torch's version, keeping
+    other devices' entries; other presets and --generate write nothing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, 'spawn', _in_process_spawn)
+    argv = TINY + ['--configs', 'vanilla,ws4', '--rounds', '1', '--steps', '1', '--warmup', '0',
+                   '--peak-n', '8']
+    assert run_main(bench.main, argv, capsys)[0] == 0
+    assert not (tmp_path / 'out').exists()
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'bench-paper.json').write_text('{"a GPU": {"flops_per_s": 1e15}}')
+    tables = []
+    printed = bench.print_table
+    monkeypatch.setattr(bench, 'print_table', lambda args, table, peak: (
+        tables.append(table), printed(args, table, peak)))
+    rc, out, err = run_main(bench.main, argv + ['--preset', 'paper', '--device', 'cpu'], capsys)
+    assert rc == 0, err
+    entries = json.loads((tmp_path / 'out' / 'bench-paper.json').read_text())
+    rates = [row['flops'] / row['time'] for row in tables[0].values()]   # vanilla's, ws4's
+    mine = entries[f'CPU, {torch.get_num_threads()} threads']
+    assert len(rates) == 2 and mine['flops_per_s'] == pytest.approx(sum(rates) / 2)
+    assert mine['torch'] == torch.__version__ and len(mine['date']) == 10
+    assert entries['a GPU'] == {'flops_per_s': 1e15}
+    assert os.listdir(tmp_path / 'out') == ['bench-paper.json']
+
+
+def test_paper_file_that_is_not_json_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, 'spawn', _in_process_spawn)
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'bench-paper.json').write_text('[1, 2')
+    rc, out, err = run_main(bench.main, TINY + ['--preset', 'paper', '--configs', 'vanilla',
+                                                '--rounds', '1', '--steps', '1', '--peak-n', '8'],
+                            capsys)
+    assert rc == 1 and err.count('\n') == 1 and 'bench-paper.json is not' in err, err
+
+
 @pytest.mark.plots
 def test_plot_is_written_whole(tmp_path):
     plt = bench.common.import_pyplot('--plot')
@@ -269,9 +320,9 @@ def test_plot_is_written_whole(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_cuda_step_timed_with_events_and_peak_memory(capsys):
     """On a GPU: bf16 autocast, synchronised times, max_memory_allocated, a matmul peak."""
-    args = bench.parse_args(TINY + ['--device', 'cuda', '--one', 'gumbel4', '--steps', '2'])
+    args = bench.parse_args(TINY + ['--device', 'cuda', '--one', 'gumbel', '--steps', '2'])
     assert args.amp == 'bf16' and args.warmup == 3
-    bench.run_one(args, 'gumbel4')
+    bench.run_one(args, 'gumbel')
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(rec['times']) == 2 and all(t > 0 for t in rec['times']) and rec['step_mem'] > 0
     assert bench.matmul_peak(args) > 1e12
@@ -297,8 +348,9 @@ def test_generation_bench_runs_cached_and_full(capsys):
 # times. Sizes are tiny or far beyond any memory (refused by the allocator at once): never in
 # between, where an allocation could succeed and then take the machine's memory. No +compile.
 _FLAG_VALUES = {
-    '--configs': (['vanilla', 'ws2', 'fixed2', 'gumbel2', 'hnet2', 'unigram2', 'vanilla,ws2'],
-                  ['', ',', 'ws0.5', 'wsnan', 'ws1e400', 'fixed2.5', 'vanila', 'ws2+fast']),
+    '--configs': (['vanilla', 'ws2', 'fixed2', 'gumbel', 'hnet', 'unigram2', 'vanilla,ws2'],
+                  ['', ',', 'ws0.5', 'wsnan', 'ws1e400', 'fixed2.5', 'vanila', 'ws2+fast',
+                   'hnet2']),
     '--d-model': (['16'], ['0', '-4', '15', 'nan', str(10 ** 12)]),
     '--seq-len': (['16', '24'], ['0', '-5', str(10 ** 12)]),
     '--batch': (['1', '2'], ['0', str(10 ** 12)]),
@@ -333,7 +385,7 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
                        '--warmup', '0', '--context', '8', '--new', '2', '--recompute-steps', '1']
         argv += _MODES[mode]
         if mode == 'profile':
-            argv.append(data.draw(st.sampled_from(['vanilla', 'ws2', 'hnet2', 'nope']), label='c'))
+            argv.append(data.draw(st.sampled_from(['vanilla', 'ws2', 'hnet', 'nope']), label='c'))
         for flag in data.draw(st.lists(st.sampled_from(sorted(_FLAG_VALUES)), unique=True,
                                        max_size=3)):
             good, bad = _FLAG_VALUES[flag]

@@ -706,8 +706,8 @@ def test_non_finite_bpc_of_seeds_is_shown_as_missing(tmp_path, capsys):
 
 
 def test_modes_are_dynpool_s():
-    """report.py spells out the boundary modes (no torch import): the same, in dynpool's order, so
-    every mode gets its colour and its point in the Pareto panel."""
+    """report.py takes the boundary modes from dynpool (hnet registered): all of them, in dynpool's
+    order, so every mode gets its colour and its point in the Pareto panel."""
     from dynpool import BOUNDARY_MODES
 
     assert report.MODES == BOUNDARY_MODES
@@ -778,3 +778,52 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
         assert not [f for d, _, fs in os.walk(root) for f in fs if 'tmp' in f], argv
         if (root / 'p.png').exists():
             assert rc == 0 and (root / 'p.png').read_bytes() == b'\x89PNG whole'
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's identity and state
+# ---------------------------------------------------------------------------------------------
+def test_a_backup_copy_of_a_run_is_counted_once(tmp_path, capsys):
+    """Copies of one run (same run_id; a log without one: the same first config record) are one
+    row, the copy that got furthest, with a note: never two seeds of one experiment."""
+    run = [config(run_id='a1')] + evals_and_steps([4.0, 3.0, 2.5], 2.4)
+    write_run(tmp_path, 'ws', run)
+    write_run(tmp_path, 'ws.bak', run[:4])   # copied while it trained
+    old = [config(seed=2)] + evals_and_steps([4.0, 3.0], 2.9)
+    write_run(tmp_path, 'old', old)
+    write_run(tmp_path, 'old-backup', old)
+    write_run(tmp_path, 'other-seed', [config(seed=3, run_id='b2')] + evals_and_steps([4.0], 3.1))
+    assert report.main([str(tmp_path), '--by-data']) == 0
+    out, err = capsys.readouterr()
+    runs = out.split('Mean')[0]
+    assert '/ws ' in runs and 'ws.bak' not in runs and runs.count('/old') == 1
+    assert f'{tmp_path}/ws and {tmp_path}/ws.bak are one run (same run_id): counted once' in err
+    assert 'old-backup are one run (same first config record): counted once' in err
+    assert 'n=2' not in out and '1337,1337' not in out
+
+
+def test_runs_that_did_not_finish_say_why(tmp_path, capsys):
+    """running: another process holds the run folder's lock; diverged: a diverged record;
+    unfinished: the log ends at a validation (stopped to be resumed); crashed: records after its
+    last validation."""
+    import common
+
+    def log(name, *more):   # runs of their own (run_id), alike but for how they ended
+        return write_run(tmp_path, name, [config(run_id=name)] + base + list(more))
+    base = evals_and_steps([4.0, 3.0])
+    log('unfinished')
+    log('crashed', dict(base[-2], step=150))
+    log('diverged', dict(step=150, diverged=True, kind='train'))
+    running = log('running')
+    write_run(tmp_path, 'done', [config(seed=2)] + evals_and_steps([4.0, 3.0], 2.9))
+    with common.locked(running, 'the test'):
+        rows, _ = rows_of(tmp_path)
+        report.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert {name: row['state'] for name, row in rows.items()} == dict(
+        unfinished='unfinished', crashed='crashed', diverged='diverged', running='running',
+        done='')
+    for name, steps in (('unfinished', 100), ('crashed', 150), ('running', 100), ('done', 100)):
+        line = next(x for x in out.splitlines() if f'/{name} ' in x)
+        assert f' {steps} {rows[name]["state"]}'.rstrip() + ' ' in line, line
+    assert report.summarize(running)['state'] == 'unfinished'   # the lock released

@@ -508,9 +508,17 @@ def test_sample_cli_empty_prompt_and_zero_chars(ckpts, capsys):
     assert rc == 0 and len(out) == 12 and out[0] == ' '
     rc, out, _ = _main(['--ckpt', ckpts['unigram'], '--prompt', 'abc', '--chars', 0], capsys)
     assert rc == 0 and out == 'abc\n'
-    rc, out, err = _main(['--ckpt', ckpts['unigram'], '--prompt', '?!', '--chars', 2],
-                         capsys)   # cleans to ''
-    assert rc == 0 and len(out) == 4 and out[0] == ' ' and '"?!" -> ""' in err
+    rc, out, _ = _main(['--ckpt', ckpts['unigram'], '--prompt', '  ', '--chars', 2], capsys)
+    assert rc == 0 and len(out) == 4 and out[0] == ' '   # blank: as empty, a space
+
+
+@pytest.mark.parametrize('prompt', ['###', '?!'])
+def test_sample_cli_prompt_that_cleans_to_nothing_is_refused(ckpts, capsys, prompt):
+    """A prompt none of whose characters survive the cleaning would generate unconditioned text
+    as if it were the continuation: refused, one line naming --prompt, exit 2, nothing on stdout."""
+    rc, out, err = _main(['--ckpt', ckpts['unigram'], '--prompt', prompt, '--chars', 2], capsys)
+    assert rc == 2 and out == '' and _one_error_line(err), err
+    assert err.startswith('error: --prompt') and 'keeps none of its characters' in err
 
 
 def test_sample_cli_reads_a_checkpoint_written_by_train_py(tmp_path, capsys):
@@ -571,11 +579,43 @@ def test_sample_cli_bad_flags_are_one_line(ckpts, capsys):
 # ---------------------------------------------------------------------------------------------
 # Running out of memory, Ctrl-C
 # ---------------------------------------------------------------------------------------------
-def test_sample_out_of_memory_is_one_line(ckpts, capsys):
-    """A request whose key/value caches cannot be allocated (10^12 positions): one line, exit 1."""
-    rc, out, err = _main(['--ckpt', ckpts['fixed'], '--prompt', 'a', '--chars', 10 ** 12], capsys)
-    assert rc == 1 and out == '' and _one_error_line(err), err
-    assert err.startswith('error: out of memory'), err
+@pytest.mark.parametrize('flags', [['--chars', 10 ** 12], ['--num-samples', 10 ** 9]])
+def test_sample_memory_is_priced_before_it_is_spent(ckpts, capsys, monkeypatch, flags):
+    """A request whose key/value caches cannot fit (10^12 positions, 10^9 samples) is refused
+    before any allocation: one line naming the flags to lower, exit 2."""
+    def nothing_allocated(*args, **kwargs):
+        raise AssertionError('generated')
+    monkeypatch.setattr(sample, 'generate', nothing_allocated)
+    rc, out, err = _main(['--ckpt', ckpts['fixed'], '--prompt', 'a'] + flags, capsys)
+    assert rc == 2 and out == '' and _one_error_line(err), err
+    assert 'GiB' in err and 'free' in err and 'lower --chars or --num-samples' in err, err
+
+
+def test_generation_bytes_bound_what_generating_takes(ckpts):
+    """The price is an upper bound of what generating takes beyond the weights (peak CPU memory
+    allocated by torch while the model generates), and grows with the prompt's square."""
+    from torch.profiler import profile
+    model, ckpt = checkpoint.load_checkpoint(ckpts['whitespace'])
+    x = torch.randint(1, 27, (3, 300))
+    with profile(profile_memory=True) as prof:
+        model.generate(x, 50)
+    peak = max(e.cpu_memory_usage for e in prof.key_averages())
+    need = sample.generation_bytes(model.cfg, 3, 300, 50)
+    assert 0 < peak < need
+    assert sample.generation_bytes(model.cfg, 3, 600, 50) > 3 * need
+
+
+def test_a_prompt_longer_than_the_training_sequences_keeps_its_end(ckpts, tmp_path, capsys):
+    """A prompt longer than the checkpoint's training seq_len is cut to its last seq_len
+    characters, with a note: the sample continues the prompt's end."""
+    state = checkpoint.read_checkpoint(ckpts['whitespace'])
+    del state['path']
+    state['args']['seq_len'] = 8
+    path = _write_ckpt(state, tmp_path / 'ckpt.pt')
+    rc, out, err = _main(['--ckpt', path, '--prompt', 'abc defgh ijklmnop', '--chars', 3,
+                          '--greedy'], capsys)
+    assert rc == 0 and out.startswith('ijklmnop') and len(out) == 8 + 3 + 1, (out, err)
+    assert 'cut to its last 8 characters (of 18)' in err
 
 
 def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(ckpts, tmp_path, capsys,
@@ -748,3 +788,13 @@ def test_sample_fuzz_keeps_the_contract(ckpts, data, capsys, monkeypatch):
             if path.startswith(str(root / 'fig')) or path.startswith(str(root / 'out')):
                 ok = not os.path.exists(path) or whole[flag](Path(path).read_bytes())
                 assert ok, (argv, flag)
+
+
+def test_sample_shows_progress_on_a_terminal_only(ckpts, capsys, monkeypatch):
+    """Generating shows a progress bar (tqdm) where stderr is a terminal, and none in a file."""
+    argv = ['--ckpt', ckpts['whitespace'], '--prompt', 'the', '--chars', 30]
+    rc, out, err = _main(argv, capsys)
+    assert rc == 0 and 'char/s' not in err, err
+    monkeypatch.setattr(sys.stderr, 'isatty', lambda: True)
+    rc, out, err = _main(argv, capsys)
+    assert rc == 0 and '/31 [' in err and 'char/s' in err, err
