@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -72,24 +73,39 @@ def config_from_dict(d, **extra):
 
 def _dict(keys=str, values=object, **fields):
     """Rule: a dict of keys and values of these types, whose `fields` are of the given types."""
-    return lambda v: isinstance(v, dict) and all(
-        isinstance(k, keys) and isinstance(x, values) for k, x in v.items()) and all(
-        isinstance(v.get(k), t) for k, t in fields.items())
+    def rule(v):
+        if not isinstance(v, dict):
+            return False
+        if not all(isinstance(k, keys) and isinstance(x, values) for k, x in v.items()):
+            return False
+        return all(isinstance(v.get(k), t) for k, t in fields.items())
+    return rule
+
+
+def is_count(v):
+    return type(v) is int and v >= 0
+
+
+def is_number_or_null(v):
+    return v is None or is_number(v)
+
+
+def is_vocab(v):
+    return meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None
 
 
 # A checkpoint's fields and what each must be where present: {field: (rule, what it must be)}.
-COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_number, 'a number >= 0')
-NUMBER_OR_NULL = (lambda v: v is None or is_number(v), 'a number >= 0 or null')
+COUNT = (is_count, 'a count >= 0')
+NUMBER_OR_NULL = (is_number_or_null, 'a number >= 0 or null')
 FIELDS = dict(
-    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER,
+    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=(is_number, 'a number >= 0'),
     train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_dict(object), 'a dict'),
     args=(_dict(), 'a dict of flags'),
     rng=(_dict(object, torch=torch.Tensor, numpy=(tuple, list), python=(tuple, list)),
          'a dict of torch, cuda, numpy, python states'),
     optimizer=(_dict(object, state=dict, param_groups=list), 'a dict with state and param_groups'),
     model=(_dict(str, torch.Tensor), 'a dict of named tensors'),
-    vocab=(lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
-           'a dict of alphabet, vocab_size and space_id'),
+    vocab=(is_vocab, 'a dict of alphabet, vocab_size and space_id'),
     dataset=(_dict(object, fingerprint=str), 'a dict with the fingerprint of the data'))
 # numpy's RNG state, pickled as arrays: what weights_only loading must allow besides tensors
 _NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray, np.dtype,
@@ -155,10 +171,17 @@ def load_checkpoint(path, device='cpu', trust=False):
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
 
 
+def resume_command(out, *flags):
+    """The command that continues the run in folder `out`, quoted for the shell."""
+    return shlex.join(['python', 'train.py', '--out', str(out), '--resume', *flags])
+
+
 def kept(path, saved_step):
     """What a stopped run leaves behind, in words."""
-    return ('no checkpoint was written yet' if saved_step is None else
-            f'the last good checkpoint is {path} (step {saved_step}); continue with --resume')
+    if saved_step is None:
+        return 'no checkpoint was written yet'
+    return (f'the last good checkpoint is {path} (step {saved_step}); continue with: '
+            f'{resume_command(Path(path).parent)}')
 
 
 def save_checkpoint(path, state, saved_step):
@@ -180,15 +203,16 @@ def save_checkpoint(path, state, saved_step):
         raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
 
 
-def training_state(model, optimizer, scaler, counters, cfg, source, args):
+def training_state(model, optimizer, scaler, counters, cfg, data_identity, args):
     """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler, counters,
-    config, flags, `source` (vocab, the data's fingerprint), every RNG (this process's GPU only)."""
+    config, flags, data_identity (vocab, the data's fingerprint), every RNG (this process's GPU
+    only)."""
     device = torch.device(args.device)
     rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
                cuda=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg), **source,
-                args=vars(args), rng=rng)
+                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg),
+                **data_identity, args=vars(args), rng=rng)
 
 
 def restore_training(ckpt, model, optimizer, scaler, device):
@@ -205,13 +229,13 @@ def restore_training(ckpt, model, optimizer, scaler, device):
     random.setstate(rng['python'])
 
 
-def check_resumable(ckpt, cfg, source, data):
+def check_resumable(ckpt, cfg, data_identity, data):
     """A resumed run keeps its data (before fingerprints: vocabulary) and model (but speed-only)."""
     then = ckpt.get('dataset')
-    if then and then['fingerprint'] != source['dataset']['fingerprint']:
+    if then and then['fingerprint'] != data_identity['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '
                         f'started on ({then.get("path")}, changed or moved?)', code=2)
-    if ckpt['vocab']['alphabet'] != source['vocab']['alphabet']:
+    if ckpt['vocab']['alphabet'] != data_identity['vocab']['alphabet']:
         raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary (alphabet) '
                         f'than {data}')
     old = config_from_dict(ckpt['config'])

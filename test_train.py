@@ -16,9 +16,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -255,15 +253,65 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     assert (chunks[np.argsort(perm)] == rotated).all()
 
 
-def test_train_non_finite_loss_stops_and_keeps_checkpoint(synth, tmp_path, capsys):
-    out = tmp_path / 'nan'
-    # Adam moves each weight by ~lr per step: lr 1e30 overflows the logits on the next step
-    msg = user_error(tiny_args(synth, 'none') + ['--lr', '1e30', '--warmup', '1',
-                            '--max-steps', '5', '--eval-interval', '1', '--out', str(out)], capsys)
-    assert 'non-finite' in msg
-    # the last checkpoint, written before the failure
-    ck = torch.load(out / 'ckpt.pt', weights_only=False)
-    assert all(torch.isfinite(v).all() for v in ck['model'].values())
+@pytest.mark.parametrize('where', ['loss', 'validation'])
+def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
+        synth, tmp_path, capsys, monkeypatch, where):
+    """A non-finite training loss (a NaN weight from step 3 on: steps skipped) or validation (the
+    evaluation at step 4 says nan) stops the run before it saves: the checkpoint of step 2 stays,
+    log.jsonl ends with a diverged record, and the command the error line suggests (--resume with
+    a lower --lr) runs to the end."""
+    out = tmp_path / 'run'
+    real_step, real_evaluate = train.train_step, train.evaluate
+
+    def poisoned_step(t, batch):
+        real_step(t, batch)
+        if t.state.step == 2:   # (counted after the call)
+            with torch.no_grad():
+                t.raw_model.lm_head.bias[0] = float('nan')
+
+    def nan_at_step_4(model, *a, **k):
+        r = real_evaluate(model, *a, **k)
+        return dict(r, bpc=float('nan')) if a[-1].startswith('step 4 ') else r
+    if where == 'loss':
+        monkeypatch.setattr(train, 'train_step', poisoned_step)
+    else:
+        monkeypatch.setattr(train, 'evaluate', nan_at_step_4)
+    msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
+                                                 '--out', str(out)], capsys, code=1)
+    monkeypatch.undo()
+    assert 'diverged at step' in msg and '(step 2)' in msg, msg
+    ck = checkpoint.read_checkpoint(out)   # finite, else refused
+    assert ck['step'] == 2
+    last = read_log(out)[-1]
+    assert last['diverged'] is True and last['step'] in (3, 4) and last['checkpoint_step'] == 2
+    command = shlex.split(msg.split('lower learning rate: ')[1])
+    assert command[:2] == ['python', 'train.py'] and command[-2:] == ['--lr', '0.0003']
+    trained(command[2:])
+    assert read_log(out)[-1]['split'] == 'test'
+
+
+def test_train_divergence_before_any_checkpoint_suggests_a_fresh_start(synth, tmp_path, capsys,
+                                                                      monkeypatch):
+    """The first validation after step 1 is nan: nothing is saved (a diverged checkpoint would be
+    the one --resume and sample.py find); the suggestion, the same command with a lower --lr,
+    runs to the end."""
+    out = tmp_path / 'run'
+    real_evaluate = train.evaluate
+
+    def nan_at_step_1(model, *a, **k):
+        r = real_evaluate(model, *a, **k)
+        return dict(r, bpc=float('nan')) if a[-1].startswith('step 1 ') else r
+    monkeypatch.setattr(train, 'evaluate', nan_at_step_1)
+    argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
+                                          str(out)]
+    msg = user_error(argv, capsys, code=1)
+    monkeypatch.undo()
+    assert 'at step 1 (valid bpc nan); no checkpoint was written' in msg, msg
+    assert not (out / 'ckpt.pt').exists() and read_log(out)[-1]['diverged'] is True
+    command = shlex.split(msg.split('lower learning rate: ')[1])
+    assert command == ['python', 'train.py', *argv, '--lr', '0.0003']
+    trained(command[2:])
+    assert read_log(out)[-1]['split'] == 'test'
 
 
 # ----------------------------------------------------------------------------- DDP
@@ -450,7 +498,7 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--device', 'meta'], '--device meta'),
     (['--layers', '1,2,3,4'], 'argument --layers'),
     (['--fixed-factor', '99999999999999999999'], 'argument --fixed-factor'),
-    (['--d-model', '99999998', '--d-inner', '99999999'], 'GiB with gradients and Adam moments'),
+    (['--d-model', '99999998', '--d-inner', '99999999'], 'with gradients and Adam moments, needs about'),
     (['--d-head', str(2 ** 63 - 1)], 'the model is too large to build'),   # bytes overflow int64
     (['--d-head', str(2 ** 63)], 'argument --d-head: must be an integer >= 1 (below 2**63)'),
 ])
@@ -604,7 +652,8 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path, c
     assert first.returncode == 130, err
     assert err.splitlines() == [err.strip()] and err.startswith('error: interrupted at step '), err
     step = torch.load(out / 'ckpt.pt', weights_only=False)['step']
-    assert step >= 2 and step % 2 == 0 and f'(step {step}); continue with --resume' in err
+    assert step >= 2 and step % 2 == 0, step
+    assert f'(step {step}); continue with: python train.py --out {out} --resume' in err, err
     assert not list(out.glob('*.tmp'))
 
 
@@ -672,10 +721,8 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
 
 def training(model, optimizer, cfg, args):
     """train.py's machinery for one process on CPU, without loss scaling, logger or compile."""
-    return SimpleNamespace(model=model, raw_model=model, optimizer=optimizer,
-                           autocast=nullcontext(),
-                           scaler=torch.amp.GradScaler('cpu', enabled=False),
-                           stats=runtime.StepStats(cfg, args), procs=runtime.Processes())
+    return train.Trainer(args, cfg, model, model, optimizer,
+                         torch.amp.GradScaler('cpu', enabled=False), runtime.StepStats(cfg, args))
 
 
 def test_train_non_finite_step_is_skipped_on_the_device():
@@ -691,13 +738,13 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
     t = training(model, optimizer, cfg, args)
-    train.train_step(t, batch, args)
+    train.train_step(t, batch)
     assert t.stats.read()['bad'] == 0
     with torch.no_grad():
         model.lm_head.bias[0] = float('nan')
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = [optimizer.state[p]['exp_avg'].clone() for p in model.parameters()]
-    train.train_step(t, batch, args)
+    train.train_step(t, batch)
     assert t.stats.read()['bad'] == 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
@@ -766,7 +813,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(' ms/step | ' in ln and ln.endswith(' chars/s') for ln in steps), steps
+    assert all(' ms/step | ' in ln and ' chars/s | ETA ' in ln for ln in steps), steps
     assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
     assert lines[-1].startswith('test bpc ')
     command = shlex.split(lines[-2].split('sample with: ')[1])
@@ -1013,10 +1060,10 @@ def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, 
     model.check_inputs = lambda *a, **k: None
     t = training(model, torch.optim.Adam(model.parameters(), fused=True), cfg, args)
     stream = train.batches(splits['train'], None, args, cfg, train.RunState(), runtime.Processes())
-    train.train_step(t, next(stream), args)  # (the first step creates Adam's state)
+    train.train_step(t, next(stream))  # (the first step creates Adam's state)
     batch = next(stream)
     with ScalarReads() as reads:
-        train.train_step(t, batch, args)
+        train.train_step(t, batch)
         flops = t.stats.take_step_flops()
     assert (reads.n == 0) == (boundary != 'entropy'), reads.n
     assert flops > 0
@@ -1056,11 +1103,13 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
 ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf', 'nan', '',
                '99999999999999999999', 'x', '1,1', '0x10', ' 2']
 ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cuda', 'meta', 'cpu']
-SWITCHES = {flag for flag, kind, _ in presets.FLAGS if kind is None}
+# train.py's flags as its parser declares them: {'--flag': argparse action}
+ACTIONS = {a.option_strings[0]: a for a in presets.parser()._actions if a.dest != 'help'}
+SWITCHES = {flag for flag, action in ACTIONS.items() if action.nargs == 0}
 SWITCHES -= {'--tensorboard', '--compile'}
 # (--data and --out are drawn apart; the slow or networked loggers and compile are left out, and the
 # evaluation sizes stay tiny: the contract, not the evaluation's speed, is under test)
-FUZZED = sorted(flag for flag, _, _ in presets.FLAGS if flag not in (
+FUZZED = sorted(flag for flag in ACTIONS if flag not in (
     '--data', '--out', '--tensorboard', '--wandb', '--compile', '--eval-subset-chars',
     '--eval-max-chars', '--eval-batch-size'))
 
@@ -1070,12 +1119,12 @@ def odd_argv(draw, synth, where):
     """train.py's flags: a few drawn at random, each with an odd or an ordinary value."""
     argv = []
     for flag in draw(st.lists(st.sampled_from(FUZZED), max_size=4, unique=True)):
-        kind = dict((f, k) for f, k, _ in presets.FLAGS)[flag]
+        action = ACTIONS[flag]
         if flag in SWITCHES:
             argv.append(flag)
             continue
-        values = (st.sampled_from(list(kind) + ['bogus']) if isinstance(kind, tuple) else
-                  st.sampled_from(ODD_TEXT) if kind is presets.nonblank else
+        values = (st.sampled_from(list(action.choices) + ['bogus']) if action.choices else
+                  st.sampled_from(ODD_TEXT) if action.type is presets.nonblank else
                   st.sampled_from(ODD_NUMBERS) | st.integers(-3, 4).map(str)
                   | st.floats(allow_nan=True, allow_infinity=True).map(repr))
         argv += [flag, draw(values)]
