@@ -35,7 +35,13 @@ def error_line(e):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
         where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        return f'{where + ": " if where else ""}{e.strerror or first_line(e)}', 1
+        if where:
+            where += ': '
+        return where + (e.strerror or first_line(e)), 1
+    # a name (or text) in another encoding than the system's: a Latin-1 file name on UTF-8
+    if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
+        part = e.object[max(0, e.start - 30):e.end]
+        return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
     # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError saying so
     if {'MemoryError', 'OutOfMemoryError'} & {c.__name__ for c in type(e).__mro__} or isinstance(
             e, RuntimeError) and any(s in str(e) for s in ("can't allocate", 'out of memory')):
@@ -155,7 +161,13 @@ def locked(folder, what):
     UserError line naming `what` if another process holds it."""
     import filelock    # torch's own dependency, so no extra install
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as e:   # a link to a folder that does not exist (an unmounted disk)
+        if not os.path.islink(e.filename):
+            raise
+        raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
+                                e.filename) from None
     lock = filelock.FileLock(folder / '.lock', timeout=0)
     try:
         held = lock.acquire()

@@ -4,6 +4,7 @@ Run:   python -m pytest -q test_train.py
 """
 
 
+import io
 import json
 import math
 import os
@@ -114,11 +115,11 @@ def trained(argv):
     assert train.main(argv) == 0
 
 
-def run_cli(args, **kw):
+def run_cli(args, env=None):
     """train.py as a user runs it, in its own process."""
     return subprocess.Popen([sys.executable, 'train.py'] + args, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, OMP_NUM_THREADS='1'), **kw)
+                            env=env or dict(os.environ, OMP_NUM_THREADS='1'))
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -498,7 +499,8 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--device', 'meta'], '--device meta'),
     (['--layers', '1,2,3,4'], 'argument --layers'),
     (['--fixed-factor', '99999999999999999999'], 'argument --fixed-factor'),
-    (['--d-model', '99999998', '--d-inner', '99999999'], 'with gradients and Adam moments, needs about'),
+    (['--d-model', '99999998', '--d-inner', '99999999'],
+     'with gradients and Adam moments, needs about'),
     (['--d-head', str(2 ** 63 - 1)], 'the model is too large to build'),   # bytes overflow int64
     (['--d-head', str(2 ** 63)], 'argument --d-head: must be an integer >= 1 (below 2**63)'),
 ])
@@ -1199,3 +1201,144 @@ def test_train_resume_of_a_finished_run_evaluates_it_again(done_run, tmp_path, c
         (1, 'valid'), (1, 'test'), (1, 'valid'), (1, 'test')]
     trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
     assert [r['step'] for r in read_log(run) if r.get('split') == 'test'] == [1, 1, 2]
+
+
+# --------------------------------------------------------------- preemption, saves, clock, checks
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGUSR1])
+def test_train_stop_signal_saves_and_resume_is_bit_identical(synth, tmp_path, capsys, monkeypatch,
+                                                             signum):
+    """SIGTERM or SIGUSR1 (a scheduler's notice) during step 3, between the evaluations of steps 0
+    and 4: the step ends, the checkpoint of step 3 is saved (no evaluation), the exit code is 75
+    with a command to continue; that --resume ends with the weights, run_id and test result of a
+    run never stopped."""
+    argv = tiny_args(synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '4',
+                                         '--dropout', '0.1', '--dropatt', '0.1']
+    trained(argv + ['--out', str(tmp_path / 'straight')])
+    real_step = train.train_step
+
+    def signalled_step(t, batch):
+        if t.state.step == 2:   # (the step in flight is step 3)
+            os.kill(os.getpid(), signum)
+        real_step(t, batch)
+    monkeypatch.setattr(train, 'train_step', signalled_step)
+    out = tmp_path / 'stopped'
+    capsys.readouterr()
+    assert train.main(argv + ['--out', str(out)]) == 75
+    monkeypatch.undo()
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith(f'stopped at step 3 of 6 ({signal.Signals(signum).name}'), said
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 3
+    assert [r['step'] for r in read_log(out) if r['kind'] == 'eval'] == [0]
+    assert signal.getsignal(signum) is signal.SIG_DFL   # the handler is the run's only
+    trained(shlex.split(said.split('continue with: ')[1])[2:])
+    a, b = (torch.load(tmp_path / d / 'ckpt.pt', weights_only=False)
+            for d in ('straight', 'stopped'))
+    assert a['step'] == b['step'] == 6
+    assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
+    configs = [r for r in read_log(out) if r['kind'] == 'config']
+    assert len(configs) == 2 and configs[0]['run_id'] == configs[1]['run_id']
+    assert len(configs[0]['run_id']) == 32
+    assert configs[0]['run_id'] != read_log(tmp_path / 'straight')[0]['run_id']
+    assert read_log(out)[-1]['bpc'] == read_log(tmp_path / 'straight')[-1]['bpc']
+
+
+@pytest.mark.parametrize('interval, saved', [('2', [2, 4, 5]), ('1e-9m', [1, 2, 3, 4, 5])])
+def test_train_save_interval_in_steps_or_minutes(synth, tmp_path, monkeypatch, interval, saved):
+    """--save-interval saves apart from the evaluations (here only at the end): every N steps, or
+    once N minutes of training have passed since the last save (checked at each record)."""
+    steps = []
+    real_save = train.save_checkpoint
+
+    def save(path, state, saved_step):
+        steps.append(state['step'])
+        real_save(path, state, saved_step)
+    monkeypatch.setattr(train, 'save_checkpoint', save)
+    trained(tiny_args(synth, 'none') + ['--max-steps', '5', '--eval-interval', '100',
+                                        '--save-interval', interval, '--out', str(tmp_path / 'o')])
+    assert steps == saved
+    assert [r['step'] for r in read_log(tmp_path / 'o') if r['kind'] == 'eval'] == [0, 5, 5]
+
+
+def test_train_clock_is_monotonic(synth, tmp_path, monkeypatch):
+    """train_time counts on a monotonic clock: a wall clock set back during the run (NTP, a
+    suspended VM) changes nothing."""
+    wall = iter(range(10**6, 0, -1000))
+    monkeypatch.setattr(train.time, 'time', lambda: float(next(wall)))
+    out = tmp_path / 'o'
+    trained(tiny_args(synth, 'none') + ['--max-steps', '3', '--out', str(out)])
+    monkeypatch.undo()
+    times = [r['train_time'] for r in read_log(out) if r['kind'] == 'train']
+    assert 0 < times[0] < times[1] < times[2] < 600, times
+
+
+@pytest.mark.parametrize('boundary, extra, words', [
+    ('whitespace', [], '--boundary whitespace closes 0 segments'),
+    ('fixed', ['--fixed-factor', '33'], '--boundary fixed closes 0 segments'),
+])
+def test_train_refuses_a_source_that_cannot_pool(tmp_path, capsys, boundary, extra, words):
+    """A source decided by the text alone that closes no segment in a training sequence (no space
+    in the training text; fixed k > --seq-len 32) would train a model that never pools: refused
+    at the start, exit 2, nothing written."""
+    rng = np.random.default_rng(0)
+    dna = ''.join(rng.choice(list('ACGT'), 9000)) + random_words(1000)  # spaces in test only
+    data = write_dataset(tmp_path / 'dna', dna)
+    msg = user_error(tiny_args(data, boundary) + extra + ['--out', str(tmp_path / 'o')], capsys,
+                     code=2)
+    assert words in msg and 'never pool' in msg, msg
+    assert not (tmp_path / 'o').exists()
+
+
+def test_train_out_as_a_dangling_link_says_so(synth, tmp_path, capsys):
+    """--out a link to a folder that does not exist (an unmounted disk): one line naming the link
+    and its missing target, where the folder is made; nothing is created through it."""
+    gone = tmp_path / 'unmounted' / 'run'
+    (tmp_path / 'link').symlink_to(gone)
+    msg = user_error(tiny_args(synth, 'none') + ['--out', str(tmp_path / 'link' / 'run')],
+                     capsys, code=1)
+    assert f'{tmp_path / "link"}: a link to {gone}, which does not exist' in msg, msg
+    assert not (tmp_path / 'unmounted').exists()
+
+
+def test_train_resumes_a_checkpoint_whose_layers_are_a_string(done_run, tmp_path, capsys):
+    """Checkpoints of the previous version store --layers as '1,1,1': such a run resumes, with
+    --layers given or not."""
+    run = copy_run(done_run, tmp_path)
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    ck['args']['layers'] = '1,1,1'
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '3', '--layers',
+             '1,1,1'])
+    assert read_log(run)[-1]['step'] == 3
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--layers', '1,2,1'],
+                     capsys, code=2)
+    assert "--layers differs from the checkpoint's 1,1,1" in msg, msg
+
+
+def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
+    """A progress bar of the evaluation's batches on stderr where it is a terminal, none where it
+    is not (a log file)."""
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 boundary='none')
+    model = DynamicPoolingLM(cfg)
+    tokens = np.arange(400) % 9
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, 'stderr', stream)
+        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
+        monkeypatch.undo()
+        assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_train_a_name_in_another_encoding_is_one_line(synth, tmp_path):
+    """An --out whose name is not UTF-8 (Latin-1 'caf\\xe9'), shown on a strict UTF-8 stdout: the
+    error boundary says what cannot be encoded, in one line, exit 1."""
+    first = run_cli(tiny_args(synth, 'none') + ['--max-steps', '1', '--out',
+                                                str(tmp_path / 'caf\udce9')],
+                    env=dict(os.environ, PYTHONIOENCODING='utf-8', OMP_NUM_THREADS='1'))
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 1, err
+    assert err.splitlines() == [err.strip()] and 'is not utf-8' in err and 'caf' in err, err

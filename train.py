@@ -407,25 +407,15 @@ def train(t, splits, labels):
     why = None
     save_steps, save_seconds = save_schedule(args.save_interval)
     stream = batches(splits['train'], labels and labels['train'], args, t.cfg, state, t.procs)
+    started = time.monotonic()
     if state.step == 0:
         eval_and_log(t, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
-    started = time.monotonic()
     since = (time.monotonic(), state.step)  # the last record's clock and step
     first = (state.step, state.train_time, state.train_flops)  # this invocation's start
     t.model.train()
     while state.step < stop and not finished(state, args):
-        if args.flop_budget is not None and state.step >= args.warmup:
-            if state.warmup_flops is None:  # the cosine decays over the FLOPs from here
-                state.warmup_flops = state.train_flops
-        lr = lr_at(state.step, args, state)
-        for group in t.optimizer.param_groups:
-            group['lr'] = lr
-        train_step(t, batch)
-        state.step += 1
-        state.epoch = batch.epoch
-        state.pos = batch.pos
-        state.train_chars += args.batch_size * args.seq_len
+        lr = advance(t, batch)
         batch = next(stream)  # cut and copied on the host while the device runs the step
         if args.flop_budget is not None:  # each step (without a budget: at each record, no wait)
             state.train_flops += t.stats.take_step_flops()
@@ -435,8 +425,10 @@ def train(t, splits, labels):
         # a signal ends the step in flight; with DDP, all ranks agree at a record
         record = state.step % args.log_interval == 0 or save or (t.stop and t.procs.world == 1)
         if record:
-            late = args.max_time is not None and time.monotonic() - started >= args.max_time
-            due = bool(save_seconds and state.train_time - t.saved_time >= save_seconds)
+            clock = time.monotonic()
+            late = args.max_time is not None and clock - started >= args.max_time
+            unsaved = state.train_time + clock - since[0] - t.saved_time  # training not saved
+            due = save_seconds is not None and unsaved >= save_seconds
             r = t.stats.read(late or bool(t.stop), due)
             now = time.monotonic()
             last = since[0]
@@ -453,10 +445,13 @@ def train(t, splits, labels):
             if r['late'] and not end:
                 stop = state.step
                 save = True
+                if args.max_time is None and not t.stop:  # another process's signal (DDP)
+                    t.stop.append('a stop signal')
                 validate = not t.stop
-                why = f'--max-time {args.max_time:g}s'
                 if t.stop:
                     why = f'{t.stop[0]}: stopped to be resumed'
+                else:
+                    why = f'--max-time {args.max_time:g}s'
         if not save:
             continue
         if validate and not finished(state, args):  # (a finished run is evaluated in full later)
@@ -466,6 +461,24 @@ def train(t, splits, labels):
     if finished(state, args):
         return None
     return why or f'--stop-step {args.stop_step}'
+
+
+def advance(t, batch):
+    """One optimizer step on the batch at the schedule's learning rate, counted → that rate."""
+    args = t.args
+    state = t.state
+    if args.flop_budget is not None and state.step >= args.warmup:
+        if state.warmup_flops is None:  # the cosine decays over the FLOPs from here
+            state.warmup_flops = state.train_flops
+    lr = lr_at(state.step, args, state)
+    for group in t.optimizer.param_groups:
+        group['lr'] = lr
+    train_step(t, batch)
+    state.step += 1
+    state.epoch = batch.epoch
+    state.pos = batch.pos
+    state.train_chars += args.batch_size * args.seq_len
+    return lr
 
 
 def save_training(t):
