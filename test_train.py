@@ -284,7 +284,8 @@ def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
     ck = checkpoint.read_checkpoint(out)   # finite, else refused
     assert ck['step'] == 2
     last = read_log(out)[-1]
-    assert last['diverged'] is True and last['step'] in (3, 4) and last['checkpoint_step'] == 2
+    assert last['diverged'] is True and last['step'] == 4 and last['checkpoint_step'] == 2
+    assert {'loss': 'non-finite loss', 'validation': 'valid bpc nan'}[where] in msg, msg
     command = shlex.split(msg.split('lower learning rate: ')[1])
     assert command[:2] == ['python', 'train.py'] and command[-2:] == ['--lr', '0.0003']
     trained(command[2:])
@@ -1212,7 +1213,8 @@ def test_train_stop_signal_saves_and_resume_is_bit_identical(synth, tmp_path, ca
     with a command to continue; that --resume ends with the weights, run_id and test result of a
     run never stopped."""
     argv = tiny_args(synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '4',
-                                         '--dropout', '0.1', '--dropatt', '0.1']
+                                         '--log-interval', '5', '--dropout', '0.1', '--dropatt',
+                                         '0.1']
     trained(argv + ['--out', str(tmp_path / 'straight')])
     real_step = train.train_step
 
