@@ -1,6 +1,7 @@
-"""What every dynpool script shares, written once: the error type and the one error boundary around
-`main`, the flag parser and its range types, the atomic file write, the run-folder lock, the
-optional matplotlib import. A script is `common.main(lambda: run(parser().parse_args(argv)))`."""
+"""What every dynpool script shares, written once: the error type and the one error
+boundary around `main`, the flag parser and its range types, the atomic file write, the
+run-folder lock, the optional matplotlib import. A script is `common.main(lambda:
+run(parser().parse_args(argv)))`."""
 import argparse
 import math
 import os
@@ -11,8 +12,8 @@ from pathlib import Path
 
 
 class UserError(Exception):
-    """A mistake or fault the user can fix: `main` prints it as one `error: ...` line and exits with
-    `code` (1; 2 for bad command-line flags)."""
+    """A mistake or fault the user can fix: `main` prints it as one `error: ...` line and
+    exits with `code` (1; 2 for bad command-line flags)."""
 
     def __init__(self, msg, code=1):
         super().__init__(msg)
@@ -20,13 +21,14 @@ class UserError(Exception):
 
 
 def first_line(e):
-    """An exception's message in one line: its first, or its type's name where it has none."""
+    """An exception's message in one line: its first, or its type's name where it has
+    none."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def error_line(e):
-    """The one line (without 'error: ') and exit code for an exception `main` catches, or None
-    for one it lets through (a bug, whose traceback is the useful report)."""
+    """The one line (without 'error: ') and exit code for an exception `main` catches, or
+    None for one it lets through (a bug, whose traceback is the useful report)."""
     if isinstance(e, UserError):
         return str(e), e.code
     if isinstance(e, KeyboardInterrupt):
@@ -38,11 +40,13 @@ def error_line(e):
         if where:
             where += ': '
         return where + (e.strerror or first_line(e)), 1
-    # a name (or text) in another encoding than the system's: a Latin-1 file name on UTF-8
+    # a name (or text) in another encoding than the system's: a Latin-1 file name on
+    # UTF-8
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
-    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError saying so
+    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError
+    # saying so
     if {'MemoryError', 'OutOfMemoryError'} & {c.__name__ for c in type(e).__mro__} or isinstance(
             e, RuntimeError) and any(s in str(e) for s in ("can't allocate", 'out of memory')):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
@@ -50,9 +54,10 @@ def error_line(e):
 
 
 def main(run, rank=0):
-    """The error boundary of every script: run() → its exit code. A UserError, an OSError (a full
-    or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line on stderr (only
-    rank 0 of torchrun's processes prints) and exit code 1, 2 for flags, 130 for Ctrl-C."""
+    """The error boundary of every script: run() → its exit code. A UserError, an OSError
+    (a full or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line
+    on stderr (only rank 0 of torchrun's processes prints) and exit code 1, 2 for flags,
+    130 for Ctrl-C."""
     try:
         run()
         try:   # a full or closed stdout fails here, inside the boundary
@@ -73,14 +78,16 @@ def main(run, rank=0):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a message."""
+    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a
+    message."""
 
     def error(self, message):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
 def _number(kind, rule, outside):
-    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError naming rule."""
+    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError
+    naming rule."""
     def parse(s):
         try:
             v = kind(s)
@@ -95,13 +102,15 @@ def _number(kind, rule, outside):
 
 
 def int_range(lo, hi=None):
-    """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size takes)."""
+    """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size
+    takes)."""
     rule = f'an integer >= {lo} (below 2**63)' if hi is None else f'an integer in [{lo}, {hi}]'
     return _number(int, rule, lambda v: v < lo or v > (2 ** 63 - 1 if hi is None else hi))
 
 
 def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
-    """Argument type: a finite float between lo and hi (None: no end; *_open: the end excluded)."""
+    """Argument type: a finite float between lo and hi (None: no end; *_open: the end
+    excluded)."""
     ends = [f'{">" if lo_open else ">="} {lo:g}' if lo is not None else '',
             f'{"<" if hi_open else "<="} {hi:g}' if hi is not None else '']
     rule = 'a finite number ' + ' and '.join(e for e in ends if e) if any(ends) else 'a number'
@@ -112,58 +121,70 @@ def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
 positive_int = int_range(1)                    # counts, sizes, steps
 non_negative_int = int_range(0)                # counts where 0 means none
 seed_int = int_range(0, 2 ** 32 - 1)           # seeds that also seed numpy's legacy RNG
-positive_float = float_range(0, lo_open=True)  # learning rate, temperature, seconds, FLOPs
+# learning rate, temperature, seconds, FLOPs
+positive_float = float_range(0, lo_open=True)
 non_negative_float = float_range(0)            # gradient clip (0 = off), loss weights
 fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
-probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken: (0, 1)
+# a rate whose log is taken: (0, 1)
+probability = float_range(0, 1, lo_open=True, hi_open=True)
 
 
 def nonblank(s):
-    """Argument type: a string with something in it (a path, a name) and no NUL, which no path
-    can hold (the OS call would raise ValueError, not OSError, past the error boundary)."""
+    """Argument type: a string with something in it (a path, a name) and no NUL, which no
+    path can hold (the OS call would raise ValueError, not OSError, past the error
+    boundary)."""
     if not str(s).strip() or '\0' in str(s):
         raise argparse.ArgumentTypeError(f'must not be empty or hold a NUL character, got {s!r}')
     return s
 
 
 def write_atomic(path, data):
-    """Replace `path` by `data` (bytes, str, or a function that writes to the path it is given),
-    never half of each: a uniquely named temporary file in the same folder, fsynced, then renamed
-    over `path`. The temporary name keeps the extension (matplotlib reads the format from it)."""
-    path = Path(os.path.realpath(path))   # through a link to its target: never the link replaced
-    if path.exists() and not path.is_file():   # /dev/null, a FIFO, a folder: never replaced
+    """Replace `path` by `data` (bytes, str, or a function that writes to the path it is
+    given), never half of each: a uniquely named temporary file in the same folder,
+    fsynced, then renamed over `path`. The temporary name keeps the extension (matplotlib
+    reads the format from it)."""
+    # through a link to its target: never the link replaced
+    path = Path(os.path.realpath(path))
+    # /dev/null, a FIFO, a folder: never replaced
+    if path.exists() and not path.is_file():
         raise UserError(f'{path} is not a regular file: write to a file')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
     os.close(fd)   # (written by name below)
-    try:   # mkstemp makes the file private (0600): give it the mode the file had, or a new one's
+    # mkstemp makes the file private (0600): give it the mode the file had, or a new
+    # one's
+    try:
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         if callable(data):
             data(tmp)
         else:
             Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
-        with open(tmp, 'rb') as f:   # on disk before the rename: a power cut leaves the old file
+        # on disk before the rename: a power cut leaves the old file
+        with open(tmp, 'rb') as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:   # named by the file the caller asked for, not the temporary one
+    except OSError as e:
+        # named by the file the caller asked for, not the temporary one
         raise OSError(e.errno, e.strerror or first_line(e), str(path)) from None
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)
 
 
-_UMASK = os.umask(0o022)   # the only way to read the umask is to set it: put it back at once
+# the only way to read the umask is to set it: put it back at once
+_UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
 @contextmanager
 def locked(folder, what):
-    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the block; one
-    UserError line naming `what` if another process holds it."""
+    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the
+    block; one UserError line naming `what` if another process holds it."""
     import filelock    # torch's own dependency, so no extra install
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as e:   # a link to a folder that does not exist (an unmounted disk)
+    except FileExistsError as e:
+        # a link to a folder that does not exist (an unmounted disk)
         if not os.path.islink(e.filename):
             raise
         raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
@@ -179,8 +200,8 @@ def locked(folder, what):
 
 
 def import_pyplot(flag):
-    """matplotlib's pyplot without a display; one UserError line where the optional extra is not
-    installed."""
+    """matplotlib's pyplot without a display; one UserError line where the optional extra
+    is not installed."""
     try:
         import matplotlib
         matplotlib.use('Agg')

@@ -1,6 +1,7 @@
-"""train.py's flags and the presets that fill their defaults: the paper's GPU recipe and a small
-CPU one, argument parsing with --resume's rules, and the model Config the flags build. Its own
-module so that bench.py and study.sh read the same rules without importing train.py."""
+"""train.py's flags and the presets that fill their defaults: the paper's GPU recipe and
+a small CPU one, argument parsing with --resume's rules, and the model Config the flags
+build. Its own module so that bench.py and study.sh read the same rules without importing
+train.py."""
 import argparse
 import dataclasses
 import uuid
@@ -10,29 +11,32 @@ import common
 import hnet  # noqa: F401  (registers boundary='hnet' before BOUNDARY_MODES is read)
 import runtime as rt
 from checkpoint import config_from_dict, read_checkpoint
-from common import (UserError, float_range, fraction, int_range, nonblank, non_negative_float,
-                    non_negative_int, positive_float, positive_int, probability, seed_int)
+from common import (UserError, float_range, fraction, int_range, nonblank,
+                    non_negative_float, non_negative_int, positive_float, positive_int,
+                    probability, seed_int)
 from dataset import dataset_defaults
 from dynpool import BOUNDARY_MODES, Config, step_flops
 
-# The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up steps,
-# one cosine cycle over 200k, grad clip 0.25, dropout 0.1; bf16 (fp16 and loss scaling without it).
-# It saves every 30 minutes of training besides every evaluation: a preemption loses little.
-GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers=(2, 8, 2), dropout=0.1,
-                  dropatt=0.1, batch_size=8, seq_len=2048, lr=2.5e-4, warmup=4000,
-                  max_steps=200_000, eval_interval=5000, save_interval='30m', eval_window=2048,
-                  eval_step=512, eval_subset_chars=300_000, eval_max_chars=0,
-                  eval_batch_size=64, log_interval=100)
-# A small model for 2 CPU cores that learns in a few hundred steps, which never see a character
-# twice (so no dropout); the eval window keeps the 4:1 window:step ratio.
-CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1), dropout=0.0,
-                  dropatt=0.0, batch_size=4, seq_len=512, lr=1e-3, warmup=50, max_steps=300,
-                  eval_interval=100, save_interval=None, eval_window=512, eval_step=128,
-                  eval_subset_chars=20_000, eval_max_chars=0, eval_batch_size=8,
-                  log_interval=10)
-COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25, seed=1337,
-              amp='auto', compile=False, attention='auto', tensorboard=False)
-# Flags whose default is the model's (the Gumbel prior: the dataset's, where meta.json has one).
+# The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up
+# steps, one cosine cycle over 200k, grad clip 0.25, dropout 0.1; bf16 (fp16 and loss
+# scaling without it). It saves every 30 minutes of training besides every evaluation: a
+# preemption loses little.
+GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers=(2, 8, 2),
+                  dropout=0.1, dropatt=0.1, batch_size=8, seq_len=2048, lr=2.5e-4,
+                  warmup=4000, max_steps=200_000, eval_interval=5000, save_interval='30m',
+                  eval_window=2048, eval_step=512, eval_subset_chars=300_000,
+                  eval_max_chars=0, eval_batch_size=64, log_interval=100)
+# A small model for 2 CPU cores that learns in a few hundred steps, which never see a
+# character twice (so no dropout); the eval window keeps the 4:1 window:step ratio.
+CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1),
+                  dropout=0.0, dropatt=0.0, batch_size=4, seq_len=512, lr=1e-3, warmup=50,
+                  max_steps=300, eval_interval=100, save_interval=None, eval_window=512,
+                  eval_step=128, eval_subset_chars=20_000, eval_max_chars=0,
+                  eval_batch_size=8, log_interval=10)
+COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25,
+              seed=1337, amp='auto', compile=False, attention='auto', tensorboard=False)
+# Flags whose default is the model's (the Gumbel prior: the dataset's, where meta.json
+# has one).
 MODEL_FLAGS = ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
                'ratio_weight', 'double_sigmoid', 'pooling')
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
@@ -44,8 +48,9 @@ NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 
 
 def layer_counts(value):
-    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000) → a tuple of three
-    ints. Also takes the three counts as a list or tuple (a checkpoint's flags)."""
+    """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000) → a
+    tuple of three ints. Also takes the three counts as a list or tuple (a checkpoint's
+    flags)."""
     counts = value
     if isinstance(value, str):
         counts = value.split(',')
@@ -56,7 +61,8 @@ def layer_counts(value):
 
 
 def flop_budget(s):
-    """Argument type: FLOPs, or vanilla:N (N vanilla steps of the run's shape: budget_flops)."""
+    """Argument type: FLOPs, or vanilla:N (N vanilla steps of the run's shape:
+    budget_flops)."""
     s = str(s).strip()
     if s.startswith('vanilla:'):
         return f'vanilla:{positive_int(s[8:])}'
@@ -64,7 +70,8 @@ def flop_budget(s):
 
 
 def save_interval(s):
-    """Argument type: a checkpoint every N steps ('500') or every N minutes of training ('30m')."""
+    """Argument type: a checkpoint every N steps ('500') or every N minutes of training
+    ('30m')."""
     s = str(s).strip()
     if s.endswith('m'):
         positive_float(s[:-1])
@@ -74,20 +81,23 @@ def save_interval(s):
 
 
 def parser():
-    """train.py's flags (a switch is None when not given: a resumed run can tell); each help ends
-    with the flag's default, the presets' where they differ."""
+    """train.py's flags (a switch is None when not given: a resumed run can tell); each
+    help ends with the flag's default, the presets' where they differ."""
     p = common.Parser(prog='train.py', description='Train a dynamic-pooling Transformer (Nawrot '
                       'et al., ACL 2023), a character-level LM.')
     switch = dict(action='store_true', default=None)
-    p.add_argument('--data', type=nonblank, help='dataset directory written by prepare_data.py')
+    p.add_argument('--data', type=nonblank,
+                   help='dataset directory written by prepare_data.py')
     p.add_argument('--boundary', choices=BOUNDARY_MODES,
                    help='where segments end (none: a vanilla Transformer)')
     p.add_argument('--out', type=nonblank,
                    help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
-    p.add_argument('--resume', **switch, help='continue the run in --out from its checkpoint')
+    p.add_argument('--resume', **switch,
+                   help='continue the run in --out from its checkpoint')
     p.add_argument('--device', type=nonblank,
                    help='cpu, cuda, cuda:1 or mps; sets the preset (default cuda if any)')
-    p.add_argument('--seed', type=seed_int, help='seed of initialisation, data order and dropout')
+    p.add_argument('--seed', type=seed_int,
+                   help='seed of initialisation, data order and dropout')
     p.add_argument('--d-model', type=positive_int, help='model width')
     p.add_argument('--n-head', type=positive_int, help='attention heads')
     p.add_argument('--d-head', type=positive_int, help='width of one head')
@@ -112,7 +122,8 @@ def add_model_flags(p):
     """The flags of the model and its boundary source."""
     p.add_argument('--pooling', choices=('mean', 'last'),
                    help="a segment's mean, or its last token (Table 2's sub-sampling)")
-    p.add_argument('--fixed-factor', type=int_range(1, 2**20), help='fixed: segment length k')
+    p.add_argument('--fixed-factor', type=int_range(1, 2**20),
+                   help='fixed: segment length k')
     p.add_argument('--temperature', type=positive_float,
                    help='gumbel: Gumbel-sigmoid temperature')
     p.add_argument('--prior', type=probability,
@@ -125,7 +136,8 @@ def add_model_flags(p):
                    help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
     p.add_argument('--ratio-target', type=float_range(1, lo_open=True),
                    help='hnet: target compression of the ratio loss')
-    p.add_argument('--ratio-weight', type=non_negative_float, help='hnet: weight of the ratio loss')
+    p.add_argument('--ratio-weight', type=non_negative_float,
+                   help='hnet: weight of the ratio loss')
     p.add_argument('--attention', choices=('auto', 'sdpa', 'blocked'),
                    help='attention kernels, speed only')
 
@@ -135,9 +147,12 @@ def add_schedule_flags(p):
     switch = dict(action='store_true', default=None)
     p.add_argument('--batch-size', type=positive_int,
                    help='global batch: sequences a step over processes, --grad-accum')
-    p.add_argument('--seq-len', type=positive_int, help='training sequence length in characters')
-    p.add_argument('--grad-accum', type=positive_int, help='micro-steps per optimizer step')
-    p.add_argument('--max-steps', type=positive_int, help='optimizer steps; the cosine ends here')
+    p.add_argument('--seq-len', type=positive_int,
+                   help='training sequence length in characters')
+    p.add_argument('--grad-accum', type=positive_int,
+                   help='micro-steps per optimizer step')
+    p.add_argument('--max-steps', type=positive_int,
+                   help='optimizer steps; the cosine ends here')
     p.add_argument('--flop-budget', type=flop_budget,
                    help='FLOPs to train, or vanilla:N: those of N vanilla steps')
     p.add_argument('--stop-step', type=positive_int,
@@ -145,23 +160,29 @@ def add_schedule_flags(p):
     p.add_argument('--max-time', type=positive_float,
                    help='seconds to train, then save and exit (default none)')
     p.add_argument('--lr', type=positive_float, help='peak learning rate')
-    p.add_argument('--warmup', type=non_negative_int, help='linear warm-up steps before the cosine')
-    p.add_argument('--grad-clip', type=non_negative_float, help='gradient norm clip, 0 = off')
+    p.add_argument('--warmup', type=non_negative_int,
+                   help='linear warm-up steps before the cosine')
+    p.add_argument('--grad-clip', type=non_negative_float,
+                   help='gradient norm clip, 0 = off')
     p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
                    help='auto: bf16 where the GPU has it, else fp16')
     p.add_argument('--compile', **switch, help='torch.compile the model for training')
-    p.add_argument('--eval-interval', type=positive_int, help='validate and save every N steps')
+    p.add_argument('--eval-interval', type=positive_int,
+                   help='validate and save every N steps')
     p.add_argument('--save-interval', type=save_interval,
                    help='also save every N steps (500) or N minutes of training (30m)')
-    p.add_argument('--eval-window', type=positive_int, help='evaluation window in characters')
+    p.add_argument('--eval-window', type=positive_int,
+                   help='evaluation window in characters')
     p.add_argument('--eval-step', type=positive_int,
                    help='each window scores its last N characters')
     p.add_argument('--eval-subset-chars', type=non_negative_int,
                    help='validate on the first N chars in training, 0 = all')
     p.add_argument('--eval-max-chars', type=non_negative_int,
                    help='cap the final validation and test at N chars, 0 = all')
-    p.add_argument('--eval-batch-size', type=positive_int, help='windows per evaluation batch')
-    p.add_argument('--log-interval', type=positive_int, help='a train record every N steps')
+    p.add_argument('--eval-batch-size', type=positive_int,
+                   help='windows per evaluation batch')
+    p.add_argument('--log-interval', type=positive_int,
+                   help='a train record every N steps')
     p.add_argument('--tensorboard', **switch,
                    help='also log to TensorBoard in <out>/tensorboard (needs tensorboard)')
     p.add_argument('--wandb', type=nonblank,
@@ -178,7 +199,8 @@ def show(value):
 
 
 def resolve_args(argv, procs=rt.Processes()):
-    """Flags → (args filled in: given, --resume's checkpoint's, defaults; checkpoint or None)."""
+    """Flags → (args filled in: given, --resume's checkpoint's, defaults; checkpoint or
+    None)."""
     args = parser().parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
@@ -191,7 +213,8 @@ def resolve_args(argv, procs=rt.Processes()):
         if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos'} - ckpt.keys():
             raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
         saved = dict(ckpt['args'])
-        saved['layers'] = layer_counts(saved['layers'])   # (written as '2,8,2' before tuples)
+        # (written as '2,8,2' before tuples)
+        saved['layers'] = layer_counts(saved['layers'])
         for k in sorted(given & set(KEPT_ON_RESUME)):
             if getattr(args, k) != saved.get(k):
                 raise UserError(f'--{k.replace("_", "-")} differs from the checkpoint\'s '
@@ -203,8 +226,9 @@ def resolve_args(argv, procs=rt.Processes()):
     preset = CPU_PRESET
     if device.startswith('cuda'):
         preset = GPU_PRESET
-    # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a FLOP
-    # budget, the budget ends the run (run() turns it into FLOPs); --max-steps is only a cap.
+    # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
+    # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
+    # only a cap.
     defaults = {**COMMON, **preset, **{k: MODEL_DEFAULTS[k] for k in MODEL_FLAGS},
                 **dataset_defaults(data, MODEL_FLAGS), 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
@@ -230,7 +254,8 @@ def model_config(args, meta, world=1):
 
 
 def budget_flops(budget, cfg, batch_size, seq_len):
-    """--flop-budget as FLOPs: a number as it is, vanilla:N as N steps of cfg's shape unpooled."""
+    """--flop-budget as FLOPs: a number as it is, vanilla:N as N steps of cfg's shape
+    unpooled."""
     if not isinstance(budget, str):
         return budget
     vanilla = dataclasses.replace(cfg, boundary='none')

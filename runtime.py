@@ -1,4 +1,5 @@
-"""A training run around the method: processes, device, precision, DDP, lifetime, log, sums."""
+"""A training run around the method: processes, device, precision, DDP, lifetime, log and
+the step's sums."""
 import json
 import math
 import os
@@ -33,8 +34,8 @@ class Processes(NamedTuple):
 
 
 def pick_device(name=None, local_rank=None):
-    """--device → the checked device; under torchrun, GPU LOCAL_RANK of all, or the one it sees. A
-    device that is not here is a flag mistake: exit 2."""
+    """--device → the checked device; under torchrun, GPU LOCAL_RANK of all, or the one
+    it sees. A device that is not here is a flag mistake: exit 2."""
     name = name or ('cuda' if torch.cuda.is_available() else 'cpu')
     if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', name):
         raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps', code=2)
@@ -42,7 +43,8 @@ def pick_device(name=None, local_rank=None):
     gpus = 0
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
-    if dev.type == 'cuda' and local_rank is not None and gpus:  # one GPU per process, or the node's
+    # one GPU per process, or the node's
+    if dev.type == 'cuda' and local_rank is not None and gpus:
         dev = torch.device('cuda', 0 if gpus == 1 else local_rank)
     missing = dev.type == 'cuda' and (dev.index or 0) >= gpus
     if dev.type == 'mps' and not torch.backends.mps.is_available():
@@ -61,7 +63,8 @@ def setup_precision(amp, device_type):
                         f'or CPU); use another --amp or off', code=2)
     if amp == 'auto' and device_type != 'cuda':
         amp = 'off'
-    elif amp == 'auto':  # native bf16 only: V100 and T4 emulate it, slower than fp16 with scaling
+    elif amp == 'auto':
+        # native bf16 only: V100 and T4 emulate it, slower than fp16 with scaling
         amp = 'fp16'
         if torch.cuda.is_bf16_supported(including_emulation=False):
             amp = 'bf16'
@@ -73,11 +76,13 @@ def setup_precision(amp, device_type):
 
 
 def check_model_memory(cfg, device):
-    """Refuse a model whose weights, gradients and Adam moments (16 B a parameter) exceed memory."""
+    """Refuse a model whose weights, gradients and Adam moments (16 B a parameter) do not
+    fit in the device's free memory."""
     try:
         with torch.device('meta'):
             need = 16 * DynamicPoolingLM(cfg).num_params()
-    except RuntimeError as e:   # a size whose bytes overflow int64: torch cannot even count it
+    except RuntimeError as e:
+        # a size whose bytes overflow int64: torch cannot even count it
         if 'overflow' not in str(e):
             raise
         raise UserError(f'the model is too large to build ({common.first_line(e)[:120]}): '
@@ -86,7 +91,8 @@ def check_model_memory(cfg, device):
 
 
 def free_memory(device):
-    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf unknown)."""
+    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
+    where unknown)."""
     if torch.device(device).type == 'cuda':
         return torch.cuda.mem_get_info(device)[0]
     if not os.path.exists('/proc/meminfo'):
@@ -100,7 +106,8 @@ def free_memory(device):
 
 def require_memory(need, what, device, fix):
     """Refuse, before it is spent, `need` bytes that `what` would take on the device: one
-    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower --gen-batch')."""
+    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower
+    --gen-batch')."""
     free = free_memory(device)
     if need > free:
         raise UserError(f'{what} needs about {need / 2**30:.3g} GiB, over the '
@@ -108,14 +115,16 @@ def require_memory(need, what, device, fix):
 
 
 def use_tf32(device):
-    """TF32 matmuls on a GPU: the same recipe, much faster (every script that runs the model)."""
+    """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
+    the model)."""
     if torch.device(device).type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
 
 def peak_mem_mb(device):
-    """Peak memory in MiB: CUDA's allocated since the last call (reset here), CPU's peak RSS."""
+    """Peak memory in MiB: CUDA's allocated since the last call (reset here), else the
+    process's peak RSS."""
     if torch.device(device).type == 'cuda':
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
@@ -144,15 +153,19 @@ def start_processes(device, procs):
 
 
 def wrap_model(model, args, world=1):
-    """torch.compile and DDP around the model; the bare model stays for evaluation and saving."""
-    if args.compile:  # (dynamic=None: the segment count turns dynamic at its first recompile)
+    """torch.compile and DDP around the model; the bare model stays, for evaluation and
+    for saving."""
+    # (dynamic=None: the segment count turns dynamic at its first recompile)
+    if args.compile:
         model = torch.compile(model)
     if world == 1:
         return model
     with suppress(ValueError):  # (ValueError: already registered)
-        torch.export.register_dataclass(ModelOutput)  # DDP's static graph finds tensors by pytrees
-    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580); the only buffer,
-    # the constant Gumbel evaluation noise, never re-broadcast (the argument's name since 2.13).
+        # DDP's static graph finds tensors by pytrees
+        torch.export.register_dataclass(ModelOutput)
+    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580); the
+    # only buffer, the constant Gumbel evaluation noise, never re-broadcast (the
+    # argument's name since 2.13).
     no_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
                DDP.__init__.__code__.co_varnames else {'broadcast_buffers': False})
     ids = [torch.device(args.device).index] if 'cuda' in args.device else None
@@ -160,16 +173,18 @@ def wrap_model(model, args, world=1):
                gradient_as_bucket_view=True, **no_sync)
 
 
-# Signals that stop a run to be resumed: a scheduler's or a spot instance's notice (SIGTERM), a
-# user's (SIGUSR1). The run ends its step, saves and exits with EX_TEMPFAIL, "stopped to resume".
+# Signals that stop a run to be resumed: a scheduler's or a spot instance's notice
+# (SIGTERM), a user's (SIGUSR1). The run ends its step, saves and exits with EX_TEMPFAIL,
+# "stopped to resume".
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_PREEMPTED = 75
 
 
 @contextmanager
 def run_guard(out_dir, procs, where):
-    """A run's lifetime: folder locked (rank 0); SIGTERM and SIGUSR1 add their name to the list it
-    yields (the loop stops at its step's end); Ctrl-C → UserError(where(), 130); DDP left."""
+    """A run's lifetime: folder locked (rank 0); SIGTERM and SIGUSR1 add their name to
+    the list it yields (the loop stops at its step's end); Ctrl-C → UserError(where(),
+    130); DDP left."""
     stop = []
 
     def request_stop(signum, frame):
@@ -182,7 +197,8 @@ def run_guard(out_dir, procs, where):
         ended = True
     except KeyboardInterrupt:
         raise UserError(where(), code=130) from None
-    finally:  # together (a rank exiting while others use its gloo links can abort), not on error
+    finally:
+        # together (a rank exiting while others use its gloo links can abort), not on error
         for s, handler in handlers.items():
             signal.signal(s, handler)
         dist = torch.distributed
@@ -193,15 +209,17 @@ def run_guard(out_dir, procs, where):
 
 
 def leave_together(procs):
-    """The end of a DDP run: every rank destroys its process group, then waits for the others."""
+    """The end of a DDP run: each rank destroys its process group, then waits for the
+    others to."""
     dist = torch.distributed
     dist.barrier()
-    # gloo frees the barrier's work after it returns, needing the GIL: destroying it now would
-    # deadlock
+    # gloo frees the barrier's work after it returns, needing the GIL: destroying it now
+    # would deadlock
     time.sleep(0.2)
     store = dist.distributed_c10d._get_default_store()
     dist.destroy_process_group()
-    key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'  # (restarts)
+    # one key a restart (torchrun --max-restarts)
+    key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'
     with suppress(RuntimeError):  # (the store's host, rank 0, saw all leave and exited)
         store.set(f'{key}/{procs.rank}', '1')   # then wait up to a minute for the others
         store.wait([f'{key}/{r}' for r in range(procs.world)], timedelta(seconds=60))
@@ -209,7 +227,8 @@ def leave_together(procs):
 
 @contextmanager
 def interrupts_deferred():
-    """Ctrl-C in the block takes effect at its end (inside torch.save it aborts the process)."""
+    """Ctrl-C in the block takes effect at its end (inside torch.save it would abort the
+    process)."""
     pending = []  # a handler, not a signal mask, which torch's threads would not honour
     handler = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
     try:
@@ -217,7 +236,8 @@ def interrupts_deferred():
     finally:
         signal.signal(signal.SIGINT, handler)
     if pending and callable(handler):
-        handler(signal.SIGINT, None)  # the usual handler: raises KeyboardInterrupt, now safely
+        # the usual handler: raises KeyboardInterrupt, now safely
+        handler(signal.SIGINT, None)
 
 
 def whole_record(line):
@@ -230,14 +250,16 @@ def whole_record(line):
 
 
 def after(record, step):
-    """Whether a log record is of a step after `step` (a resumed run's checkpoint), config aside."""
+    """Whether a log record (not the config) is of a step after `step`, a resumed run's
+    checkpoint."""
     if step is None or record is None or record.get('kind') == 'config':
         return False
     return type(record.get('step')) is int and record['step'] > step
 
 
 class Logger:
-    """Records to log.jsonl (rank 0, whole lines), TensorBoard, W&B; drops cut and redone lines."""
+    """Records to log.jsonl (rank 0, whole lines), TensorBoard, W&B; drops lines cut short
+    and those a resumed run redoes."""
 
     def __init__(self, out_dir, args, config_record, rank=0, resumed_from=None):
         self.path = out_dir / 'log.jsonl'
@@ -275,7 +297,8 @@ class Logger:
         self.log(config_record)
 
     def log(self, rec):
-        """Append rec as one line; a write cut short (a full disk, Ctrl-C) is cut back off."""
+        """Append rec as one line; a write cut short (a full disk, Ctrl-C) is cut back off
+        the file."""
         if self.rank != 0:
             return
         data = (json.dumps(rec) + '\n').encode()
@@ -287,7 +310,8 @@ class Logger:
         except BaseException as e:  # OSError, or Ctrl-C between two parts
             with suppress(OSError):  # (else the next run drops the cut line)
                 os.ftruncate(fd, size)
-            if isinstance(e, OSError):   # named by the log, which keeps every whole record
+            if isinstance(e, OSError):
+                # named by the log, which keeps every whole record
                 raise OSError(e.errno, e.strerror, str(self.path)) from None
             raise
         finally:
@@ -306,7 +330,8 @@ class Logger:
 
 
 class StepStats:
-    """Means, FLOPs, gradient norms, bad steps summed on the device; read (a wait) once a record."""
+    """Means, FLOPs, gradient norms, bad steps summed on the device; read (a wait) at each
+    record."""
     NAMES = 'loss lm_loss sf precision recall flops grad_norm norms bad save late'.split()
 
     def __init__(self, cfg, args, world=1):
@@ -315,7 +340,8 @@ class StepStats:
         self.world = world
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
         self.step_sf = []        # this step's micro-steps' SF, on the device
-        self.last_flops = None   # the last step's FLOPs (a device tensor where measured there)
+        # the last step's FLOPs (a device tensor where measured there)
+        self.last_flops = None
         self.reset()
 
     def reset(self):
@@ -338,17 +364,20 @@ class StepStats:
             self.step_sf.append(out.shortening_factor.detach())
 
     def add_step(self, norm, bad, segments=None):
-        """Gradient norm, non-finite flag, FLOPs; segments [accum, world, micro]: where known."""
+        """Gradient norm, non-finite flag, FLOPs; segments [accum, world, micro] where the
+        host counted them."""
         finite = torch.isfinite(norm)
         self.add(grad_norm=torch.where(finite, norm, 0.0), norms=finite, bad=bad)
         L = self.args.seq_len
         B = self.args.batch_size // (self.world * self.args.grad_accum)
-        # the shortened stack runs on 1 + segments positions (the null group), on average per row
+        # the shortened stack runs on 1 + segments positions (the null group), on
+        # average per row
         if segments is not None:  # known on the host: no device read
             n_short = (1 + np.asarray(segments).sum(-1) / B).ravel().tolist()
         elif self.cfg.boundary == 'none':
             n_short = [None] * (self.args.grad_accum * self.world)
-        else:  # decided on the device: from each micro-step's measured SF = L / segments per row
+        else:
+            # decided on the device: from each micro-step's measured SF = L / segments
             n_short = [1 + L / sf for sf in self.step_sf]
         self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
         if torch.is_tensor(self.last_flops):
@@ -358,7 +387,8 @@ class StepStats:
         self.step_sf = []
 
     def take_step_flops(self):
-        """The last step's FLOPs, all processes' (--flop-budget; where predicted: a device read)."""
+        """The last step's FLOPs, all processes' (--flop-budget; a device read where a
+        network decides the segments)."""
         flops = self.last_flops
         self.last_flops = None
         if torch.is_tensor(flops) and self.world > 1:
@@ -368,8 +398,8 @@ class StepStats:
         return flops
 
     def read(self, late=False, save=False):
-        """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any process
-        says `save` (its clock says a checkpoint is due) or `late` (time to stop)."""
+        """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any
+        process says `save` (a checkpoint is due by its clock) or `late` (stop now)."""
         self.sums[-2] += float(save)
         self.sums[-1] += float(late)
         if self.world > 1:

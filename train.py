@@ -7,9 +7,9 @@
     torchrun --nproc_per_node=8 train.py --boundary whitespace          # DDP over 8 GPUs (NCCL)
 
 A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
-Exit codes: 0 finished (or stopped by --max-time, --stop-step), 1 a fault or a diverged run,
-2 a bad flag, 75 stopped by SIGTERM or SIGUSR1 (the step in flight finished and saved: --resume
-continues it), 130 Ctrl-C.
+Exit codes: 0 finished (or stopped by --max-time, --stop-step), 1 a fault or a diverged
+run, 2 a bad flag, 75 stopped by SIGTERM or SIGUSR1 (the step in flight finished and
+saved: --resume continues it), 130 Ctrl-C.
 """
 import dataclasses
 import math
@@ -26,12 +26,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm  # (comes with huggingface_hub): progress where stderr is a terminal
+from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, kept, restore_training, resume_command, save_checkpoint,
-                        training_state)
+from checkpoint import (check_resumable, kept, restore_training, resume_command,
+                        save_checkpoint, training_state)
 from common import UserError
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
@@ -39,19 +39,19 @@ from presets import budget_flops, model_config, resolve_args
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):
-    """Random cyclic shift and chunk permutation of one epoch, a pure function of (seed, epoch)."""
+    """Random cyclic shift and chunk order of one epoch, from (seed, epoch) alone."""
     rng = np.random.default_rng([seed, epoch])
     return int(rng.integers(n_chars)), rng.permutation(n_chars // (seq_len + 1))
 
 
 def get_chunks(stream, offset, chunk_ids, seq_len):
-    """Chunks of seq_len+1 characters of the stream rotated by offset → int64 [..., seq_len+1]."""
+    """Chunks of L+1 characters of the stream rotated by offset → int64 [..., L+1]."""
     idx = (offset + chunk_ids[..., None] * (seq_len + 1) + np.arange(seq_len + 1)) % len(stream)
     return torch.from_numpy(stream[idx].astype(np.int64))
 
 
 def segment_counts(cfg, x):
-    """Complete segments per row of host tokens x [..., L] where no network decides, else None."""
+    """Complete segments a row of host tokens x [..., L]; None where a network decides."""
     if cfg.boundary == 'fixed':
         return np.full(x.shape[:-1], x.shape[-1] // cfg.fixed_factor)
     if cfg.boundary == 'whitespace':
@@ -60,23 +60,26 @@ def segment_counts(cfg, x):
 
 
 def check_pooling(cfg, tokens, seq_len, data):
-    """Refuse a source that the text alone decides (fixed, whitespace) where it closes less than a
-    segment a training sequence: the model would never pool (whitespace on a DNA sequence)."""
+    """Refuse a source that the text alone decides (fixed, whitespace) where it closes
+    less than a segment a training sequence: the model would never pool (whitespace on a
+    DNA sequence)."""
     rows = len(tokens) // seq_len
     counts = segment_counts(cfg, tokens[:rows * seq_len].reshape(rows, seq_len))
     if counts is not None and rows and counts.mean() < 1:
-        raise UserError(f'--boundary {cfg.boundary} closes {counts.mean():.2g} segments in a '
-                        f'sequence of --seq-len {seq_len} of {data}/train.bin: the model would '
-                        'never pool; choose another --boundary (or --fixed-factor)', code=2)
+        raise UserError(f'--boundary {cfg.boundary} closes {counts.mean():.2g} segments '
+                        f'in a sequence of --seq-len {seq_len} of {data}/train.bin: the '
+                        'model would never pool; choose another --boundary (or '
+                        '--fixed-factor)', code=2)
 
 
-# One step's data and the data position after it. x, y (next characters), b (Unigram labels or
-# None): [grad_accum, micro, seq_len]; segments: [grad_accum, world, micro] where the host counts.
+# One step's data and the data position after it. x, y (next characters), b (Unigram
+# labels or None): [grad_accum, micro, seq_len]; segments: [grad_accum, world, micro]
+# where the host counts.
 Batch = namedtuple('Batch', 'epoch pos x y b segments', defaults=[None])
 
 
 def batches(tokens, labels, args, cfg, state, procs):
-    """The training stream from the state's (epoch, pos) on: one Batch per optimizer step."""
+    """The training stream from the state's (epoch, pos) on: a Batch a step."""
     L = args.seq_len
     epoch = state.epoch
     pos = state.pos
@@ -87,7 +90,7 @@ def batches(tokens, labels, args, cfg, state, procs):
             # the step's global batch; this process takes its micro-batches out of it
             ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, micro)
             pos += args.batch_size
-            chunks = get_chunks(tokens, offset, ids, L)               # [accum, world, micro, L+1]
+            chunks = get_chunks(tokens, offset, ids, L)  # [accum, world, micro, L+1]
             chunk = rt.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
             b = None
             if labels is not None:
@@ -102,13 +105,16 @@ def batches(tokens, labels, args, cfg, state, procs):
 
 @dataclasses.dataclass
 class RunState:
-    """Where the run stands; all but `saved` goes into the checkpoint."""
+    """Where the run stands; all but `saved` goes into the checkpoint. The data position
+    once `step` steps are done is the epoch and the sequences of it consumed; train_chars,
+    train_flops (dynpool.step_flops at each step's SF) and train_time (seconds of
+    training, not evaluating or saving) are cumulative over every invocation of the run."""
     step: int = 0
-    epoch: int = 0                        # the data position once `step` steps are done: the
-    pos: int = 0                          # epoch, and the sequences of it consumed
-    train_chars: int = 0                  # cumulative over every invocation of the run, as are
-    train_flops: float = 0.0              # the FLOPs (dynpool.step_flops at each step's SF) and
-    train_time: float = 0.0               # the seconds of training (not evaluating, saving)
+    epoch: int = 0
+    pos: int = 0
+    train_chars: int = 0
+    train_flops: float = 0.0
+    train_time: float = 0.0
     warmup_flops: Optional[float] = None  # --flop-budget: train_flops when warm-up ended
     saved: Optional[int] = None           # the step of the checkpoint on disk
 
@@ -129,7 +135,7 @@ class Trainer:
     logger: Optional[rt.Logger] = None
     data_identity: Optional[dict] = None  # the vocabulary and the data's fingerprint
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
-    argv: list = dataclasses.field(default_factory=list)  # the command line, for suggestions
+    argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
 
     def say(self, line):
@@ -139,8 +145,9 @@ class Trainer:
 
 
 def reseed_rank(seed, rank, step):
-    """Only rank 0's random state is saved: the others (their own dropout and Gumbel noise) restart
-    their streams at every checkpoint's step, as a resumed run does, so DDP resumes bit-exactly."""
+    """Only rank 0's random state is saved: the others (their own dropout and Gumbel
+    noise) restart their streams at every checkpoint's step, as a resumed run does, so
+    DDP resumes bit-exactly."""
     if rank > 0:
         torch.manual_seed(seed + 1000 * rank + step)
 
@@ -153,8 +160,9 @@ def finished(state, args):
 
 
 def lr_at(step, args, state):
-    """Linear warm-up, then one cosine cycle to 0 at --max-steps; with --flop-budget, progress is
-    the share of the FLOPs after warm-up spent (the same where every step costs the same)."""
+    """Linear warm-up, then one cosine cycle to 0 at --max-steps; with --flop-budget,
+    progress is the share of the FLOPs after warm-up spent (the same where every step
+    costs the same)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     if args.flop_budget is None:
@@ -166,8 +174,9 @@ def lr_at(step, args, state):
 
 
 def train_step(t, batch):
-    """Forward and backward over the micro-batches, clipping, an Adam step that the device skips
-    where the loss or the gradient is not finite. Nothing here waits for the device."""
+    """Forward and backward over the micro-batches, clipping, an Adam step that the
+    device skips where the loss or the gradient is not finite. Nothing here waits for
+    the device."""
     args = t.args
     finite = torch.ones((), dtype=torch.bool, device=batch.x.device)
     for m in range(args.grad_accum):
@@ -192,8 +201,8 @@ def train_step(t, batch):
         t.scaler.step(t.optimizer)
         t.scaler.update()
     else:
-        # the fused Adam skips the step where found_inf is set, unread by the host: GradScaler's
-        # protocol (grad_scale None: nothing to unscale)
+        # the fused Adam skips the step where found_inf is set, unread by the host:
+        # GradScaler's protocol (grad_scale None: nothing to unscale)
         finite = finite & torch.isfinite(norm)
         t.optimizer.found_inf = (~finite).float()
         t.optimizer.grad_scale = None
@@ -206,8 +215,9 @@ def train_step(t, batch):
 
 
 def eval_windows(n, window, step):
-    """Windows (start, end, first_scored) over n positions: the first scores all its positions,
-    each later one its last `step` (>= window-step of context), a last one ending at n the tail."""
+    """Windows (start, end, first_scored) over n positions: the first scores all its
+    positions, each later one its last `step` (>= window-step of context), a last one
+    ending at n the tail."""
     if n <= window:
         return [(0, n, 0)]
     wins = [(0, window, 0)]
@@ -221,12 +231,14 @@ def eval_windows(n, window, step):
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
              procs=rt.Processes(), desc='evaluating'):
-    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device read. A
-    progress bar on stderr where it is a terminal (rank 0)."""
-    wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]  # this one's share
+    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
+    read. A progress bar on stderr where it is a terminal (rank 0)."""
+    wins = eval_windows(len(tokens) - 1, window, step)
+    wins = wins[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
-    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)  # nats, chars, SF sum, n, p
+    # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
+    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)
     starts = range(0, len(wins), batch_size)
     for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
@@ -241,10 +253,12 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         y = chunk[:, 1:]
         with autocast:
             out = model(x, **known)
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), y, reduction='none')  # [B, W]
+        logits = out.logits.float().transpose(1, 2)
+        nll = F.cross_entropy(logits, y, reduction='none')  # [B, W]
         first = rt.to_device(torch.tensor([f - s for s, _, f in group]), device)
         scored = torch.arange(x.size(1), device=device)[None, :] >= first[:, None]
-        sums[0] += torch.where(scored, nll, 0.0).sum()  # (not nll * scored: inf * 0 would be nan)
+        # (not nll * scored: inf * 0 would be nan)
+        sums[0] += torch.where(scored, nll, 0.0).sum()
         sums[1] += scored.sum()
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
@@ -264,7 +278,7 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
 
 
 def eval_and_log(t, splits, split, max_chars):
-    """Evaluate the first max_chars characters of a split (0: all); log and show it → the record."""
+    """A split's first max_chars characters (0: all) evaluated, logged, shown → the record."""
     args = t.args
     state = t.state
     tokens = splits[split]
@@ -293,8 +307,9 @@ def eval_and_log(t, splits, split, max_chars):
 
 
 def diverged(t, what):
-    """Stop a run whose loss or validation is not finite, before it saves: log it, and say how to
-    go on from the last finite checkpoint (or from the start) with a lower learning rate."""
+    """Stop a run whose loss or validation is not finite, before it saves: log it, and
+    say how to go on from the last finite checkpoint (or from the start) at a lower learning
+    rate."""
     state = t.state
     t.logger.log(dict(kind='diverged', diverged=True, step=state.step, why=what,
                       checkpoint_step=state.saved))
@@ -310,8 +325,8 @@ def diverged(t, what):
 
 
 def run(argv, procs):
-    """Check flags, data and model before anything is written; lock the run folder, train, test →
-    the exit code (75: stopped by a signal, to be resumed)."""
+    """Check flags, data and model before anything is written; lock the run folder,
+    train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     cleaning = meta.get('cleaning') or {}
@@ -372,7 +387,7 @@ def run(argv, procs):
 
 
 def start_log(t, amp, resumed):
-    """The run's first line and its config record (run_id: the run's identity) → the logger."""
+    """The run's first line and config record (run_id: its identity) → the logger."""
     args = t.args
     params = t.raw_model.num_params()
     line = f'{args.boundary} on {args.data} -> {args.out}'
@@ -391,7 +406,7 @@ def start_log(t, amp, resumed):
 
 
 def save_schedule(save_interval):
-    """--save-interval → (every N steps or None, every N seconds of training or None)."""
+    """--save-interval → (every N steps, every N seconds of training); None: not so."""
     if not save_interval:
         return None, None
     if save_interval.endswith('m'):
@@ -400,7 +415,7 @@ def save_schedule(save_interval):
 
 
 def train(t, splits, labels):
-    """Steps, train records, validations, checkpoints → why the run stopped early, or None."""
+    """Steps, records, validations, checkpoints → why the run stopped early, or None."""
     args = t.args
     state = t.state
     stop = min(args.max_steps, args.stop_step or args.max_steps)
@@ -417,7 +432,7 @@ def train(t, splits, labels):
     while state.step < stop and not finished(state, args):
         lr = advance(t, batch)
         batch = next(stream)  # cut and copied on the host while the device runs the step
-        if args.flop_budget is not None:  # each step (without a budget: at each record, no wait)
+        if args.flop_budget is not None:  # each step (else at a record: no wait)
             state.train_flops += t.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
@@ -427,7 +442,8 @@ def train(t, splits, labels):
         if record:
             clock = time.monotonic()
             late = args.max_time is not None and clock - started >= args.max_time
-            unsaved = state.train_time + clock - since[0] - t.saved_time  # training not saved
+            # the training since the last save
+            unsaved = state.train_time + clock - since[0] - t.saved_time
             due = save_seconds is not None and unsaved >= save_seconds
             r = t.stats.read(late or bool(t.stop), due)
             now = time.monotonic()
@@ -445,7 +461,7 @@ def train(t, splits, labels):
             if r['late'] and not end:
                 stop = state.step
                 save = True
-                if args.max_time is None and not t.stop:  # another process's signal (DDP)
+                if args.max_time is None and not t.stop:  # another process's signal
                     t.stop.append('a stop signal')
                 validate = not t.stop
                 if t.stop:
@@ -454,17 +470,18 @@ def train(t, splits, labels):
                     why = f'--max-time {args.max_time:g}s'
         if not save:
             continue
-        if validate and not finished(state, args):  # (a finished run is evaluated in full later)
+        # (a finished run is evaluated in full later)
+        if validate and not finished(state, args):
             eval_and_log(t, splits, 'valid', args.eval_subset_chars)
         save_training(t)
-        since = (time.monotonic(), since[1])  # evaluating and saving are not training time
+        since = (time.monotonic(), since[1])  # evaluating, saving: not training time
     if finished(state, args):
         return None
     return why or f'--stop-step {args.stop_step}'
 
 
 def advance(t, batch):
-    """One optimizer step on the batch at the schedule's learning rate, counted → that rate."""
+    """An optimizer step on the batch at the schedule's learning rate → the rate."""
     args = t.args
     state = t.state
     if args.flop_budget is not None and state.step >= args.warmup:
@@ -496,9 +513,9 @@ def save_training(t):
 
 
 def log_train(t, r, lr, steps, dt, stop, first):
-    """A train record of the statistics of the `steps` steps in `dt` seconds since the last one,
-    and its line, with an ETA from this invocation's speed: the steps (or FLOPs) left at the rate
-    of those done since `first` (step, train_time, train_flops)."""
+    """A train record of the statistics of the `steps` steps in `dt` seconds since the
+    last one, and its line, with an ETA from this invocation's speed: the steps (or
+    FLOPs) left at the rate of those since `first` (step, train_time, train_flops)."""
     args = t.args
     state = t.state
     seconds = state.train_time - first[1]
@@ -522,7 +539,7 @@ def log_train(t, r, lr, steps, dt, stop, first):
 
 
 def main(argv=None):
-    """Train → the exit code; every mistake or fault is one `error: ...` line (rank 0 says it)."""
+    """Train → the exit code; a mistake or fault: one `error: ...` line (from rank 0)."""
     procs = rt.Processes.of_torchrun()
     code = [0]
     failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
