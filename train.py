@@ -461,13 +461,8 @@ def train(t, splits, labels):
             if r['late'] and not end:
                 stop = state.step
                 save = True
-                if args.max_time is None and not t.stop:  # another process's signal
-                    t.stop.append('a stop signal')
-                validate = not t.stop
-                if t.stop:
-                    why = f'{t.stop[0]}: stopped to be resumed'
-                else:
-                    why = f'--max-time {args.max_time:g}s'
+                why = stop_reason(t)
+                validate = not t.stop  # (a signal's notice is short: save at once)
         if not save:
             continue
         # (a finished run is evaluated in full later)
@@ -478,6 +473,15 @@ def train(t, splits, labels):
     if finished(state, args):
         return None
     return why or f'--stop-step {args.stop_step}'
+
+
+def stop_reason(t):
+    """Why a run stops before its end at a record: a signal, or --max-time."""
+    if t.args.max_time is None and not t.stop:  # another process's signal (DDP)
+        t.stop.append('a stop signal')
+    if t.stop:
+        return f'{t.stop[0]}: stopped to be resumed'
+    return f'--max-time {t.args.max_time:g}s'
 
 
 def advance(t, batch):
