@@ -40,15 +40,17 @@ def error_line(e):
         if where:
             where += ': '
         return where + (e.strerror or first_line(e)), 1
-    # a name (or text) in another encoding than the system's: a Latin-1 file name on
-    # UTF-8
+    # a name (or text) in another encoding than the system's: a Latin-1 file name
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
     # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError
     # saying so
-    if {'MemoryError', 'OutOfMemoryError'} & {c.__name__ for c in type(e).__mro__} or isinstance(
-            e, RuntimeError) and any(s in str(e) for s in ("can't allocate", 'out of memory')):
+    names = {c.__name__ for c in type(e).__mro__}
+    message = str(e)
+    said = isinstance(e, RuntimeError) and ("can't allocate" in message
+                                            or 'out of memory' in message)
+    if said or {'MemoryError', 'OutOfMemoryError'} & names:
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
@@ -93,7 +95,7 @@ def _number(kind, rule, outside):
             v = kind(s)
         except (TypeError, ValueError, OverflowError):
             v = None
-        if v is None or kind is float and not math.isfinite(v):
+        if v is None or (kind is float and not math.isfinite(v)):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
         if outside(v):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
@@ -104,29 +106,39 @@ def _number(kind, rule, outside):
 def int_range(lo, hi=None):
     """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size
     takes)."""
-    rule = f'an integer >= {lo} (below 2**63)' if hi is None else f'an integer in [{lo}, {hi}]'
-    return _number(int, rule, lambda v: v < lo or v > (2 ** 63 - 1 if hi is None else hi))
+    rule = f'an integer in [{lo}, {hi}]'
+    if hi is None:
+        rule = f'an integer >= {lo} (below 2**63)'
+        hi = 2 ** 63 - 1
+    return _number(int, rule, lambda v: v < lo or v > hi)
 
 
 def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
     """Argument type: a finite float between lo and hi (None: no end; *_open: the end
     excluded)."""
-    ends = [f'{">" if lo_open else ">="} {lo:g}' if lo is not None else '',
-            f'{"<" if hi_open else "<="} {hi:g}' if hi is not None else '']
-    rule = 'a finite number ' + ' and '.join(e for e in ends if e) if any(ends) else 'a number'
-    return _number(float, rule, lambda v: lo is not None and (v < lo or lo_open and v == lo)
-                   or hi is not None and (v > hi or hi_open and v == hi))
+    ends = []
+    if lo is not None:
+        ends.append(f'> {lo:g}' if lo_open else f'>= {lo:g}')
+    if hi is not None:
+        ends.append(f'< {hi:g}' if hi_open else f'<= {hi:g}')
+    rule = 'a number'
+    if ends:
+        rule = 'a finite number ' + ' and '.join(ends)
+
+    def outside(v):
+        below = lo is not None and (v < lo or (lo_open and v == lo))
+        above = hi is not None and (v > hi or (hi_open and v == hi))
+        return below or above
+    return _number(float, rule, outside)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
 non_negative_int = int_range(0)                # counts where 0 means none
 seed_int = int_range(0, 2 ** 32 - 1)           # seeds that also seed numpy's legacy RNG
-# learning rate, temperature, seconds, FLOPs
-positive_float = float_range(0, lo_open=True)
+positive_float = float_range(0, lo_open=True)  # learning rate, temperature, seconds, FLOPs
 non_negative_float = float_range(0)            # gradient clip (0 = off), loss weights
 fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
-# a rate whose log is taken: (0, 1)
-probability = float_range(0, 1, lo_open=True, hi_open=True)
+probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken
 
 
 def nonblank(s):

@@ -291,7 +291,9 @@ class Logger:
                 import wandb
                 self.wandb = wandb.init(project=args.wandb, name=out_dir.name, config=config_record)
         except Exception as e:  # not installed, or W&B's network or login: one line
-            flag = '--tensorboard' if args.tensorboard and self.tb is None else '--wandb'
+            flag = '--wandb'
+            if args.tensorboard and self.tb is None:
+                flag = '--tensorboard'
             raise UserError(f'{flag} needs the {flag[2:]} package installed and working '
                             f'({common.first_line(e)[:200]}); pip install, or drop it') from None
         self.log(config_record)
@@ -303,8 +305,9 @@ class Logger:
             return
         data = (json.dumps(rec) + '\n').encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        done = 0
         try:
-            size, done = os.fstat(fd).st_size, 0
             while done < len(data):  # one write, unless the system takes only part of it
                 done += os.write(fd, data[done:])
         except BaseException as e:  # OSError, or Ctrl-C between two parts
@@ -316,17 +319,22 @@ class Logger:
             raise
         finally:
             os.close(fd)
-        group = rec['split'] if rec['kind'] == 'eval' else rec['kind']
-        scalars = {f'{group}/{k}': v for k, v in rec.items() if type(v) in (int, float)
-                   and k != 'step' and rec['kind'] != 'config'}
-        for k, v in scalars.items() if self.tb else ():
-            self.tb.add_scalar(k, v, rec['step'])
-        if self.wandb and scalars:
+        if rec['kind'] == 'config':
+            return
+        group = rec.get('split', rec['kind'])  # train, valid, test, diverged
+        scalars = {f'{group}/{k}': v for k, v in rec.items()
+                   if type(v) in (int, float) and k != 'step'}
+        if self.tb:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, rec['step'])
+        if self.wandb:
             self.wandb.log(scalars, step=rec['step'])
 
     def close(self):
-        for finish in filter(None, (self.tb and self.tb.close, self.wandb and self.wandb.finish)):
-            finish()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
 
 
 class StepStats:
