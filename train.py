@@ -366,10 +366,15 @@ def run(argv, procs):
         if ckpt is not None:
             restore_training(ckpt, model, optimizer, scaler, args.device)
         reseed_rank(args.seed, procs.rank, state.step)
-        t = Trainer(args, cfg, rt.wrap_model(model, args, procs.world), model, optimizer, scaler,
-                    rt.StepStats(cfg, args, procs.world), autocast, procs, state,
-                    data_identity=data_identity, stop=stop, saved_time=state.train_time,
-                    argv=sys.argv[1:] if argv is None else list(argv))
+        t = Trainer(args=args, cfg=cfg, model=rt.wrap_model(model, args, procs.world),
+                    raw_model=model, optimizer=optimizer, scaler=scaler,
+                    stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
+                    procs=procs, state=state, data_identity=data_identity, stop=stop,
+                    saved_time=state.train_time)
+        if argv is not None:
+            t.argv = list(argv)
+        else:
+            t.argv = sys.argv[1:]
         with closing(start_log(t, amp, ckpt is not None)):
             why = train(t, splits, labels)
             if why is not None:
@@ -463,7 +468,8 @@ def train(t, splits, labels):
                 stop = state.step
                 save = True
                 why = stop_reason(t)
-                validate = not t.stop  # (a signal's notice is short: save at once)
+                if not t.stop:  # (a signal's notice is short: no extra validation)
+                    validate = True
         if not save:
             continue
         # (a finished run is evaluated in full later)
