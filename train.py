@@ -325,17 +325,21 @@ def diverged(t, what):
     raise UserError(f'the run diverged at step {state.step} ({what}); {how}')
 
 
+def identify_data(meta, splits, data):
+    """What a checkpoint records of its data: the vocabulary with its cleaning (sample.py
+    cleans a prompt as the data was cleaned) and the data's path and fingerprint."""
+    cleaning = meta.get('cleaning') or {}
+    vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
+    vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
+    return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
+
+
 def run(argv, procs):
     """Check flags, data and model before anything is written; lock the run folder,
     train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
-    cleaning = meta.get('cleaning') or {}
-    vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
-    # sample.py cleans a prompt as the data was cleaned
-    vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
-    data_identity = dict(vocab=vocab,
-                         dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
+    data_identity = identify_data(meta, splits, args.data)
     cfg = model_config(args, meta, procs.world)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
     if args.flop_budget is not None:
