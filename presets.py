@@ -54,7 +54,8 @@ def layer_counts(value):
     counts = value
     if isinstance(value, str):
         counts = value.split(',')
-    if len(counts) != 3 or not all(str(n).strip().isdigit() and int(n) <= 1000 for n in counts):
+    three = isinstance(counts, (list, tuple)) and len(counts) == 3
+    if not three or not all(str(n).strip().isdigit() and int(n) <= 1000 for n in counts):
         raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
                                          f'got {value!r}')
     return tuple(int(n) for n in counts)
@@ -213,8 +214,10 @@ def resolve_args(argv, procs=rt.Processes()):
         if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos'} - ckpt.keys():
             raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
         saved = dict(ckpt['args'])
-        # (written as '2,8,2' before tuples)
-        saved['layers'] = layer_counts(saved['layers'])
+        try:  # (written as '2,8,2' before tuples)
+            saved['layers'] = layer_counts(saved.get('layers'))
+        except argparse.ArgumentTypeError as e:
+            raise UserError(f'{out / "ckpt.pt"}: its layers {e}') from None
         for k in sorted(given & set(KEPT_ON_RESUME)):
             if getattr(args, k) != saved.get(k):
                 raise UserError(f'--{k.replace("_", "-")} differs from the checkpoint\'s '
@@ -230,7 +233,8 @@ def resolve_args(argv, procs=rt.Processes()):
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
     defaults = {**COMMON, **preset, **{k: MODEL_DEFAULTS[k] for k in MODEL_FLAGS},
-                **dataset_defaults(data, MODEL_FLAGS), 'run_id': uuid.uuid4().hex}
+                **dataset_defaults(args.data or data, MODEL_FLAGS),
+                'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
         defaults['max_steps'] = 10**9
     for k, v in defaults.items():

@@ -1315,6 +1315,10 @@ def test_train_resumes_a_checkpoint_whose_layers_are_a_string(done_run, tmp_path
     msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--layers', '1,2,1'],
                      capsys, code=2)
     assert "--layers differs from the checkpoint's 1,1,1" in msg, msg
+    ck['args']['layers'] = 'x'   # a damaged one: one line, no traceback
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys, code=1)
+    assert 'ckpt.pt: its layers must be three counts' in msg, msg
 
 
 def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
