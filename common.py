@@ -187,20 +187,28 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
-@contextmanager
-def locked(folder, what):
-    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the
-    block; one UserError line naming `what` if another process holds it."""
-    import filelock    # torch's own dependency, so no extra install
+def make_folder(folder):
+    """Make `folder` and its parents where missing → its Path. A link to a folder that does
+    not exist (an unmounted disk) is an OSError naming the link and its target, not the
+    "File exists" mkdir says: nothing is made through it."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError as e:
         # a link to a folder that does not exist (an unmounted disk)
-        if not os.path.islink(e.filename):
+        if not os.path.islink(str(e.filename)):
             raise
         raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
                                 e.filename) from None
+    return folder
+
+
+@contextmanager
+def locked(folder, what):
+    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the
+    block; one UserError line naming `what` if another process holds it."""
+    import filelock    # torch's own dependency, so no extra install
+    folder = make_folder(folder)
     lock = filelock.FileLock(folder / '.lock', timeout=0)
     try:
         held = lock.acquire()
