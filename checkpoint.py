@@ -1,5 +1,6 @@
-"""ckpt.pt: the sealed atomic write; the read that verifies the seal, loads weights_only, checks
-every field and refuses NaN or inf; the training state it holds, restored exactly on --resume."""
+"""ckpt.pt: the sealed atomic write; the read that verifies the seal, loads weights_only,
+checks every field and refuses NaN or inf; the training state it holds, restored exactly
+on --resume."""
 import dataclasses
 import hashlib
 import io
@@ -7,6 +8,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -18,8 +20,9 @@ from common import UserError, first_line, write_atomic
 from dataset import is_number, meta_problem
 from dynpool import Config, DynamicPoolingLM
 
-# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its last bytes,
-# which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte before the hex digits.
+# A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its
+# last bytes, which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte
+# before the hex digits.
 CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
 _EOCD = b'PK\x05\x06'  # zip's end-of-central-directory record: 22 bytes, then the comment
 _SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
@@ -30,39 +33,49 @@ def write_sealed(f, data):
     if len(data) < 22 or bytes(data[-22:-18]) != _EOCD or bytes(data[-2:]) != b'\0\0':
         raise RuntimeError('torch.save wrote no zip archive with an empty comment')
     h = hashlib.sha256()
-    for part in (data[:-2], _SEAL.to_bytes(2, 'little'), CHECKSUM_TAG):  # the comment's length
+    # the archive up to the comment's length, then the length and the comment
+    for part in (data[:-2], _SEAL.to_bytes(2, 'little'), CHECKSUM_TAG):
         h.update(part)
         f.write(part)
     f.write(h.hexdigest().encode())
 
 
 def verify_checksum(data, path):
-    """A checkpoint's bytes → True: checksum matches, False: none (older); else UserError."""
+    """A checkpoint's bytes → True: its checksum matches, False: it has none (older);
+    else a UserError."""
     tail = bytes(data[-22 - _SEAL:])
     if len(tail) == 22 + _SEAL and (tail[:4] == _EOCD or tail[22:-64] == CHECKSUM_TAG):
         if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != tail[-64:]:
-            raise UserError(f'checkpoint {path} is corrupt: its content does not match the SHA-256 '
-                            f'checksum written with it (a damaged disk or copy); use another copy')
+            raise UserError(f'checkpoint {path} is corrupt: its content does not match the '
+                            'SHA-256 checksum written with it (a damaged disk or copy); use '
+                            'another copy')
         return True
     if data[-22:-18] != _EOCD or data[-2:] != b'\0\0':
-        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint (it '
-                        f'does not end as one: cut short, or another kind of file)')
+        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint '
+                        '(it does not end as one: cut short, or another kind of file)')
     return False
 
 
 def non_finite_tensor(obj, name=''):
-    """The name of obj's first tensor holding NaN or inf ('optimizer.state.3.exp_avg'), or None."""
+    """The name of obj's first tensor holding NaN or inf ('optimizer.state.3.exp_avg'), or
+    None."""
     if isinstance(obj, torch.Tensor):
-        return name if obj.is_floating_point() and not torch.isfinite(obj).all() else None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
-        obj, (list, tuple)) else ()
-    found = (non_finite_tensor(v, f'{name}.{k}' if name else str(k)) for k, v in items)
+        if obj.is_floating_point() and not torch.isfinite(obj).all():
+            return name
+        return None
+    items = ()
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    found = (non_finite_tensor(v, f'{name}.{k}'.lstrip('.')) for k, v in items)
     return next((f for f in found if f is not None), None)
 
 
 def config_from_dict(d, **extra):
-    """Config from asdict(Config) and extra: other keys ignored, missing ones default (checkpoints
-    from before a new field load); UserError, exit 2 (train.py's flags; read_checkpoint: file)."""
+    """Config from asdict(Config) and extra: other keys ignored, missing ones default
+    (checkpoints from before a new field load); UserError, exit 2 (train.py's flags;
+    read_checkpoint: file)."""
     names = {f.name for f in dataclasses.fields(Config)}
     try:
         return Config(**{k: v for k, v in {**d, **extra}.items() if k in names})
@@ -71,103 +84,142 @@ def config_from_dict(d, **extra):
 
 
 def _dict(keys=str, values=object, **fields):
-    """Rule: a dict of keys and values of these types, whose `fields` are of the given types."""
-    return lambda v: isinstance(v, dict) and all(
-        isinstance(k, keys) and isinstance(x, values) for k, x in v.items()) and all(
-        isinstance(v.get(k), t) for k, t in fields.items())
+    """Rule: a dict of keys and values of these types, whose `fields` have the given types."""
+    def rule(v):
+        if not isinstance(v, dict):
+            return False
+        if not all(isinstance(k, keys) and isinstance(x, values) for k, x in v.items()):
+            return False
+        return all(isinstance(v.get(k), t) for k, t in fields.items())
+    return rule
 
 
-# A checkpoint's fields and what each must be where present: {field: (rule, what it must be)}.
-COUNT, NUMBER = (lambda v: type(v) is int and v >= 0, 'a count >= 0'), (is_number, 'a number >= 0')
-NUMBER_OR_NULL = (lambda v: v is None or is_number(v), 'a number >= 0 or null')
+def is_count(v):
+    return type(v) is int and v >= 0
+
+
+def is_number_or_null(v):
+    return v is None or is_number(v)
+
+
+def is_vocab(v):
+    return meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None
+
+
+# A checkpoint's fields and what each must be where present: {field: (rule, in words)}.
+COUNT = (is_count, 'a count >= 0')
+NUMBER_OR_NULL = (is_number_or_null, 'a number >= 0 or null')
 FIELDS = dict(
-    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT, train_time=NUMBER,
-    train_flops=NUMBER_OR_NULL, warmup_flops=NUMBER_OR_NULL, scaler=(_dict(object), 'a dict'),
+    step=COUNT, epoch=COUNT, pos=COUNT, train_chars=COUNT,
+    train_time=(is_number, 'a number >= 0'), train_flops=NUMBER_OR_NULL,
+    warmup_flops=NUMBER_OR_NULL, scaler=(_dict(object), 'a dict'),
     args=(_dict(), 'a dict of flags'),
     rng=(_dict(object, torch=torch.Tensor, numpy=(tuple, list), python=(tuple, list)),
          'a dict of torch, cuda, numpy, python states'),
-    optimizer=(_dict(object, state=dict, param_groups=list), 'a dict with state and param_groups'),
+    optimizer=(_dict(object, state=dict, param_groups=list),
+               'a dict with state and param_groups'),
     model=(_dict(str, torch.Tensor), 'a dict of named tensors'),
-    vocab=(lambda v: meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None,
-           'a dict of alphabet, vocab_size and space_id'),
+    vocab=(is_vocab, 'a dict of alphabet, vocab_size and space_id'),
     dataset=(_dict(object, fingerprint=str), 'a dict with the fingerprint of the data'))
 # numpy's RNG state, pickled as arrays: what weights_only loading must allow besides tensors
-_NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray, np.dtype,
-          *(type(np.dtype(t)) for t in ('u1', 'u2', 'u4', 'i4', 'i8', 'f4', 'f8', '?'))]
+_NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray,
+          np.dtype, *(type(np.dtype(t)) for t in ('u1', 'u2', 'u4', 'i4', 'i8', 'f4', 'f8', '?'))]
 
 
 def read_checkpoint(path, trust=False):
     """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified (one from before checksums: a warning), loaded weights_only (trust=True: any pickle),
-    every field checked, weights and optimizer state finite; else one UserError line."""
-    path = Path(path) / 'ckpt.pt' if Path(path).is_dir() else Path(path)
+    verified (one from before checksums: a warning), loaded weights_only (trust=True: any
+    pickle), every field checked, weights and optimizer state finite; else one UserError
+    line."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / 'ckpt.pt'
     if not path.is_file():  # (a probe: opening a FIFO would hang)
         raise UserError(f'no checkpoint at {path}')
     data = path.read_bytes()   # verified and loaded from memory: the same bytes
     verified = verify_checksum(data, path)
     try:
         with torch.serialization.safe_globals(_NUMPY):
-            ckpt = torch.load(io.BytesIO(data), map_location='cpu', weights_only=not trust)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
-            AttributeError, ImportError, TypeError, KeyError, IndexError, RecursionError) as e:
+            ckpt = torch.load(io.BytesIO(data), map_location='cpu',
+                              weights_only=not trust)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError,
+            zipfile.BadZipFile, AttributeError, ImportError, TypeError, KeyError,
+            IndexError, RecursionError) as e:
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
-        if found and not trust:  # a readable file that pickles more than tensors and containers
-            raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which safe '
-                            'loading refuses (train.py writes none); a file you trust loads '
-                            'with sample.py --trust-ckpt') from None
-        raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch checkpoint): '
-                        f'{first_line(e).split(". ")[0]}'[:300]) from None
+        if found and not trust:
+            # a readable file that pickles more than tensors and containers
+            raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which '
+                            'safe loading refuses (train.py writes none); a file you trust '
+                            'loads with sample.py --trust-ckpt') from None
+        why = first_line(e).split('. ')[0]
+        raise UserError(f'cannot read checkpoint {path} (corrupt or not a torch '
+                        f'checkpoint): {why}'[:300]) from None
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
-        raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by train.py')
+        raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by '
+                        'train.py')
     for k, (ok, rule) in FIELDS.items():
-        if k in ckpt and not ok(v := ckpt[k]):
-            v = v if type(v) in (int, float, str, type(None)) else type(v).__name__
+        if k in ckpt and not ok(ckpt[k]):
+            v = ckpt[k]
+            if type(v) not in (int, float, str, type(None)):
+                v = type(v).__name__
             raise UserError(f'checkpoint {path}: {k} must be {rule}, not {v!r}'[:300])
     try:
         config_from_dict(ckpt['config'])
     except UserError as e:
         raise UserError(f'checkpoint {path}: {e}') from None
-    if (bad := non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})):
-        raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run that '
-                        f'diverged?); use an earlier checkpoint')
+    bad = non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})
+    if bad:
+        raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run '
+                        'that diverged?); use an earlier checkpoint')
     if not verified and int(os.environ.get('RANK', 0)) == 0:
-        print(f'warning: checkpoint {path} has no checksum (written before checkpoints carried '
-              f'one): its bytes cannot be verified; loading it as it is', file=sys.stderr)
+        print(f'warning: checkpoint {path} has no checksum (written before checkpoints '
+              'carried one): its bytes cannot be verified; loading it as it is',
+              file=sys.stderr)
     return dict(ckpt, path=str(path))
 
 
 def load_weights(model, state, path):
-    """A (possibly compiled or DDP) state dict into model; UserError where they do not fit."""
+    """A (possibly compiled or DDP) state dict into model; a UserError where it does not
+    fit."""
     try:
         model.load_state_dict({re.sub(r'^((_orig_mod|module)\.)+', '', k): v
                                for k, v in state.items()})
-    except RuntimeError as e:  # missing, unexpected or other-shaped weights: the first kind named
+    except RuntimeError as e:
+        # missing, unexpected or other-shaped weights: the first kind named
         why = (str(e).splitlines() + [''])[1].strip()[:200]
-        raise UserError(f'checkpoint {path}: the weights do not fit its config (boundary='
-                        f'{model.cfg.boundary!r}, layers={model.cfg.layers}): {why}') from None
+        raise UserError(f'checkpoint {path}: the weights do not fit its config '
+                        f'(boundary={model.cfg.boundary!r}, layers={model.cfg.layers}): '
+                        f'{why}') from None
     return model
 
 
 def load_checkpoint(path, device='cpu', trust=False):
-    """train.py's checkpoint → (model in eval mode on device, checkpoint dict with 'vocab')."""
+    """train.py's checkpoint → (its model in eval mode on device, the checkpoint's dict)."""
     ckpt = read_checkpoint(path, trust)
     model = DynamicPoolingLM(config_from_dict(ckpt['config']))
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
 
 
+def resume_command(out, *flags):
+    """The command that continues the run in folder `out`, quoted for the shell."""
+    return shlex.join(['python', 'train.py', '--out', str(out), '--resume', *flags])
+
+
 def kept(path, saved_step):
     """What a stopped run leaves behind, in words."""
-    return ('no checkpoint was written yet' if saved_step is None else
-            f'the last good checkpoint is {path} (step {saved_step}); continue with --resume')
+    if saved_step is None:
+        return 'no checkpoint was written yet'
+    return (f'the last good checkpoint is {path} (step {saved_step}); continue with: '
+            f'{resume_command(Path(path).parent)}')
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically and sealed, refusing NaN or inf; on any failure the previous
-    checkpoint (of step saved_step, or None) stays as it was."""
+    """Write state atomically and sealed, refusing NaN or inf; on any failure the
+    previous checkpoint (of step saved_step, or None) stays as it was."""
     if (bad := non_finite_tensor(state)) is not None:
-        raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf values; '
-                        f'{kept(path, saved_step)}')
-    buf = io.BytesIO()  # in memory first: the checksum covers the bytes as torch.save made them
+        raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf '
+                        f'values; {kept(path, saved_step)}')
+    buf = io.BytesIO()  # in memory first: the checksum covers the bytes torch.save made
 
     def write(tmp):
         with open(tmp, 'wb') as f, buf.getbuffer() as data:
@@ -175,27 +227,33 @@ def save_checkpoint(path, state, saved_step):
     try:
         torch.save(state, buf)
         write_atomic(path, write)
-    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a failed write as a RuntimeError
         why = getattr(e, 'strerror', None) or first_line(e)
-        raise UserError(f'cannot save checkpoint {path}: {why}; {kept(path, saved_step)}') from None
+        raise UserError(f'cannot save checkpoint {path}: {why}; '
+                        f'{kept(path, saved_step)}') from None
 
 
-def training_state(model, optimizer, scaler, counters, cfg, source, args):
-    """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler, counters,
-    config, flags, `source` (vocab, the data's fingerprint), every RNG (this process's GPU only)."""
+def training_state(model, optimizer, scaler, counters, cfg, data_identity, args):
+    """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler,
+    counters, config, flags, data_identity (vocab, the data's fingerprint), every RNG
+    (this process's GPU only)."""
     device = torch.device(args.device)
-    rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate(),
-               cuda=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
+    rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+               python=random.getstate(), cuda=None)
+    if device.type == 'cuda':
+        rng['cuda'] = torch.cuda.get_rng_state(device)
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg), **source,
-                args=vars(args), rng=rng)
+                scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg),
+                **data_identity, args=vars(args), rng=rng)
 
 
 def restore_training(ckpt, model, optimizer, scaler, device):
     """Load training_state's weights, optimizer, AMP scaler and RNG states."""
     load_weights(model, ckpt['model'], ckpt['path'])
     optimizer.load_state_dict(ckpt['optimizer'])
-    if ckpt['scaler']:  # a run saved without loss scaling (bf16, off) has none: fp16 starts afresh
+    # a run saved without loss scaling (bf16, off) has none: fp16 starts afresh
+    if ckpt['scaler']:
         scaler.load_state_dict(ckpt['scaler'])
     rng = ckpt['rng']
     torch.set_rng_state(rng['torch'])
@@ -205,17 +263,21 @@ def restore_training(ckpt, model, optimizer, scaler, device):
     random.setstate(rng['python'])
 
 
-def check_resumable(ckpt, cfg, source, data):
-    """A resumed run keeps its data (before fingerprints: vocabulary) and model (but speed-only)."""
+def check_resumable(ckpt, cfg, data_identity, data):
+    """A resumed run keeps its data (before fingerprints: its vocabulary) and its model
+    (but for the speed-only fields)."""
     then = ckpt.get('dataset')
-    if then and then['fingerprint'] != source['dataset']['fingerprint']:
-        raise UserError(f'--data {data} is not the data the run in {Path(ckpt["path"]).parent} '
-                        f'started on ({then.get("path")}, changed or moved?)', code=2)
-    if ckpt['vocab']['alphabet'] != source['vocab']['alphabet']:
-        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary (alphabet) '
-                        f'than {data}')
+    if then and then['fingerprint'] != data_identity['dataset']['fingerprint']:
+        raise UserError(f'--data {data} is not the data the run in '
+                        f'{Path(ckpt["path"]).parent} started on ({then.get("path")}, '
+                        'changed or moved?)', code=2)
+    if ckpt['vocab']['alphabet'] != data_identity['vocab']['alphabet']:
+        raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary '
+                        f'(alphabet) than {data}')
     old = config_from_dict(ckpt['config'])
-    if diff := [f.name for f in dataclasses.fields(Config) if f.name not in (
-            'attention', 'attn_chunk') and getattr(old, f.name) != getattr(cfg, f.name)]:
-        raise UserError(f'checkpoint {ckpt["path"]} has another model config than these flags and '
-                        f'data ({", ".join(diff)})')
+    diff = [f.name for f in dataclasses.fields(Config)
+            if f.name not in ('attention', 'attn_chunk')
+            and getattr(old, f.name) != getattr(cfg, f.name)]
+    if diff:
+        raise UserError(f'checkpoint {ckpt["path"]} has another model config than these '
+                        f'flags and data ({", ".join(diff)})')

@@ -1,6 +1,7 @@
-"""What every dynpool script shares, written once: the error type and the one error boundary around
-`main`, the flag parser and its range types, the atomic file write, the run-folder lock, the
-optional matplotlib import. A script is `common.main(lambda: run(parser().parse_args(argv)))`."""
+"""What every dynpool script shares, written once: the error type and the one error
+boundary around `main`, the flag parser and its range types, the atomic file write, the
+run-folder lock, the optional matplotlib import. A script is `common.main(lambda:
+run(parser().parse_args(argv)))`."""
 import argparse
 import math
 import os
@@ -11,8 +12,8 @@ from pathlib import Path
 
 
 class UserError(Exception):
-    """A mistake or fault the user can fix: `main` prints it as one `error: ...` line and exits with
-    `code` (1; 2 for bad command-line flags)."""
+    """A mistake or fault the user can fix: `main` prints it as one `error: ...` line and
+    exits with `code` (1; 2 for bad command-line flags)."""
 
     def __init__(self, msg, code=1):
         super().__init__(msg)
@@ -20,13 +21,14 @@ class UserError(Exception):
 
 
 def first_line(e):
-    """An exception's message in one line: its first, or its type's name where it has none."""
+    """An exception's message in one line: its first, or its type's name where it has
+    none."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def error_line(e):
-    """The one line (without 'error: ') and exit code for an exception `main` catches, or None
-    for one it lets through (a bug, whose traceback is the useful report)."""
+    """The one line (without 'error: ') and exit code for an exception `main` catches, or
+    None for one it lets through (a bug, whose traceback is the useful report)."""
     if isinstance(e, UserError):
         return str(e), e.code
     if isinstance(e, KeyboardInterrupt):
@@ -35,18 +37,29 @@ def error_line(e):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
         where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        return f'{where + ": " if where else ""}{e.strerror or first_line(e)}', 1
-    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError saying so
-    if {'MemoryError', 'OutOfMemoryError'} & {c.__name__ for c in type(e).__mro__} or isinstance(
-            e, RuntimeError) and any(s in str(e) for s in ("can't allocate", 'out of memory')):
+        if where:
+            where += ': '
+        return where + (e.strerror or first_line(e)), 1
+    # a name (or text) in another encoding than the system's: a Latin-1 file name
+    if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
+        part = e.object[max(0, e.start - 30):e.end]
+        return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
+    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError
+    # saying so
+    names = {c.__name__ for c in type(e).__mro__}
+    message = str(e)
+    said = isinstance(e, RuntimeError) and ("can't allocate" in message
+                                            or 'out of memory' in message)
+    if said or {'MemoryError', 'OutOfMemoryError'} & names:
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
 
 def main(run, rank=0):
-    """The error boundary of every script: run() → its exit code. A UserError, an OSError (a full
-    or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line on stderr (only
-    rank 0 of torchrun's processes prints) and exit code 1, 2 for flags, 130 for Ctrl-C."""
+    """The error boundary of every script: run() → its exit code. A UserError, an OSError
+    (a full or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line
+    on stderr (only rank 0 of torchrun's processes prints) and exit code 1, 2 for flags,
+    130 for Ctrl-C."""
     try:
         run()
         try:   # a full or closed stdout fails here, inside the boundary
@@ -67,20 +80,22 @@ def main(run, rank=0):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a message."""
+    """argparse whose mistakes are one UserError line (exit code 2), not the usage and a
+    message."""
 
     def error(self, message):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
 def _number(kind, rule, outside):
-    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError naming rule."""
+    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError
+    naming rule."""
     def parse(s):
         try:
             v = kind(s)
         except (TypeError, ValueError, OverflowError):
             v = None
-        if v is None or kind is float and not math.isfinite(v):
+        if v is None or (kind is float and not math.isfinite(v)):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
         if outside(v):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
@@ -89,18 +104,32 @@ def _number(kind, rule, outside):
 
 
 def int_range(lo, hi=None):
-    """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size takes)."""
-    rule = f'an integer >= {lo} (below 2**63)' if hi is None else f'an integer in [{lo}, {hi}]'
-    return _number(int, rule, lambda v: v < lo or v > (2 ** 63 - 1 if hi is None else hi))
+    """Argument type: an integer in [lo, hi] (hi None: below 2**63, the most a torch size
+    takes)."""
+    rule = f'an integer in [{lo}, {hi}]'
+    if hi is None:
+        rule = f'an integer >= {lo} (below 2**63)'
+        hi = 2 ** 63 - 1
+    return _number(int, rule, lambda v: v < lo or v > hi)
 
 
 def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
-    """Argument type: a finite float between lo and hi (None: no end; *_open: the end excluded)."""
-    ends = [f'{">" if lo_open else ">="} {lo:g}' if lo is not None else '',
-            f'{"<" if hi_open else "<="} {hi:g}' if hi is not None else '']
-    rule = 'a finite number ' + ' and '.join(e for e in ends if e) if any(ends) else 'a number'
-    return _number(float, rule, lambda v: lo is not None and (v < lo or lo_open and v == lo)
-                   or hi is not None and (v > hi or hi_open and v == hi))
+    """Argument type: a finite float between lo and hi (None: no end; *_open: the end
+    excluded)."""
+    ends = []
+    if lo is not None:
+        ends.append(f'> {lo:g}' if lo_open else f'>= {lo:g}')
+    if hi is not None:
+        ends.append(f'< {hi:g}' if hi_open else f'<= {hi:g}')
+    rule = 'a number'
+    if ends:
+        rule = 'a finite number ' + ' and '.join(ends)
+
+    def outside(v):
+        below = lo is not None and (v < lo or (lo_open and v == lo))
+        above = hi is not None and (v > hi or (hi_open and v == hi))
+        return below or above
+    return _number(float, rule, outside)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
@@ -109,53 +138,77 @@ seed_int = int_range(0, 2 ** 32 - 1)           # seeds that also seed numpy's le
 positive_float = float_range(0, lo_open=True)  # learning rate, temperature, seconds, FLOPs
 non_negative_float = float_range(0)            # gradient clip (0 = off), loss weights
 fraction = float_range(0, 1, hi_open=True)     # dropout rates: [0, 1)
-probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken: (0, 1)
+probability = float_range(0, 1, lo_open=True, hi_open=True)  # a rate whose log is taken
 
 
 def nonblank(s):
-    """Argument type: a string with something in it (a path, a name) and no NUL, which no path
-    can hold (the OS call would raise ValueError, not OSError, past the error boundary)."""
+    """Argument type: a string with something in it (a path, a name) and no NUL, which no
+    path can hold (the OS call would raise ValueError, not OSError, past the error
+    boundary)."""
     if not str(s).strip() or '\0' in str(s):
         raise argparse.ArgumentTypeError(f'must not be empty or hold a NUL character, got {s!r}')
     return s
 
 
 def write_atomic(path, data):
-    """Replace `path` by `data` (bytes, str, or a function that writes to the path it is given),
-    never half of each: a uniquely named temporary file in the same folder, fsynced, then renamed
-    over `path`. The temporary name keeps the extension (matplotlib reads the format from it)."""
-    path = Path(os.path.realpath(path))   # through a link to its target: never the link replaced
-    if path.exists() and not path.is_file():   # /dev/null, a FIFO, a folder: never replaced
+    """Replace `path` by `data` (bytes, str, or a function that writes to the path it is
+    given), never half of each: a uniquely named temporary file in the same folder,
+    fsynced, then renamed over `path`. The temporary name keeps the extension (matplotlib
+    reads the format from it)."""
+    # through a link to its target: never the link replaced
+    path = Path(os.path.realpath(path))
+    # /dev/null, a FIFO, a folder: never replaced
+    if path.exists() and not path.is_file():
         raise UserError(f'{path} is not a regular file: write to a file')
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
     os.close(fd)   # (written by name below)
-    try:   # mkstemp makes the file private (0600): give it the mode the file had, or a new one's
+    # mkstemp makes the file private (0600): give it the mode the file had, or a new
+    # one's
+    try:
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         if callable(data):
             data(tmp)
         else:
             Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
-        with open(tmp, 'rb') as f:   # on disk before the rename: a power cut leaves the old file
+        # on disk before the rename: a power cut leaves the old file
+        with open(tmp, 'rb') as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:   # named by the file the caller asked for, not the temporary one
+    except OSError as e:
+        # named by the file the caller asked for, not the temporary one
         raise OSError(e.errno, e.strerror or first_line(e), str(path)) from None
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)
 
 
-_UMASK = os.umask(0o022)   # the only way to read the umask is to set it: put it back at once
+# the only way to read the umask is to set it: put it back at once
+_UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+
+def make_folder(folder):
+    """Make `folder` and its parents where missing → its Path. A link to a folder that does
+    not exist (an unmounted disk) is an OSError naming the link and its target, not the
+    "File exists" mkdir says: nothing is made through it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as e:
+        # a link to a folder that does not exist (an unmounted disk)
+        if not os.path.islink(str(e.filename)):
+            raise
+        raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
+                                e.filename) from None
+    return folder
 
 
 @contextmanager
 def locked(folder, what):
-    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the block; one
-    UserError line naming `what` if another process holds it."""
+    """Hold `folder`/.lock (filelock: released by the OS if the process dies) for the
+    block; one UserError line naming `what` if another process holds it."""
     import filelock    # torch's own dependency, so no extra install
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(folder)
     lock = filelock.FileLock(folder / '.lock', timeout=0)
     try:
         held = lock.acquire()
@@ -167,8 +220,8 @@ def locked(folder, what):
 
 
 def import_pyplot(flag):
-    """matplotlib's pyplot without a display; one UserError line where the optional extra is not
-    installed."""
+    """matplotlib's pyplot without a display; one UserError line where the optional extra
+    is not installed."""
     try:
         import matplotlib
         matplotlib.use('Agg')

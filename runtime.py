@@ -1,4 +1,5 @@
-"""A training run around the method: processes, device, precision, DDP, lifetime, log, sums."""
+"""A training run around the method: processes, device, precision, DDP, lifetime, log and
+the step's sums."""
 import json
 import math
 import os
@@ -33,40 +34,55 @@ class Processes(NamedTuple):
 
 
 def pick_device(name=None, local_rank=None):
-    """--device → the checked device; under torchrun, GPU LOCAL_RANK of all, or the one it sees."""
+    """--device → the checked device; under torchrun, GPU LOCAL_RANK of all, or the one
+    it sees. A device that is not here is a flag mistake: exit 2."""
     name = name or ('cuda' if torch.cuda.is_available() else 'cpu')
     if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', name):
         raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps', code=2)
-    dev, gpus = torch.device(name), torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if dev.type == 'cuda' and local_rank is not None and gpus:  # one GPU per process, or the node's
+    dev = torch.device(name)
+    gpus = 0
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+    # one GPU per process, or the node's
+    if dev.type == 'cuda' and local_rank is not None and gpus:
         dev = torch.device('cuda', 0 if gpus == 1 else local_rank)
-    if dev.type == 'cuda' and (dev.index or 0) >= gpus or dev.type == 'mps' and not (
-            torch.backends.mps.is_available()):
+    missing = dev.type == 'cuda' and (dev.index or 0) >= gpus
+    if dev.type == 'mps' and not torch.backends.mps.is_available():
+        missing = True
+    if missing:
         rank = '' if local_rank is None else f'LOCAL_RANK {local_rank} but '
         raise UserError(f'--device {name}: no {dev} here ({rank}this process sees {gpus} CUDA '
-                        f'devices; try cpu)')
+                        f'devices; try cpu)', code=2)
     return str(dev)
 
 
 def setup_precision(amp, device_type):
     """--amp → (resolved name, autocast context, GradScaler: fp16's loss scaling)."""
-    if amp == 'fp16' and device_type != 'cuda' or amp == 'bf16' and device_type == 'mps':
+    if (amp == 'fp16' and device_type != 'cuda') or (amp == 'bf16' and device_type == 'mps'):
         raise UserError(f'--amp {amp} does not run on {device_type} (fp16: CUDA only; bf16: CUDA '
                         f'or CPU); use another --amp or off', code=2)
-    if amp == 'auto':  # native bf16 only: V100 and T4 emulate it, slower than fp16 with scaling
-        amp = 'off' if device_type != 'cuda' else 'bf16' if torch.cuda.is_bf16_supported(
-            including_emulation=False) else 'fp16'
-    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
-    autocast = torch.autocast(device_type, dtype=dtype) if dtype else nullcontext()
+    if amp == 'auto' and device_type != 'cuda':
+        amp = 'off'
+    elif amp == 'auto':
+        # native bf16 only: V100 and T4 emulate it, slower than fp16 with scaling
+        amp = 'fp16'
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            amp = 'bf16'
+    autocast = nullcontext()
+    if amp != 'off':
+        dtype = torch.bfloat16 if amp == 'bf16' else torch.float16
+        autocast = torch.autocast(device_type, dtype=dtype)
     return amp, autocast, torch.amp.GradScaler(device_type, enabled=(amp == 'fp16'))
 
 
 def check_model_memory(cfg, device):
-    """Refuse a model whose weights, gradients and Adam moments (16 B a parameter) exceed memory."""
+    """Refuse a model whose weights, gradients and Adam moments (16 B a parameter) do not
+    fit in the device's free memory."""
     try:
         with torch.device('meta'):
             need = 16 * DynamicPoolingLM(cfg).num_params()
-    except RuntimeError as e:   # a size whose bytes overflow int64: torch cannot even count it
+    except RuntimeError as e:
+        # a size whose bytes overflow int64: torch cannot even count it
         if 'overflow' not in str(e):
             raise
         raise UserError(f'the model is too large to build ({common.first_line(e)[:120]}): '
@@ -75,7 +91,8 @@ def check_model_memory(cfg, device):
 
 
 def free_memory(device):
-    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf unknown)."""
+    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
+    where unknown)."""
     if torch.device(device).type == 'cuda':
         return torch.cuda.mem_get_info(device)[0]
     if not os.path.exists('/proc/meminfo'):
@@ -89,7 +106,8 @@ def free_memory(device):
 
 def require_memory(need, what, device, fix):
     """Refuse, before it is spent, `need` bytes that `what` would take on the device: one
-    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower --gen-batch')."""
+    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower
+    --gen-batch')."""
     free = free_memory(device)
     if need > free:
         raise UserError(f'{what} needs about {need / 2**30:.3g} GiB, over the '
@@ -97,14 +115,16 @@ def require_memory(need, what, device, fix):
 
 
 def use_tf32(device):
-    """TF32 matmuls on a GPU: the same recipe, much faster (every script that runs the model)."""
+    """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
+    the model)."""
     if torch.device(device).type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
 
 def peak_mem_mb(device):
-    """Peak memory in MiB: CUDA's allocated since the last call (reset here), CPU's peak RSS."""
+    """Peak memory in MiB: CUDA's allocated since the last call (reset here), else the
+    process's peak RSS."""
     if torch.device(device).type == 'cuda':
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
@@ -133,15 +153,19 @@ def start_processes(device, procs):
 
 
 def wrap_model(model, args, world=1):
-    """torch.compile and DDP around the model; the bare model stays for evaluation and saving."""
-    if args.compile:  # (dynamic=None: the segment count turns dynamic at its first recompile)
+    """torch.compile and DDP around the model; the bare model stays, for evaluation and
+    for saving."""
+    # (dynamic=None: the segment count turns dynamic at its first recompile)
+    if args.compile:
         model = torch.compile(model)
     if world == 1:
         return model
     with suppress(ValueError):  # (ValueError: already registered)
-        torch.export.register_dataclass(ModelOutput)  # DDP's static graph finds tensors by pytrees
-    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580); the only buffer,
-    # the constant Gumbel evaluation noise, never re-broadcast (the argument's name since 2.13).
+        # DDP's static graph finds tensors by pytrees
+        torch.export.register_dataclass(ModelOutput)
+    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580); the
+    # only buffer, the constant Gumbel evaluation noise, never re-broadcast (the
+    # argument's name since 2.13).
     no_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
                DDP.__init__.__code__.co_varnames else {'broadcast_buffers': False})
     ids = [torch.device(args.device).index] if 'cuda' in args.device else None
@@ -149,34 +173,62 @@ def wrap_model(model, args, world=1):
                gradient_as_bucket_view=True, **no_sync)
 
 
+# Signals that stop a run to be resumed: a scheduler's or a spot instance's notice
+# (SIGTERM), a user's (SIGUSR1). The run ends its step, saves and exits with EX_TEMPFAIL,
+# "stopped to resume".
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EXIT_PREEMPTED = 75
+
+
 @contextmanager
 def run_guard(out_dir, procs, where):
-    """A run's lifetime: folder locked (rank 0), Ctrl-C → UserError(where(), 130), DDP left."""
+    """A run's lifetime: folder locked (rank 0); SIGTERM and SIGUSR1 add their name to
+    the list it yields (the loop stops at its step's end); Ctrl-C → UserError(where(),
+    130); DDP left."""
+    stop = []
+
+    def request_stop(signum, frame):
+        stop.append(signal.Signals(signum).name)
+    handlers = {s: signal.signal(s, request_stop) for s in STOP_SIGNALS}
     ended = False
     try:
         with common.locked(out_dir, 'the train.py using it') if procs.rank == 0 else nullcontext():
-            yield
+            yield stop
         ended = True
     except KeyboardInterrupt:
         raise UserError(where(), code=130) from None
-    finally:  # together (a rank exiting while others use its gloo links can abort), not on error
+    finally:
+        # together (a rank exiting while others use its gloo links can abort), not on error
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         dist = torch.distributed
         if procs.world > 1 and dist.is_initialized() and not ended:
             dist.destroy_process_group()
         elif procs.world > 1 and dist.is_initialized():
-            dist.barrier()
-            time.sleep(0.2)  # gloo frees the barrier's work after it returns, needing the GIL:
-            store = dist.distributed_c10d._get_default_store()  # destroying it now would deadlock
-            dist.destroy_process_group()
-            key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'  # (restarts)
-            with suppress(RuntimeError):  # (the store's host, rank 0, saw all leave and exited)
-                store.set(f'{key}/{procs.rank}', '1')   # then wait up to a minute for the others
-                store.wait([f'{key}/{r}' for r in range(procs.world)], timedelta(seconds=60))
+            leave_together(procs)
+
+
+def leave_together(procs):
+    """The end of a DDP run: each rank destroys its process group, then waits for the
+    others to."""
+    dist = torch.distributed
+    dist.barrier()
+    # gloo frees the barrier's work after it returns, needing the GIL: destroying it now
+    # would deadlock
+    time.sleep(0.2)
+    store = dist.distributed_c10d._get_default_store()
+    dist.destroy_process_group()
+    # one key a restart (torchrun --max-restarts)
+    key = f'dynpool/left/{os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}'
+    with suppress(RuntimeError):  # (the store's host, rank 0, saw all leave and exited)
+        store.set(f'{key}/{procs.rank}', '1')   # then wait up to a minute for the others
+        store.wait([f'{key}/{r}' for r in range(procs.world)], timedelta(seconds=60))
 
 
 @contextmanager
 def interrupts_deferred():
-    """Ctrl-C in the block takes effect at its end (inside torch.save it aborts the process)."""
+    """Ctrl-C in the block takes effect at its end (inside torch.save it would abort the
+    process)."""
     pending = []  # a handler, not a signal mask, which torch's threads would not honour
     handler = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
     try:
@@ -184,33 +236,52 @@ def interrupts_deferred():
     finally:
         signal.signal(signal.SIGINT, handler)
     if pending and callable(handler):
-        handler(signal.SIGINT, None)  # the usual handler: raises KeyboardInterrupt, now safely
+        # the usual handler: raises KeyboardInterrupt, now safely
+        handler(signal.SIGINT, None)
+
+
+def whole_record(line):
+    """A log line's JSON object if the line is whole, else None (cut short)."""
+    with suppress(ValueError):
+        record = json.loads(line)
+        if isinstance(record, dict) and line.endswith(b'\n'):
+            return record
+    return None
+
+
+def after(record, step):
+    """Whether a log record (not the config) is of a step after `step`, a resumed run's
+    checkpoint."""
+    if step is None or record is None or record.get('kind') == 'config':
+        return False
+    return type(record.get('step')) is int and record['step'] > step
 
 
 class Logger:
-    """Records to log.jsonl (rank 0, whole lines), TensorBoard, W&B; drops cut and redone lines."""
+    """Records to log.jsonl (rank 0, whole lines), TensorBoard, W&B; drops lines cut short
+    and those a resumed run redoes."""
 
     def __init__(self, out_dir, args, config_record, rank=0, resumed_from=None):
-        self.path, self.tb, self.wandb, self.rank = out_dir / 'log.jsonl', None, None, rank
+        self.path = out_dir / 'log.jsonl'
+        self.tb = None
+        self.wandb = None
+        self.rank = rank
         if rank != 0:
             return
-        lines = self.path.read_bytes().splitlines(True) if self.path.exists() else []
-        def record(line):   # a whole line's JSON object, else None (cut short)
-            with suppress(ValueError):
-                r = json.loads(line)
-                return r if isinstance(r, dict) and line.endswith(b'\n') else None
-        recs = [record(line) for line in lines]
-        later = {i for i, r in enumerate(recs) if resumed_from is not None and r and r.get(
-            'kind') != 'config' and type(r.get('step')) is int and r['step'] > resumed_from}
-        cut = bool(lines) and recs[-1] is None   # (never one of `later`)
+        lines = []
+        if self.path.exists():
+            lines = self.path.read_bytes().splitlines(True)
+        cut = bool(lines) and whole_record(lines[-1]) is None
         if cut:
             print(f'warning: {self.path}: dropped its last line, cut short ({len(lines[-1])} bytes '
                   f'left by a run that stopped while writing it)', file=sys.stderr)
-        if later:
-            print(f'note: {self.path}: dropped {len(later)} record(s) of steps after step '
-                  f'{resumed_from}, the checkpoint (the resumed run redoes them)', file=sys.stderr)
-        if cut or later:
-            kept = [ln for i, ln in enumerate(lines[:len(lines) - cut]) if i not in later]
+            lines.pop()
+        kept = [line for line in lines if not after(whole_record(line), resumed_from)]
+        if len(kept) < len(lines):
+            print(f'note: {self.path}: dropped {len(lines) - len(kept)} record(s) of steps after '
+                  f'step {resumed_from}, the checkpoint (the resumed run redoes them)',
+                  file=sys.stderr)
+        if cut or len(kept) < len(lines):
             common.write_atomic(self.path, b''.join(kept))
         try:  # the optional packages, where their flags ask
             if args.tensorboard:
@@ -220,50 +291,72 @@ class Logger:
                 import wandb
                 self.wandb = wandb.init(project=args.wandb, name=out_dir.name, config=config_record)
         except Exception as e:  # not installed, or W&B's network or login: one line
-            flag = '--tensorboard' if args.tensorboard and self.tb is None else '--wandb'
+            flag = '--wandb'
+            if args.tensorboard and self.tb is None:
+                flag = '--tensorboard'
             raise UserError(f'{flag} needs the {flag[2:]} package installed and working '
                             f'({common.first_line(e)[:200]}); pip install, or drop it') from None
         self.log(config_record)
 
     def log(self, rec):
-        """Append rec as one line; a write cut short (a full disk, Ctrl-C) is cut back off."""
+        """Append rec as one line; a write cut short (a full disk, Ctrl-C) is cut back off
+        the file."""
         if self.rank != 0:
             return
         data = (json.dumps(rec) + '\n').encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        done = 0
         try:
-            size, done = os.fstat(fd).st_size, 0
             while done < len(data):  # one write, unless the system takes only part of it
                 done += os.write(fd, data[done:])
         except BaseException as e:  # OSError, or Ctrl-C between two parts
             with suppress(OSError):  # (else the next run drops the cut line)
                 os.ftruncate(fd, size)
-            if isinstance(e, OSError):   # named by the log, which keeps every whole record
+            if isinstance(e, OSError):
+                # named by the log, which keeps every whole record
                 raise OSError(e.errno, e.strerror, str(self.path)) from None
             raise
         finally:
             os.close(fd)
-        group = rec['split'] if rec['kind'] == 'eval' else rec['kind']
-        scalars = {f'{group}/{k}': v for k, v in rec.items() if type(v) in (int, float)
-                   and k != 'step' and rec['kind'] != 'config'}
-        for k, v in scalars.items() if self.tb else ():
-            self.tb.add_scalar(k, v, rec['step'])
-        if self.wandb and scalars:
+        if rec['kind'] == 'config':
+            return
+        group = rec.get('split', rec['kind'])  # train, valid, test, diverged
+        scalars = {f'{group}/{k}': v for k, v in rec.items()
+                   if type(v) in (int, float) and k != 'step'}
+        if self.tb:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, rec['step'])
+        if self.wandb:
             self.wandb.log(scalars, step=rec['step'])
 
     def close(self):
-        for finish in filter(None, (self.tb and self.tb.close, self.wandb and self.wandb.finish)):
-            finish()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
 
 
 class StepStats:
-    """Means, FLOPs, gradient norms, bad steps summed on the device; read (a wait) once a record."""
-    NAMES = 'loss lm_loss sf precision recall flops grad_norm norms bad late'.split()
+    """Means, FLOPs, gradient norms, bad steps summed on the device; read (a wait) at each
+    record."""
+    NAMES = 'loss lm_loss sf precision recall flops grad_norm norms bad save late'.split()
 
     def __init__(self, cfg, args, world=1):
-        self.cfg, self.args, self.world, self.step_sf, self.last_flops = cfg, args, world, [], None
+        self.cfg = cfg
+        self.args = args
+        self.world = world
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
-        self.seen, self.micro_steps, self.host_flops = set(), 0, 0.0
+        self.step_sf = []        # this step's micro-steps' SF, on the device
+        # the last step's FLOPs (a device tensor where measured there)
+        self.last_flops = None
+        self.reset()
+
+    def reset(self):
+        self.sums.zero_()
+        self.seen = set()
+        self.micro_steps = 0
+        self.host_flops = 0.0
 
     def add(self, **vals):
         for k, v in vals.items():
@@ -275,41 +368,60 @@ class StepStats:
         self.add(loss=out.loss, lm_loss=out.lm_loss, sf=out.shortening_factor,
                  precision=out.precision, recall=out.recall)
         self.micro_steps += 1
-        self.step_sf += [] if out.shortening_factor is None else [out.shortening_factor.detach()]
+        if out.shortening_factor is not None:
+            self.step_sf.append(out.shortening_factor.detach())
 
     def add_step(self, norm, bad, segments=None):
-        """Gradient norm, non-finite flag, FLOPs; segments [accum, world, micro]: where known."""
+        """Gradient norm, non-finite flag, FLOPs; segments [accum, world, micro] where the
+        host counted them."""
         finite = torch.isfinite(norm)
         self.add(grad_norm=torch.where(finite, norm, 0.0), norms=finite, bad=bad)
-        L, B = self.args.seq_len, self.args.batch_size // (self.world * self.args.grad_accum)
-        # the shortened stack runs on 1 + segments positions (the null group), on average per row
-        if self.cfg.boundary == 'none' or segments is not None:  # known here: no device read
-            n_short = ([None] * self.args.grad_accum * self.world if segments is None else
-                       (1 + np.asarray(segments).sum(-1) / B).ravel().tolist())
-            self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
-            self.host_flops += self.last_flops
-        else:  # decided on the device: from each micro-step's measured SF = L / segments per row
-            self.last_flops = sum(step_flops(self.cfg, B, L, 1 + L / sf) for sf in self.step_sf)
+        L = self.args.seq_len
+        B = self.args.batch_size // (self.world * self.args.grad_accum)
+        # the shortened stack runs on 1 + segments positions (the null group), on
+        # average per row
+        if segments is not None:  # known on the host: no device read
+            n_short = (1 + np.asarray(segments).sum(-1) / B).ravel().tolist()
+        elif self.cfg.boundary == 'none':
+            n_short = [None] * (self.args.grad_accum * self.world)
+        else:
+            # decided on the device: from each micro-step's measured SF = L / segments
+            n_short = [1 + L / sf for sf in self.step_sf]
+        self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
+        if torch.is_tensor(self.last_flops):
             self.add(flops=self.last_flops)
+        else:
+            self.host_flops += self.last_flops
         self.step_sf = []
 
     def take_step_flops(self):
-        """The last step's FLOPs, all processes' (--flop-budget; where predicted: a device read)."""
-        f, self.last_flops = self.last_flops, None
-        if torch.is_tensor(f) and self.world > 1:
-            torch.distributed.all_reduce(f)
-        return f.item() if torch.is_tensor(f) else f
+        """The last step's FLOPs, all processes' (--flop-budget; a device read where a
+        network decides the segments)."""
+        flops = self.last_flops
+        self.last_flops = None
+        if torch.is_tensor(flops) and self.world > 1:
+            torch.distributed.all_reduce(flops)
+        if torch.is_tensor(flops):
+            return flops.item()
+        return flops
 
-    def read(self, late=False):
-        """Sum over processes, read, reset → means, FLOPs, skipped steps, any process `late`."""
+    def read(self, late=False, save=False):
+        """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any
+        process says `save` (a checkpoint is due by its clock) or `late` (stop now)."""
+        self.sums[-2] += float(save)
         self.sums[-1] += float(late)
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
-        v, n = dict(zip(self.NAMES, self.sums.tolist())), max(1, self.micro_steps * self.world)
+        v = dict(zip(self.NAMES, self.sums.tolist()))
+        n = max(1, self.micro_steps * self.world)
         r = {k: v[k] / n if k in self.seen else None for k in self.NAMES[:5]}
-        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.host_flops, bad=int(v['bad']),
-                 late=v['late'] > 0, grad_norm=v['grad_norm'] / v['norms'] if v['norms'] else None)
-        self.sums.zero_()
-        self.seen, self.micro_steps, self.host_flops = set(), 0, 0.0
+        r['sf'] = r['sf'] or 1.0
+        r['flops'] = v['flops'] + self.host_flops
+        r['bad'] = int(v['bad'])
+        r['save'] = v['save'] > 0
+        r['late'] = v['late'] > 0
+        r['grad_norm'] = None
+        if v['norms']:
+            r['grad_norm'] = v['grad_norm'] / v['norms']
+        self.reset()
         return r
-

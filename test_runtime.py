@@ -8,6 +8,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import common
 import runtime
@@ -138,3 +139,15 @@ def test_resume_rewrite_that_fails_leaves_the_log_as_it_was(tmp_path, monkeypatc
         runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), resumed_from=2)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']
+
+
+def test_runtime_a_device_that_is_not_here_is_a_flag_mistake(monkeypatch):
+    """--device cuda (or cuda:N, mps) where this process sees no such device: one UserError line
+    with exit code 2, as for any other bad flag (train.py, sample.py and bench.py pick the same)."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    for name in ('cuda', 'cuda:1', 'mps'):
+        with pytest.raises(runtime.UserError) as e:
+            runtime.pick_device(name)
+        assert e.value.code == 2 and f'--device {name}: no ' in str(e.value), str(e.value)
+    assert runtime.pick_device() == 'cpu'

@@ -4,6 +4,7 @@ Run:   python -m pytest -q test_train.py
 """
 
 
+import io
 import json
 import math
 import os
@@ -16,9 +17,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -116,11 +115,11 @@ def trained(argv):
     assert train.main(argv) == 0
 
 
-def run_cli(args, **kw):
+def run_cli(args, env=None):
     """train.py as a user runs it, in its own process."""
     return subprocess.Popen([sys.executable, 'train.py'] + args, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, OMP_NUM_THREADS='1'), **kw)
+                            env=env or dict(os.environ, OMP_NUM_THREADS='1'))
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -255,15 +254,66 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     assert (chunks[np.argsort(perm)] == rotated).all()
 
 
-def test_train_non_finite_loss_stops_and_keeps_checkpoint(synth, tmp_path, capsys):
-    out = tmp_path / 'nan'
-    # Adam moves each weight by ~lr per step: lr 1e30 overflows the logits on the next step
-    msg = user_error(tiny_args(synth, 'none') + ['--lr', '1e30', '--warmup', '1',
-                            '--max-steps', '5', '--eval-interval', '1', '--out', str(out)], capsys)
-    assert 'non-finite' in msg
-    # the last checkpoint, written before the failure
-    ck = torch.load(out / 'ckpt.pt', weights_only=False)
-    assert all(torch.isfinite(v).all() for v in ck['model'].values())
+@pytest.mark.parametrize('where', ['loss', 'validation'])
+def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
+        synth, tmp_path, capsys, monkeypatch, where):
+    """A non-finite training loss (a NaN weight from step 3 on: steps skipped) or validation (the
+    evaluation at step 4 says nan) stops the run before it saves: the checkpoint of step 2 stays,
+    log.jsonl ends with a diverged record, and the command the error line suggests (--resume with
+    a lower --lr) runs to the end."""
+    out = tmp_path / 'run'
+    real_step, real_evaluate = train.train_step, train.evaluate
+
+    def poisoned_step(t, batch):
+        real_step(t, batch)
+        if t.state.step == 2:   # (counted after the call)
+            with torch.no_grad():
+                t.raw_model.lm_head.bias[0] = float('nan')
+
+    def nan_at_step_4(model, *a, **k):
+        r = real_evaluate(model, *a, **k)
+        return dict(r, bpc=float('nan')) if a[-1].startswith('step 4 ') else r
+    if where == 'loss':
+        monkeypatch.setattr(train, 'train_step', poisoned_step)
+    else:
+        monkeypatch.setattr(train, 'evaluate', nan_at_step_4)
+    msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
+                                                 '--out', str(out)], capsys, code=1)
+    monkeypatch.undo()
+    assert 'diverged at step' in msg and '(step 2)' in msg, msg
+    ck = checkpoint.read_checkpoint(out)   # finite, else refused
+    assert ck['step'] == 2
+    last = read_log(out)[-1]
+    assert last['diverged'] is True and last['step'] == 4 and last['checkpoint_step'] == 2
+    assert {'loss': 'non-finite loss', 'validation': 'valid bpc nan'}[where] in msg, msg
+    command = shlex.split(msg.split('lower learning rate: ')[1])
+    assert command[:2] == ['python', 'train.py'] and command[-2:] == ['--lr', '0.0003']
+    trained(command[2:])
+    assert read_log(out)[-1]['split'] == 'test'
+
+
+def test_train_divergence_before_any_checkpoint_suggests_a_fresh_start(synth, tmp_path, capsys,
+                                                                      monkeypatch):
+    """The first validation after step 1 is nan: nothing is saved (a diverged checkpoint would be
+    the one --resume and sample.py find); the suggestion, the same command with a lower --lr,
+    runs to the end."""
+    out = tmp_path / 'run'
+    real_evaluate = train.evaluate
+
+    def nan_at_step_1(model, *a, **k):
+        r = real_evaluate(model, *a, **k)
+        return dict(r, bpc=float('nan')) if a[-1].startswith('step 1 ') else r
+    monkeypatch.setattr(train, 'evaluate', nan_at_step_1)
+    argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
+                                          str(out)]
+    msg = user_error(argv, capsys, code=1)
+    monkeypatch.undo()
+    assert 'at step 1 (valid bpc nan); no checkpoint was written' in msg, msg
+    assert not (out / 'ckpt.pt').exists() and read_log(out)[-1]['diverged'] is True
+    command = shlex.split(msg.split('lower learning rate: ')[1])
+    assert command == ['python', 'train.py', *argv, '--lr', '0.0003']
+    trained(command[2:])
+    assert read_log(out)[-1]['split'] == 'test'
 
 
 # ----------------------------------------------------------------------------- DDP
@@ -450,7 +500,8 @@ def test_train_error_resume_with_other_model_flags(done_run, tmp_path, capsys, e
     (['--device', 'meta'], '--device meta'),
     (['--layers', '1,2,3,4'], 'argument --layers'),
     (['--fixed-factor', '99999999999999999999'], 'argument --fixed-factor'),
-    (['--d-model', '99999998', '--d-inner', '99999999'], 'GiB with gradients and Adam moments'),
+    (['--d-model', '99999998', '--d-inner', '99999999'],
+     'with gradients and Adam moments, needs about'),
     (['--d-head', str(2 ** 63 - 1)], 'the model is too large to build'),   # bytes overflow int64
     (['--d-head', str(2 ** 63)], 'argument --d-head: must be an integer >= 1 (below 2**63)'),
 ])
@@ -604,7 +655,8 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path, c
     assert first.returncode == 130, err
     assert err.splitlines() == [err.strip()] and err.startswith('error: interrupted at step '), err
     step = torch.load(out / 'ckpt.pt', weights_only=False)['step']
-    assert step >= 2 and step % 2 == 0 and f'(step {step}); continue with --resume' in err
+    assert step >= 2 and step % 2 == 0, step
+    assert f'(step {step}); continue with: python train.py --out {out} --resume' in err, err
     assert not list(out.glob('*.tmp'))
 
 
@@ -672,10 +724,8 @@ def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsy
 
 def training(model, optimizer, cfg, args):
     """train.py's machinery for one process on CPU, without loss scaling, logger or compile."""
-    return SimpleNamespace(model=model, raw_model=model, optimizer=optimizer,
-                           autocast=nullcontext(),
-                           scaler=torch.amp.GradScaler('cpu', enabled=False),
-                           stats=runtime.StepStats(cfg, args), procs=runtime.Processes())
+    return train.Trainer(args, cfg, model, model, optimizer,
+                         torch.amp.GradScaler('cpu', enabled=False), runtime.StepStats(cfg, args))
 
 
 def test_train_non_finite_step_is_skipped_on_the_device():
@@ -691,13 +741,13 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     x = torch.randint(0, 9, (1, 2, 16))
     batch = train.Batch(0, 2, x, x, None)
     t = training(model, optimizer, cfg, args)
-    train.train_step(t, batch, args)
+    train.train_step(t, batch)
     assert t.stats.read()['bad'] == 0
     with torch.no_grad():
         model.lm_head.bias[0] = float('nan')
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = [optimizer.state[p]['exp_avg'].clone() for p in model.parameters()]
-    train.train_step(t, batch, args)
+    train.train_step(t, batch)
     assert t.stats.read()['bad'] == 1
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) or k == 'lm_head.bias' for k in before)
@@ -766,7 +816,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(' ms/step | ' in ln and ln.endswith(' chars/s') for ln in steps), steps
+    assert all(' ms/step | ' in ln and ' chars/s | ETA ' in ln for ln in steps), steps
     assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
     assert lines[-1].startswith('test bpc ')
     command = shlex.split(lines[-2].split('sample with: ')[1])
@@ -899,10 +949,10 @@ def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, 
     model.check_inputs = lambda *a, **k: None
     t = training(model, torch.optim.Adam(model.parameters(), fused=True), cfg, args)
     stream = train.batches(splits['train'], None, args, cfg, train.RunState(), runtime.Processes())
-    train.train_step(t, next(stream), args)  # (the first step creates Adam's state)
+    train.train_step(t, next(stream))  # (the first step creates Adam's state)
     batch = next(stream)
     with ScalarReads() as reads:
-        train.train_step(t, batch, args)
+        train.train_step(t, batch)
         flops = t.stats.take_step_flops()
     assert (reads.n == 0) == (boundary != 'entropy'), reads.n
     assert flops > 0
@@ -942,11 +992,13 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
 ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf', 'nan', '',
                '99999999999999999999', 'x', '1,1', '0x10', ' 2']
 ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cuda', 'meta', 'cpu']
-SWITCHES = {flag for flag, kind, _ in presets.FLAGS if kind is None}
+# train.py's flags as its parser declares them: {'--flag': argparse action}
+ACTIONS = {a.option_strings[0]: a for a in presets.parser()._actions if a.dest != 'help'}
+SWITCHES = {flag for flag, action in ACTIONS.items() if action.nargs == 0}
 SWITCHES -= {'--tensorboard', '--compile'}
 # (--data and --out are drawn apart; the slow or networked loggers and compile are left out, and the
 # evaluation sizes stay tiny: the contract, not the evaluation's speed, is under test)
-FUZZED = sorted(flag for flag, _, _ in presets.FLAGS if flag not in (
+FUZZED = sorted(flag for flag in ACTIONS if flag not in (
     '--data', '--out', '--tensorboard', '--wandb', '--compile', '--eval-subset-chars',
     '--eval-max-chars', '--eval-batch-size'))
 
@@ -956,12 +1008,12 @@ def odd_argv(draw, synth, where):
     """train.py's flags: a few drawn at random, each with an odd or an ordinary value."""
     argv = []
     for flag in draw(st.lists(st.sampled_from(FUZZED), max_size=4, unique=True)):
-        kind = dict((f, k) for f, k, _ in presets.FLAGS)[flag]
+        action = ACTIONS[flag]
         if flag in SWITCHES:
             argv.append(flag)
             continue
-        values = (st.sampled_from(list(kind) + ['bogus']) if isinstance(kind, tuple) else
-                  st.sampled_from(ODD_TEXT) if kind is presets.nonblank else
+        values = (st.sampled_from(list(action.choices) + ['bogus']) if action.choices else
+                  st.sampled_from(ODD_TEXT) if action.type is presets.nonblank else
                   st.sampled_from(ODD_NUMBERS) | st.integers(-3, 4).map(str)
                   | st.floats(allow_nan=True, allow_infinity=True).map(repr))
         argv += [flag, draw(values)]
@@ -1036,3 +1088,149 @@ def test_train_resume_of_a_finished_run_evaluates_it_again(done_run, tmp_path, c
         (1, 'valid'), (1, 'test'), (1, 'valid'), (1, 'test')]
     trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
     assert [r['step'] for r in read_log(run) if r.get('split') == 'test'] == [1, 1, 2]
+
+
+# --------------------------------------------------------------- preemption, saves, clock, checks
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGUSR1])
+def test_train_stop_signal_saves_and_resume_is_bit_identical(synth, tmp_path, capsys, monkeypatch,
+                                                             signum):
+    """SIGTERM or SIGUSR1 (a scheduler's notice) during step 3, between the evaluations of steps 0
+    and 4: the step ends, the checkpoint of step 3 is saved (no evaluation), the exit code is 75
+    with a command to continue; that --resume ends with the weights, run_id and test result of a
+    run never stopped."""
+    argv = tiny_args(synth, 'gumbel') + ['--max-steps', '6', '--eval-interval', '4',
+                                         '--log-interval', '5', '--dropout', '0.1', '--dropatt',
+                                         '0.1']
+    trained(argv + ['--out', str(tmp_path / 'straight')])
+    real_step = train.train_step
+
+    def signalled_step(t, batch):
+        if t.state.step == 2:   # (the step in flight is step 3)
+            os.kill(os.getpid(), signum)
+        real_step(t, batch)
+    monkeypatch.setattr(train, 'train_step', signalled_step)
+    out = tmp_path / 'stopped'
+    capsys.readouterr()
+    assert train.main(argv + ['--out', str(out)]) == 75
+    monkeypatch.undo()
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith(f'stopped at step 3 of 6 ({signal.Signals(signum).name}'), said
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 3
+    assert [r['step'] for r in read_log(out) if r['kind'] == 'eval'] == [0]
+    assert signal.getsignal(signum) is signal.SIG_DFL   # the handler is the run's only
+    trained(shlex.split(said.split('continue with: ')[1])[2:])
+    a, b = (torch.load(tmp_path / d / 'ckpt.pt', weights_only=False)
+            for d in ('straight', 'stopped'))
+    assert a['step'] == b['step'] == 6
+    assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
+    configs = [r for r in read_log(out) if r['kind'] == 'config']
+    assert len(configs) == 2 and configs[0]['run_id'] == configs[1]['run_id']
+    assert len(configs[0]['run_id']) == 32
+    assert configs[0]['run_id'] != read_log(tmp_path / 'straight')[0]['run_id']
+    assert read_log(out)[-1]['bpc'] == read_log(tmp_path / 'straight')[-1]['bpc']
+
+
+@pytest.mark.parametrize('interval, saved', [('2', [2, 4, 5]), ('1e-9m', [1, 2, 3, 4, 5])])
+def test_train_save_interval_in_steps_or_minutes(synth, tmp_path, monkeypatch, interval, saved):
+    """--save-interval saves apart from the evaluations (here only at the end): every N steps, or
+    once N minutes of training have passed since the last save (checked at each record)."""
+    steps = []
+    real_save = train.save_checkpoint
+
+    def save(path, state, saved_step):
+        steps.append(state['step'])
+        real_save(path, state, saved_step)
+    monkeypatch.setattr(train, 'save_checkpoint', save)
+    trained(tiny_args(synth, 'none') + ['--max-steps', '5', '--eval-interval', '100',
+                                        '--save-interval', interval, '--out', str(tmp_path / 'o')])
+    assert steps == saved
+    assert [r['step'] for r in read_log(tmp_path / 'o') if r['kind'] == 'eval'] == [0, 5, 5]
+
+
+def test_train_clock_is_monotonic(synth, tmp_path, monkeypatch):
+    """train_time counts on a monotonic clock: a wall clock set back during the run (NTP, a
+    suspended VM) changes nothing."""
+    wall = iter(range(10**6, 0, -1000))
+    monkeypatch.setattr(train.time, 'time', lambda: float(next(wall)))
+    out = tmp_path / 'o'
+    trained(tiny_args(synth, 'none') + ['--max-steps', '3', '--out', str(out)])
+    monkeypatch.undo()
+    times = [r['train_time'] for r in read_log(out) if r['kind'] == 'train']
+    assert 0 < times[0] < times[1] < times[2] < 600, times
+
+
+@pytest.mark.parametrize('boundary, extra, words', [
+    ('whitespace', [], '--boundary whitespace closes 0 segments'),
+    ('fixed', ['--fixed-factor', '33'], '--boundary fixed closes 0 segments'),
+])
+def test_train_refuses_a_source_that_cannot_pool(tmp_path, capsys, boundary, extra, words):
+    """A source decided by the text alone that closes no segment in a training sequence (no space
+    in the training text; fixed k > --seq-len 32) would train a model that never pools: refused
+    at the start, exit 2, nothing written."""
+    rng = np.random.default_rng(0)
+    dna = ''.join(rng.choice(list('ACGT'), 9000)) + random_words(1000)  # spaces in test only
+    data = write_dataset(tmp_path / 'dna', dna)
+    msg = user_error(tiny_args(data, boundary) + extra + ['--out', str(tmp_path / 'o')], capsys,
+                     code=2)
+    assert words in msg and 'never pool' in msg, msg
+    assert not (tmp_path / 'o').exists()
+
+
+def test_train_out_as_a_dangling_link_says_so(synth, tmp_path, capsys):
+    """--out a link to a folder that does not exist (an unmounted disk): one line naming the link
+    and its missing target, where the folder is made; nothing is created through it."""
+    gone = tmp_path / 'unmounted' / 'run'
+    (tmp_path / 'link').symlink_to(gone)
+    msg = user_error(tiny_args(synth, 'none') + ['--out', str(tmp_path / 'link' / 'run')],
+                     capsys, code=1)
+    assert f'{tmp_path / "link"}: a link to {gone}, which does not exist' in msg, msg
+    assert not (tmp_path / 'unmounted').exists()
+
+
+def test_train_resumes_a_checkpoint_whose_layers_are_a_string(done_run, tmp_path, capsys):
+    """Checkpoints of the previous version store --layers as '1,1,1': such a run resumes, with
+    --layers given or not."""
+    run = copy_run(done_run, tmp_path)
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    ck['args']['layers'] = '1,1,1'
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '3', '--layers',
+             '1,1,1'])
+    assert read_log(run)[-1]['step'] == 3
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--layers', '1,2,1'],
+                     capsys, code=2)
+    assert "--layers differs from the checkpoint's 1,1,1" in msg, msg
+    ck['args']['layers'] = 'x'   # a damaged one: one line, no traceback
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys, code=1)
+    assert 'ckpt.pt: its layers must be three counts' in msg, msg
+
+
+def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
+    """A progress bar of the evaluation's batches on stderr where it is a terminal, none where it
+    is not (a log file)."""
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 boundary='none')
+    model = DynamicPoolingLM(cfg)
+    tokens = np.arange(400) % 9
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, 'stderr', stream)
+        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
+        monkeypatch.undo()
+        assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_train_a_name_in_another_encoding_is_one_line(synth, tmp_path):
+    """An --out whose name is not UTF-8 (Latin-1 'caf\\xe9'), shown on a strict UTF-8 stdout: the
+    error boundary says what cannot be encoded, in one line, exit 1."""
+    first = run_cli(tiny_args(synth, 'none') + ['--max-steps', '1', '--out',
+                                                str(tmp_path / 'caf\udce9')],
+                    env=dict(os.environ, PYTHONIOENCODING='utf-8', OMP_NUM_THREADS='1'))
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 1, err
+    assert err.splitlines() == [err.strip()] and 'is not utf-8' in err and 'caf' in err, err

@@ -7,6 +7,9 @@
     torchrun --nproc_per_node=8 train.py --boundary whitespace          # DDP over 8 GPUs (NCCL)
 
 A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
+Exit codes: 0 finished (or stopped by --max-time, --stop-step), 1 a fault or a diverged
+run, 2 a bad flag, 75 stopped by SIGTERM or SIGUSR1 (the step in flight finished and
+saved: --resume continues it), 130 Ctrl-C.
 """
 import dataclasses
 import math
@@ -16,52 +19,71 @@ import sys
 import time
 from collections import namedtuple
 from contextlib import closing, nullcontext
+from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
-import hnet  # noqa: F401  (registers boundary='hnet' before BOUNDARY_MODES is read)
 import runtime as rt
-from checkpoint import (check_resumable, kept, restore_training, save_checkpoint,
-                        training_state)
+from checkpoint import (check_resumable, kept, restore_training, resume_command,
+                        save_checkpoint, training_state)
 from common import UserError
 from dataset import fingerprint, load_data
-from dynpool import DynamicPoolingLM
-from presets import model_config, resolve_args
+from dynpool import Config, DynamicPoolingLM
+from presets import budget_flops, model_config, resolve_args
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):
-    """Random cyclic shift and chunk permutation of one epoch, a pure function of (seed, epoch)."""
+    """Random cyclic shift and chunk order of one epoch, from (seed, epoch) alone."""
     rng = np.random.default_rng([seed, epoch])
     return int(rng.integers(n_chars)), rng.permutation(n_chars // (seq_len + 1))
 
 
 def get_chunks(stream, offset, chunk_ids, seq_len):
-    """Chunks of seq_len+1 characters of the stream rotated by offset → int64 [..., seq_len+1]."""
+    """Chunks of L+1 characters of the stream rotated by offset → int64 [..., L+1]."""
     idx = (offset + chunk_ids[..., None] * (seq_len + 1) + np.arange(seq_len + 1)) % len(stream)
     return torch.from_numpy(stream[idx].astype(np.int64))
 
 
 def segment_counts(cfg, x):
-    """Complete segments per row of host tokens x [..., L] where no network decides, else None."""
+    """Complete segments a row of host tokens x [..., L]; None where a network decides."""
     if cfg.boundary == 'fixed':
         return np.full(x.shape[:-1], x.shape[-1] // cfg.fixed_factor)
-    return (x == cfg.whitespace_id).sum(-1) if cfg.boundary == 'whitespace' else None
+    if cfg.boundary == 'whitespace':
+        return (x == cfg.whitespace_id).sum(-1)
+    return None
 
 
-# One step's data and the data position after it. x, y (next characters), b (Unigram labels or
-# None): [grad_accum, micro, seq_len]; segments: [grad_accum, world, micro] where the host counts.
+def check_pooling(cfg, tokens, seq_len, data):
+    """Refuse a source that the text alone decides (fixed, whitespace) where it closes
+    less than a segment a training sequence: the model would never pool (whitespace on a
+    DNA sequence)."""
+    tokens = tokens[:1 << 24]  # (a sample of 16M characters: read fast, in little memory)
+    rows = len(tokens) // seq_len
+    counts = segment_counts(cfg, tokens[:rows * seq_len].reshape(rows, seq_len))
+    if counts is not None and rows and counts.mean() < 1:
+        raise UserError(f'--boundary {cfg.boundary} closes {counts.mean():.2g} segments '
+                        f'in a sequence of --seq-len {seq_len} of {data}/train.bin: the '
+                        'model would never pool; choose another --boundary (or '
+                        '--fixed-factor)', code=2)
+
+
+# One step's data and the data position after it. x, y (next characters), b (Unigram
+# labels or None): [grad_accum, micro, seq_len]; segments: [grad_accum, world, micro]
+# where the host counts.
 Batch = namedtuple('Batch', 'epoch pos x y b segments', defaults=[None])
 
 
 def batches(tokens, labels, args, cfg, state, procs):
-    """The training stream from the state's (epoch, pos) on: one Batch per optimizer step."""
-    L, epoch, pos = args.seq_len, state.epoch, state.pos
+    """The training stream from the state's (epoch, pos) on: a Batch a step."""
+    L = args.seq_len
+    epoch = state.epoch
+    pos = state.pos
     micro = args.batch_size // (procs.world * args.grad_accum)
     while True:
         offset, perm = epoch_order(len(tokens), L, args.seed, epoch)
@@ -69,67 +91,108 @@ def batches(tokens, labels, args, cfg, state, procs):
             # the step's global batch; this process takes its micro-batches out of it
             ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, micro)
             pos += args.batch_size
-            chunks = get_chunks(tokens, offset, ids, L)               # [accum, world, micro, L+1]
+            chunks = get_chunks(tokens, offset, ids, L)  # [accum, world, micro, L+1]
             chunk = rt.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
-            b = None if labels is None else rt.to_device(
-                get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1], args.device).bool()
-            yield Batch(epoch, pos, chunk[..., :-1], chunk[..., 1:], b,
-                        segment_counts(cfg, chunks[..., :-1].numpy()))
-        epoch, pos = epoch + 1, 0  # not enough chunks left for a full batch: next epoch
+            b = None
+            if labels is not None:
+                b = get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1]
+                b = rt.to_device(b, args.device).bool()
+            segments = segment_counts(cfg, chunks[..., :-1].numpy())
+            yield Batch(epoch, pos, chunk[..., :-1], chunk[..., 1:], b, segments)
+        # not enough chunks left for a full batch: the next epoch
+        epoch += 1
+        pos = 0
 
 
 @dataclasses.dataclass
 class RunState:
-    """Where the run stands; all but `saved` goes into the checkpoint."""
+    """Where the run stands; all but `saved` goes into the checkpoint. The data position
+    once `step` steps are done is the epoch and the sequences of it consumed; train_chars,
+    train_flops (dynpool.step_flops at each step's SF) and train_time (seconds of
+    training, not evaluating or saving) are cumulative over every invocation of the run."""
     step: int = 0
-    epoch: int = 0                        # the data position once `step` steps are done: the
-    pos: int = 0                          # epoch, and the sequences of it consumed
-    train_chars: int = 0                  # cumulative over every invocation of the run, as are
-    train_flops: float = 0.0              # the FLOPs (dynpool.step_flops at each step's SF) and
-    train_time: float = 0.0               # the seconds of training (not evaluating, saving)
+    epoch: int = 0
+    pos: int = 0
+    train_chars: int = 0
+    train_flops: float = 0.0
+    train_time: float = 0.0
     warmup_flops: Optional[float] = None  # --flop-budget: train_flops when warm-up ended
     saved: Optional[int] = None           # the step of the checkpoint on disk
 
 
+@dataclasses.dataclass
+class Trainer:
+    """What the steps, evaluations and saves of one process work with."""
+    args: Any
+    cfg: Config
+    model: torch.nn.Module            # what trains: compiled and DDP-wrapped where asked
+    raw_model: DynamicPoolingLM       # the bare model: evaluated and saved
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    stats: rt.StepStats
+    autocast: Any = nullcontext()
+    procs: rt.Processes = rt.Processes()
+    state: RunState = dataclasses.field(default_factory=RunState)
+    logger: Optional[rt.Logger] = None
+    data_identity: Optional[dict] = None  # the vocabulary and the data's fingerprint
+    stop: list = dataclasses.field(default_factory=list)  # the stop signals received
+    argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
+    saved_time: float = 0.0           # state.train_time at the last save
+
+    def say(self, line):
+        """A line for the user (rank 0 only)."""
+        if self.procs.rank == 0:
+            print(line, flush=True)
+
+
 def reseed_rank(seed, rank, step):
-    """Only rank 0's random state is saved: the others (their own dropout and Gumbel noise) restart
-    their streams at every checkpoint's step, as a resumed run does, so DDP resumes bit-exactly."""
+    """Only rank 0's random state is saved: the others (their own dropout and Gumbel
+    noise) restart their streams at every checkpoint's step, as a resumed run does, so
+    DDP resumes bit-exactly."""
     if rank > 0:
         torch.manual_seed(seed + 1000 * rank + step)
 
 
 def finished(state, args):
     """--max-steps done, or the first step whose FLOPs reach the --flop-budget."""
-    spent = args.flop_budget is not None and state.train_flops >= args.flop_budget * (1 - 1e-9)
-    return state.step >= args.max_steps or spent
+    if state.step >= args.max_steps:
+        return True
+    return args.flop_budget is not None and state.train_flops >= args.flop_budget * (1 - 1e-9)
 
 
 def lr_at(step, args, state):
-    """Linear warm-up, then one cosine cycle to 0 at --max-steps; with --flop-budget, progress is
-    the share of the FLOPs after warm-up spent (the same where every step costs the same)."""
+    """Linear warm-up, then one cosine cycle to 0 at --max-steps; with --flop-budget,
+    progress is the share of the FLOPs after warm-up spent (the same where every step
+    costs the same)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     if args.flop_budget is None:
         progress = (step - args.warmup) / max(1, args.max_steps - args.warmup)
     else:
-        spent, left = state.train_flops - state.warmup_flops, args.flop_budget - state.warmup_flops
-        progress = spent / max(1.0, left)
+        spent = state.train_flops - state.warmup_flops
+        progress = spent / max(1.0, args.flop_budget - state.warmup_flops)
     return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_step(t, batch, args):
-    """Forward and backward over the micro-batches, clipping, an Adam step that the device skips
-    where the loss or the gradient is not finite. Nothing here waits for the device."""
+def train_step(t, batch):
+    """Forward and backward over the micro-batches, clipping, an Adam step that the
+    device skips where the loss or the gradient is not finite. Nothing here waits for
+    the device."""
+    args = t.args
     finite = torch.ones((), dtype=torch.bool, device=batch.x.device)
     for m in range(args.grad_accum):
-        # gradients all-reduced on the last micro-step; S, segments a row, known: no device read
-        sync = t.model.no_sync() if t.procs.world > 1 and m < args.grad_accum - 1 else nullcontext()
-        segments = None if batch.segments is None else batch.segments[m, t.procs.rank]
-        known = {} if segments is None else dict(n_segments=int(segments.max()))
+        # gradients all-reduced on the last micro-step only
+        sync = nullcontext()
+        if t.procs.world > 1 and m < args.grad_accum - 1:
+            sync = t.model.no_sync()
+        known = {}  # S, the segments a row, where the host counted them: no device read
+        if batch.segments is not None:
+            known['n_segments'] = int(batch.segments[m, t.procs.rank].max())
+        if batch.b is not None:
+            known['boundaries'] = batch.b[m]
         with sync:
             with t.autocast:
-                out = t.model(batch.x[m], targets=batch.y[m],
-                              boundaries=None if batch.b is None else batch.b[m], **known)
+                out = t.model(batch.x[m], targets=batch.y[m], **known)
             t.scaler.scale(out.loss / args.grad_accum).backward()
         t.stats.add_micro(out)
         finite = finite & torch.isfinite(out.loss)
@@ -138,9 +201,12 @@ def train_step(t, batch, args):
     if t.scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
         t.scaler.step(t.optimizer)
         t.scaler.update()
-    else:  # skipped by the fused Adam where found_inf is set, unread by the host: GradScaler's
-        finite = finite & torch.isfinite(norm)  # protocol (grad_scale None: nothing to unscale)
-        t.optimizer.found_inf, t.optimizer.grad_scale = (~finite).float(), None
+    else:
+        # the fused Adam skips the step where found_inf is set, unread by the host:
+        # GradScaler's protocol (grad_scale None: nothing to unscale)
+        finite = finite & torch.isfinite(norm)
+        t.optimizer.found_inf = (~finite).float()
+        t.optimizer.grad_scale = None
         try:
             t.optimizer.step()
         finally:
@@ -150,36 +216,50 @@ def train_step(t, batch, args):
 
 
 def eval_windows(n, window, step):
-    """Windows (start, end, first_scored) over n positions: the first scores all its positions,
-    each later one its last `step` (>= window-step of context), a last one ending at n the tail."""
+    """Windows (start, end, first_scored) over n positions: the first scores all its
+    positions, each later one its last `step` (>= window-step of context), a last one
+    ending at n the tail."""
     if n <= window:
         return [(0, n, 0)]
-    wins = [(0, window, 0)] + [(s, s + window, s + window - step)
-                               for s in range(step, n - window + 1, step)]
-    return wins + ([(n - window, n, wins[-1][1])] if wins[-1][1] < n else [])
+    wins = [(0, window, 0)]
+    for s in range(step, n - window + 1, step):
+        wins.append((s, s + window, s + window - step))
+    if wins[-1][1] < n:
+        wins.append((n - window, n, wins[-1][1]))
+    return wins
 
 
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
-             procs=rt.Processes()):
-    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device read."""
-    wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]  # this one's share
+             procs=rt.Processes(), desc='evaluating'):
+    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
+    read. A progress bar on stderr where it is a terminal (rank 0)."""
+    wins = eval_windows(len(tokens) - 1, window, step)
+    wins = wins[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
-    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)  # nats, chars, SF sum, n, p
-    for i in range(0, len(wins), batch_size):
+    # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
+    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)
+    starts = range(0, len(wins), batch_size)
+    for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
         ids = tokens[idx]  # [windows, W+1], read from the memmap once
-        counts = segment_counts(model.cfg, ids[:, :-1])  # (known: no device read for S)
+        known = {}  # S where the host counts it: no device read
+        counts = segment_counts(model.cfg, ids[:, :-1])
+        if counts is not None:
+            known['n_segments'] = int(counts.max())
         chunk = rt.to_device(torch.from_numpy(ids.astype(np.int64)), device)
-        x, y = chunk[:, :-1], chunk[:, 1:]
+        x = chunk[:, :-1]
+        y = chunk[:, 1:]
         with autocast:
-            out = model(x, **({} if counts is None else dict(n_segments=int(counts.max()))))
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), y, reduction='none')  # [B, W]
+            out = model(x, **known)
+        logits = out.logits.float().transpose(1, 2)
+        nll = F.cross_entropy(logits, y, reduction='none')  # [B, W]
         first = rt.to_device(torch.tensor([f - s for s, _, f in group]), device)
         scored = torch.arange(x.size(1), device=device)[None, :] >= first[:, None]
-        sums[0] += torch.where(scored, nll, 0.0).sum()  # (not nll * scored: inf * 0 would be nan)
+        # (not nll * scored: inf * 0 would be nan)
+        sums[0] += torch.where(scored, nll, 0.0).sum()
         sums[1] += scored.sum()
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
@@ -190,52 +270,98 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         torch.distributed.all_reduce(sums)
     nats, chars, sf_sum, sf_n, p_sum = sums.tolist()
     model.train(was_training)
-    return dict(bpc=nats / max(chars, 1) / math.log(2), sf=sf_sum / sf_n if sf_n else 1.0,
-                chars=int(chars), boundary_p=p_sum / max(chars, 1) if
-                hasattr(model.source, 'predictor') else None)
+    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars), boundary_p=None)
+    if sf_n:
+        r['sf'] = sf_sum / sf_n
+    if hasattr(model.source, 'predictor'):
+        r['boundary_p'] = p_sum / max(chars, 1)
+    return r
 
 
-def eval_and_log(t, args, splits, split, max_chars, state):
-    """Evaluate the first max_chars characters of a split (0: all); log and show it → the record."""
-    tokens, t0 = splits[split][:max_chars + 1] if max_chars else splits[split], time.time()
+def eval_and_log(t, splits, split, max_chars):
+    """A split's first max_chars characters (0: all) evaluated, logged, shown → the record."""
+    args = t.args
+    state = t.state
+    tokens = splits[split]
+    if max_chars:
+        tokens = tokens[:max_chars + 1]
+    started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
-                 args.device, t.autocast, t.procs)
-    p, subset = r['boundary_p'], len(tokens) < len(splits[split])
-    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'], boundary_p=p,
-               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
-               train_flops=state.train_flops, train_time=round(state.train_time, 3),
-               mem_mb=round(rt.peak_mem_mb(args.device)))
+                 args.device, t.autocast, t.procs, f'step {state.step} {split}')
+    subset = len(tokens) < len(splits[split])
+    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
+               train_chars=state.train_chars, train_flops=state.train_flops,
+               train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
-    t.say(f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
-          + ('' if p is None else f'mean p {p:.3f} | ') + f'{r["chars"]:,} chars'
-          + f'{" (a subset)" if subset else ""} | {time.time() - t0:.1f}s')
+    line = f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+    if r['boundary_p'] is not None:
+        line += f'mean p {r["boundary_p"]:.3f} | '
+    line += f'{r["chars"]:,} chars'
+    if subset:
+        line += ' (a subset)'
+    t.say(f'{line} | {time.monotonic() - started:.1f}s')
+    if not math.isfinite(r['bpc']):
+        diverged(t, f'{split} bpc {r["bpc"]}')
     return rec
 
 
+def diverged(t, what):
+    """Stop a run whose loss or validation is not finite, before it saves: log it, and
+    say how to go on from the last finite checkpoint (or from the start) at a lower learning
+    rate."""
+    state = t.state
+    t.logger.log(dict(kind='diverged', diverged=True, step=state.step, why=what,
+                      checkpoint_step=state.saved))
+    lower = f'{t.args.lr / 10:g}'
+    if state.saved is None:
+        again = shlex.join(['python', 'train.py', *t.argv, '--lr', lower])
+        how = f'no checkpoint was written; start again with a lower learning rate: {again}'
+    else:
+        again = resume_command(t.args.out, '--lr', lower)
+        how = (f'kept the last finite checkpoint, {Path(t.args.out) / "ckpt.pt"} (step '
+               f'{state.saved}); continue it with a lower learning rate: {again}')
+    raise UserError(f'the run diverged at step {state.step} ({what}); {how}')
+
+
+def identify_data(meta, splits, data):
+    """What a checkpoint records of its data: the vocabulary with its cleaning (sample.py
+    cleans a prompt as the data was cleaned) and the data's path and fingerprint."""
+    cleaning = meta.get('cleaning') or {}
+    vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
+    vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
+    return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
+
+
 def run(argv, procs):
-    """Check flags, data and model before anything is written; lock the run folder, train, test."""
-    started = time.time()
+    """Check flags, data and model before anything is written; lock the run folder,
+    train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
-    cleaning = {k: (meta.get('cleaning') or {}).get(k) for k in ('lang', 'fold_accents')}
-    source = dict(vocab={**{k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')},
-                         'cleaning': cleaning},   # sample.py cleans a prompt as the data was
-                  dataset=dict(path=args.data, fingerprint=fingerprint(splits)))
+    data_identity = identify_data(meta, splits, args.data)
     cfg = model_config(args, meta, procs.world)
+    # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
+    if args.flop_budget is not None:
+        args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
     amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
-    if len(splits['train']) < args.batch_size * (args.seq_len + 1):  # (the stream would hang)
-        raise UserError(f'{args.data}/train.bin has {len(splits["train"])} chars, fewer than one '
+    train_chars = len(splits['train'])
+    if train_chars < args.batch_size * (args.seq_len + 1):  # (the stream would hang)
+        raise UserError(f'{args.data}/train.bin has {train_chars} chars, fewer than one '
                         f'batch ({args.batch_size} x {args.seq_len + 1})')
+    check_pooling(cfg, splits['train'], args.seq_len, args.data)
     state = RunState()
     if ckpt is not None:
-        state = RunState(**{k: ckpt[k] for k in vars(state) if ckpt.get(k) is not None},
-                         saved=ckpt['step'])  # (counters a checkpoint lacks or has null: from 0)
-        check_resumable(ckpt, cfg, source, args.data)
+        # counters a checkpoint lacks or has null: from 0
+        counters = {k: ckpt[k] for k in vars(state) if ckpt.get(k) is not None}
+        state = RunState(**counters, saved=ckpt['step'])
+        check_resumable(ckpt, cfg, data_identity, args.data)
     rt.check_model_memory(cfg, args.device)
-    say = (lambda line: print(line, flush=True)) if procs.rank == 0 else (lambda line: None)
-    with rt.run_guard(Path(args.out), procs, lambda: f'interrupted at step {state.step}; '
-                      f'{kept(Path(args.out) / "ckpt.pt", state.saved)}'):
+    out = Path(args.out)
+
+    def interrupted():
+        return f'interrupted at step {state.step}; {kept(out / "ckpt.pt", state.saved)}'
+    with rt.run_guard(out, procs, interrupted) as stop:
         rt.start_processes(args.device, procs)
         torch.manual_seed(args.seed)  # same on every rank: identical initial weights
         model = DynamicPoolingLM(cfg).to(args.device)
@@ -244,96 +370,195 @@ def run(argv, procs):
         if ckpt is not None:
             restore_training(ckpt, model, optimizer, scaler, args.device)
         reseed_rank(args.seed, procs.rank, state.step)
-        params = model.num_params()
-        say(f'{args.boundary} on {args.data} -> {args.out}' + ('' if ckpt is None else
-            f' (resumed at step {state.step})') + f': {params / 1e6:.2f}M parameters, layers '
-            f'{args.layers}, {args.device}, amp {amp}, {procs.world} process(es)')
-        gpu = args.device.startswith('cuda') and torch.cuda.get_device_name(args.device)
-        config = dict(kind='config', **{**vars(args), 'amp': amp}, params=params, world=procs.world,
-                      device_name=gpu or platform.machine(), torch=torch.__version__,
-                      resumed_from=state.saved)
-        logger = rt.Logger(Path(args.out), args, config, procs.rank, state.saved)
-        t = SimpleNamespace(model=rt.wrap_model(model, args, procs.world), raw_model=model,
-                            optimizer=optimizer, scaler=scaler, autocast=autocast, procs=procs,
-                            stats=rt.StepStats(cfg, args, procs.world), logger=logger, say=say)
-        with closing(logger):
-            why = train(args, cfg, source, splits, labels, state, t, started)
+        t = Trainer(args=args, cfg=cfg, model=rt.wrap_model(model, args, procs.world),
+                    raw_model=model, optimizer=optimizer, scaler=scaler,
+                    stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
+                    procs=procs, state=state, data_identity=data_identity, stop=stop,
+                    saved_time=state.train_time)
+        if argv is not None:
+            t.argv = list(argv)
+        else:
+            t.argv = sys.argv[1:]
+        with closing(start_log(t, amp, ckpt is not None)):
+            why = train(t, splits, labels)
             if why is not None:
-                total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
-                return say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                           f'python train.py --out {shlex.quote(args.out)} --resume')
-            eval_and_log(t, args, splits, 'valid', args.eval_max_chars, state)
-            r = eval_and_log(t, args, splits, 'test', args.eval_max_chars, state)
-    out = shlex.quote(args.out)
-    say(f'checkpoint {out}/ckpt.pt, log {out}/log.jsonl; sample with: python sample.py --ckpt '
-        f'{out}\ntest bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
+                total = args.max_steps
+                if args.flop_budget:
+                    total = f'{args.flop_budget:.3g} FLOPs'
+                t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
+                      f'{resume_command(args.out)}')
+                return rt.EXIT_PREEMPTED if stop else 0
+            eval_and_log(t, splits, 'valid', args.eval_max_chars)
+            r = eval_and_log(t, splits, 'test', args.eval_max_chars)
+    sample = shlex.join(['python', 'sample.py', '--ckpt', args.out])
+    t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
+    t.say(f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
+    return 0
 
 
-def train(args, cfg, source, splits, labels, state, t, started):
-    """Steps, train records, validations, checkpoints → why the run stopped early, or None."""
-    stop, why = min(args.max_steps, args.stop_step or args.max_steps), None
-    budget = args.flop_budget is not None
-    stream = batches(splits['train'], labels and labels['train'], args, cfg, state, t.procs)
+def start_log(t, amp, resumed):
+    """The run's first line and config record (run_id: its identity) → the logger."""
+    args = t.args
+    params = t.raw_model.num_params()
+    line = f'{args.boundary} on {args.data} -> {args.out}'
+    if resumed:
+        line += f' (resumed at step {t.state.step})'
+    t.say(f'{line}: {params / 1e6:.2f}M parameters, layers {",".join(map(str, args.layers))}, '
+          f'{args.device}, amp {amp}, {t.procs.world} process(es)')
+    device_name = platform.machine()
+    if args.device.startswith('cuda'):
+        device_name = torch.cuda.get_device_name(args.device)
+    config = dict(kind='config', **vars(args), params=params, world=t.procs.world,
+                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved)
+    config['amp'] = amp
+    t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
+    return t.logger
+
+
+def save_schedule(save_interval):
+    """--save-interval → (every N steps, every N seconds of training); None: not so."""
+    if not save_interval:
+        return None, None
+    if save_interval.endswith('m'):
+        return None, 60 * float(save_interval[:-1])
+    return int(save_interval), None
+
+
+def train(t, splits, labels):
+    """Steps, records, validations, checkpoints → why the run stopped early, or None."""
+    args = t.args
+    state = t.state
+    stop = min(args.max_steps, args.stop_step or args.max_steps)
+    why = None
+    save_steps, save_seconds = save_schedule(args.save_interval)
+    stream = batches(splits['train'], labels and labels['train'], args, t.cfg, state, t.procs)
+    started = time.monotonic()
     if state.step == 0:
-        eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
+        eval_and_log(t, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
-    last, last_step = time.time(), state.step  # training time: not evaluating, not saving
+    since = (time.monotonic(), state.step)  # the last record's clock and step
+    first = (state.step, state.train_time, state.train_flops)  # this invocation's start
     t.model.train()
     while state.step < stop and not finished(state, args):
-        if budget and state.step >= args.warmup and state.warmup_flops is None:
-            state.warmup_flops = state.train_flops  # the cosine decays over the FLOPs from here
-        lr = lr_at(state.step, args, state)
-        for group in t.optimizer.param_groups:
-            group['lr'] = lr
-        train_step(t, batch, args)
-        state.step, state.epoch, state.pos = state.step + 1, batch.epoch, batch.pos
-        state.train_chars += args.batch_size * args.seq_len
+        lr = advance(t, batch)
         batch = next(stream)  # cut and copied on the host while the device runs the step
-        if budget:  # counted each step (without a budget, at each record: no wait for the device)
+        if args.flop_budget is not None:  # each step (else at a record: no wait)
             state.train_flops += t.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
-        save = state.step % args.eval_interval == 0 or end
-        if state.step % args.log_interval == 0 or save:  # the statistics since the last record
-            r = t.stats.read(args.max_time is not None and time.time() - started >= args.max_time)
-            now = time.time()
-            dt, steps, last, last_step = now - last, state.step - last_step, now, state.step
+        validate = state.step % args.eval_interval == 0 or end
+        save = validate or bool(save_steps and state.step % save_steps == 0)
+        # a signal ends the step in flight; with DDP, all ranks agree at a record
+        record = state.step % args.log_interval == 0 or save or (t.stop and t.procs.world == 1)
+        if record:
+            clock = time.monotonic()
+            late = args.max_time is not None and clock - started >= args.max_time
+            # the training since the last save
+            unsaved = state.train_time + clock - since[0] - t.saved_time
+            due = save_seconds is not None and unsaved >= save_seconds
+            r = t.stats.read(late or bool(t.stop), due)
+            now = time.monotonic()
+            last = since[0]
+            steps = state.step - since[1]
+            state.train_time += now - last
+            since = (now, state.step)
             if r['bad']:
-                raise UserError(f'non-finite loss or gradient at a step in {state.step - steps + 1}'
-                                f'..{state.step} (skipped: the weights stayed finite); stopped, '
-                                f'{kept(Path(args.out) / "ckpt.pt", state.saved)}')
-            state.train_time += dt
-            state.train_flops += 0.0 if budget else r['flops']
-            speed, bpc = steps * args.batch_size * args.seq_len / dt, r['lm_loss'] / math.log(2)
-            t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
-                              train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                              loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
-                              recall=r['recall'], chars_per_s=round(speed), lr=lr,
-                              grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
-                              epoch=state.epoch))
-            t.say(f'step {state.step}' + (f' | {state.train_flops:.3g}/{args.flop_budget:.3g} '
-                  'FLOPs' if budget else f'/{stop}') + f' | loss {r["loss"]:.3f} | bpc {bpc:.3f} | '
-                  f'sf {r["sf"]:.2f} | {1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s')
+                diverged(t, f'non-finite loss or gradient at a step in {state.step - steps + 1}'
+                            f'..{state.step}, skipped: the weights stayed finite')
+            if args.flop_budget is None:
+                state.train_flops += r['flops']
+            log_train(t, r, lr, steps, now - last, stop=stop, first=first)
+            save = save or r['save']
             if r['late'] and not end:
-                stop, why, save = state.step, f'--max-time {args.max_time:g}s', True
+                stop = state.step
+                save = True
+                why = stop_reason(t)
+                if not t.stop:  # (a signal's notice is short: no extra validation)
+                    validate = True
         if not save:
             continue
-        if not finished(state, args):  # (a finished run is evaluated in full at the end)
-            eval_and_log(t, args, splits, 'valid', args.eval_subset_chars, state)
-        with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
-            if t.procs.rank == 0:
-                counters = {k: v for k, v in vars(state).items() if k != 'saved'}
-                save_checkpoint(Path(args.out) / 'ckpt.pt', training_state(
-                    t.raw_model, t.optimizer, t.scaler, counters, cfg, source, args), state.saved)
-            state.saved = state.step
-            reseed_rank(args.seed, t.procs.rank, state.step)  # as a resumed run would
-        last = time.time()  # evaluating and saving are not training time
-    return None if finished(state, args) else why or f'--stop-step {args.stop_step}'
+        # (a finished run is evaluated in full later)
+        if validate and not finished(state, args):
+            eval_and_log(t, splits, 'valid', args.eval_subset_chars)
+        save_training(t)
+        since = (time.monotonic(), since[1])  # evaluating, saving: not training time
+    if finished(state, args):
+        return None
+    return why or f'--stop-step {args.stop_step}'
+
+
+def stop_reason(t):
+    """Why a run stops before its end at a record: a signal, or --max-time."""
+    if t.args.max_time is None and not t.stop:  # another process's signal (DDP)
+        t.stop.append('a stop signal')
+    if t.stop:
+        return f'{t.stop[0]}: stopped to be resumed'
+    return f'--max-time {t.args.max_time:g}s'
+
+
+def advance(t, batch):
+    """An optimizer step on the batch at the schedule's learning rate → the rate."""
+    args = t.args
+    state = t.state
+    if args.flop_budget is not None and state.step >= args.warmup:
+        if state.warmup_flops is None:  # the cosine decays over the FLOPs from here
+            state.warmup_flops = state.train_flops
+    lr = lr_at(state.step, args, state)
+    for group in t.optimizer.param_groups:
+        group['lr'] = lr
+    train_step(t, batch)
+    state.step += 1
+    state.epoch = batch.epoch
+    state.pos = batch.pos
+    state.train_chars += args.batch_size * args.seq_len
+    return lr
+
+
+def save_training(t):
+    """The checkpoint of the run's state, written whole (Ctrl-C waits for it)."""
+    state = t.state
+    with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
+        if t.procs.rank == 0:
+            counters = {k: v for k, v in vars(state).items() if k != 'saved'}
+            training = training_state(t.raw_model, t.optimizer, t.scaler, counters, t.cfg,
+                                      t.data_identity, t.args)
+            save_checkpoint(Path(t.args.out) / 'ckpt.pt', training, state.saved)
+        state.saved = state.step
+        t.saved_time = state.train_time
+        reseed_rank(t.args.seed, t.procs.rank, state.step)  # as a resumed run would
+
+
+def log_train(t, r, lr, steps, dt, stop, first):
+    """A train record of the statistics of the `steps` steps in `dt` seconds since the
+    last one, and its line, with an ETA from this invocation's speed: the steps (or
+    FLOPs) left at the rate of those since `first` (step, train_time, train_flops)."""
+    args = t.args
+    state = t.state
+    seconds = state.train_time - first[1]
+    speed = steps * args.batch_size * args.seq_len / dt
+    bpc = r['lm_loss'] / math.log(2)
+    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
+                      recall=r['recall'], chars_per_s=round(speed), lr=lr,
+                      grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
+                      epoch=state.epoch))
+    if args.flop_budget is None:
+        where = f'{state.step}/{stop}'
+        left = (args.max_steps - state.step) / max(state.step - first[0], 1)
+    else:
+        where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+        left = (args.flop_budget - state.train_flops) / max(state.train_flops - first[2], 1)
+    eta = timedelta(seconds=round(max(left, 0) * seconds))
+    t.say(f'step {where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
+          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
 
 
 def main(argv=None):
-    """Train → the exit code; every mistake or fault is one `error: ...` line (rank 0 says it)."""
+    """Train → the exit code; a mistake or fault: one `error: ...` line (from rank 0)."""
     procs = rt.Processes.of_torchrun()
-    return common.main(lambda: run(argv, procs), procs.rank)
+    code = [0]
+    failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
+    return failed or code[-1]
 
 
 if __name__ == '__main__':
