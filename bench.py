@@ -24,7 +24,6 @@ import torch
 
 import common
 import dynpool
-import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from common import UserError
 from dynpool import Config, DynamicPoolingLM, step_flops
 from presets import layer_counts
@@ -165,9 +164,6 @@ def parse_args(argv=None):
             setattr(args, name, value)
     device_type = torch.device(args.device).type
     args.amp, args.autocast, args.scaler = setup_precision(args.amp, device_type)
-    # presets.layer_counts returns a tuple after the train helper's rewrite
-    if isinstance(args.layers, str):
-        args.layers = tuple(int(n) for n in args.layers.split(','))
     # '' is an unknown configuration
     args.names = list(dict.fromkeys(args.configs.split(',')))
     if args.generate:

@@ -135,7 +135,7 @@ def download(url, dest, retries=5, backoff=2.0):
                 raise http.client.IncompleteRead(b'', seen['total'] - f.tell())
 
     if not dest.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        common.make_folder(dest.parent)
         print(f'download {url} -> {dest}')
         _retrying(url, fetch, retries, backoff)
         os.replace(part, dest)

@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 
 import common
-import hnet  # noqa: F401  (registers boundary='hnet' before BOUNDARY_MODES is read)
 import runtime as rt
 from checkpoint import config_from_dict, read_checkpoint
 from common import (UserError, float_range, fraction, int_range, nonblank,

@@ -17,9 +17,9 @@ import filelock
 import scipy.stats
 
 import common
-import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from common import UserError
 from dynpool import BOUNDARY_MODES as MODES
+from presets import layer_counts
 
 RANK = {mode: i for i, mode in enumerate(MODES)}   # a mode's colour is C<rank>
 # Config fields that say nothing about the experiment: runs differing only in these are
@@ -102,7 +102,7 @@ def read_log(log):
             number = type(v) in (int, float) and not v < 0
             if type(v) is int and v > sys.float_info.max:   # float(v) would overflow
                 number = False
-            needed = key == 'step' and kind in ('train', 'eval', 'diverged')
+            needed = key == 'step' and kind in ('train', 'eval', 'diverged', 'stopped')
             if not number and (v is not None or needed):
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
         records.append((kind, rec))
@@ -125,16 +125,16 @@ def lock_held(run):
 
 def run_state(run, recs, done):
     """'' for a finished run; else what stopped it: 'running' (it holds its folder's
-    lock), 'diverged' (a diverged record), 'unfinished' (its log ends at a validation:
-    train.py validates and saves its checkpoint before it stops to be resumed), else
-    'crashed' (records after its last validation: it stopped between two)."""
+    lock), 'diverged' (a diverged record), 'unfinished' (its log ends with the stopped
+    record train.py writes when it stops to be resumed, or, in older logs, at a
+    validation), else 'crashed' (it ended without a word)."""
     if done:
         return ''
     if lock_held(run):
         return 'running'
     if any(r['kind'] == 'diverged' for r in recs):
         return 'diverged'
-    if not recs or recs[-1]['kind'] == 'eval':
+    if not recs or recs[-1]['kind'] in ('eval', 'stopped'):
         return 'unfinished'
     return 'crashed'
 
@@ -155,7 +155,7 @@ def summarize(run):
                     if r['step'] <= start and (start or r['kind'] == 'train')]
             cfg = rec
             first = first or rec
-        elif kind in ('train', 'eval', 'diverged'):
+        elif kind in ('train', 'eval', 'diverged', 'stopped'):
             recs.append(dict(rec, kind=kind))
     identity = cfg.get('run_id')
     if not identity and first:
@@ -459,7 +459,8 @@ def draw_layers(plt, done):
     fig, ax = plt.subplots(figsize=(7, 5))
     lines = collections.defaultdict(list)
     for g in done:
-        depth = sum(int(n) for n in str(g['config'].get('layers')).split(',') if n.isdigit())
+        # a list in today's logs, '2,8,2' in older ones
+        depth = sum(layer_counts(g['config']['layers']))
         label = g['mode'] + (', FLOP budget' if g['flop_budget'] else '')
         lines[label].append((depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
     for label in sorted(lines, key=lambda m: (RANK.get(m.split()[0], 9), m)):

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
-import hnet  # noqa: F401  (registers boundary='hnet' before dynpool's lists are read)
 from checkpoint import load_checkpoint
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
@@ -216,10 +215,7 @@ def parse_args(argv=None):
         p.error(f'argument --separator {args.separator!r}: must be characters, no line break')
     if args.entropy_plot is not None and args.entropy_plot in ('-', args.entropy_trace):
         p.error("argument --entropy-plot: needs a file of its own, not - nor --entropy-trace's")
-    try:
-        args.device = pick_device(args.device)
-    except UserError as e:   # a device this machine lacks is a flag mistake too: exit 2
-        p.error(str(e))
+    args.device = pick_device(args.device)
     return args
 
 

@@ -372,13 +372,7 @@ def run_flops(argv, preset, assume_sf):
     args = presets.parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
-    layers = a['layers']
-    # a preset's layers as written; a given --layers is parsed already
-    if isinstance(layers, str):
-        layers = presets.layer_counts(layers)
-    # (a layer_counts that still returns the string '2,8,2')
-    if isinstance(layers, str):
-        layers = tuple(int(n) for n in layers.split(','))
+    layers = presets.layer_counts(a['layers'])
     fields = {f.name for f in dataclasses.fields(Config)}
     model = {k: v for k, v in a.items() if k in fields}
     model.update(vocab_size=27, whitespace_id=0, layers=layers)

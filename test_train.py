@@ -31,6 +31,7 @@ import checkpoint
 import dataset
 import runtime
 import presets
+import report
 import train
 from common import UserError
 from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, run_main, shared_data
@@ -1118,6 +1119,9 @@ def test_train_stop_signal_saves_and_resume_is_bit_identical(synth, tmp_path, ca
     assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 3
     assert [r['step'] for r in read_log(out) if r['kind'] == 'eval'] == [0]
     assert signal.getsignal(signum) is signal.SIG_DFL   # the handler is the run's only
+    # the log says it stopped to be resumed, so report.py tells it from a crash
+    assert read_log(out)[-1]['kind'] == 'stopped'
+    assert report.summarize(out)['state'] == 'unfinished'
     trained(shlex.split(said.split('continue with: ')[1])[2:])
     a, b = (torch.load(tmp_path / d / 'ckpt.pt', weights_only=False)
             for d in ('straight', 'stopped'))

@@ -382,6 +382,8 @@ def run(argv, procs):
         with closing(start_log(t, amp, ckpt is not None)):
             why = train(t, splits, labels)
             if why is not None:
+                # a clean stop to be resumed, told apart from a crash by report.py
+                t.logger.log(dict(kind='stopped', step=state.step, why=why))
                 total = args.max_steps
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
