@@ -57,6 +57,9 @@ VOCAB = 27   # text8's alphabet; id 0 is the space
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 GENERATED = ('vanilla', 'ws5.5')   # the models --generate times
 PAPER_FILE = Path('out/bench-paper.json')   # --preset paper's FLOP/s, for study.sh
+# The flags that set a Config field of the same name (unset: the Config's default)
+CONFIG_FLAGS = ('d_model', 'n_head', 'd_head', 'd_inner', 'dropout', 'dropatt', 'layers',
+                'attn_chunk', 'attention')
 
 
 def parser():
@@ -162,17 +165,14 @@ def parse_args(argv=None):
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    device_type = torch.device(args.device).type
-    args.amp, args.autocast, args.scaler = setup_precision(args.amp, device_type)
+    args.amp, args.autocast, args.scaler = setup_precision(args.amp, torch.device(args.device).type)
     # '' is an unknown configuration
     args.names = list(dict.fromkeys(args.configs.split(',')))
+    if args.one or args.profile:
+        args.names = [args.one or args.profile]
     if args.generate:
-        checked = GENERATED
-    elif args.one or args.profile:
-        checked = [args.one or args.profile]
-    else:
-        checked = args.names
-    for name in checked:
+        args.names = GENERATED
+    for name in args.names:
         model_config(args, name)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -202,18 +202,15 @@ def model_config(args, name, **override):
     if not fits:
         raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] '
                         '(an integer for fixed)', code=2)
-    fields = dict(vocab_size=VOCAB, d_model=args.d_model, n_head=args.n_head, d_head=args.d_head,
-                  d_inner=args.d_inner, dropout=args.dropout, dropatt=args.dropatt,
-                  layers=args.layers, boundary=boundary, whitespace_id=0)
+    fields = {f: getattr(args, f) for f in CONFIG_FLAGS if getattr(args, f) is not None}
+    fields.update(vocab_size=VOCAB, boundary=boundary, whitespace_id=0)
     if boundary == 'fixed':
         fields['fixed_factor'] = int(k)
-    if args.attn_chunk:
-        fields['attn_chunk'] = args.attn_chunk
-    attention = [s for s in suffixes if s != 'compile'][-1:] or [args.attention]
-    if attention[0]:
-        fields['attention'] = attention[0]
+    attention = [s for s in suffixes if s != 'compile']
+    if attention:
+        fields['attention'] = attention[-1]
     try:
-        cfg = Config(**{**fields, **override})
+        cfg = Config(**fields | override)
     except ValueError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, args.compile or 'compile' in suffixes
@@ -230,16 +227,15 @@ def prepared(args, name):
     model = DynamicPoolingLM(cfg).to(args.device).train()
     gen = torch.Generator().manual_seed(args.seed)
     B, L = args.batch, args.seq_len
-    chars = torch.randint(0, VOCAB, (B, L + 1), generator=gen)
-    x = chars[:, :-1].to(args.device)
-    y = chars[:, 1:].to(args.device)
+    chars = torch.randint(0, VOCAB, (B, L + 1), generator=gen).to(args.device)
+    x = chars[:, :-1]
+    y = chars[:, 1:]
     b = None
     if cfg.boundary in ('whitespace', 'unigram'):
         rows = [torch.randperm(L, generator=gen) < max(1, round(L / k)) for _ in range(B)]
         b = torch.stack(rows).float().to(args.device)
-    adam = {'fused': dict(fused=True), 'foreach': dict(foreach=True),
-            'loop': dict(foreach=False)}
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, **adam[args.adam])
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, fused=args.adam == 'fused',
+                           foreach=args.adam == 'foreach')
     run = torch.compile(model) if compiled else model
     outs = [None]
 

@@ -21,7 +21,8 @@ from common import UserError
 from dynpool import BOUNDARY_MODES as MODES
 from presets import layer_counts
 
-RANK = {mode: i for i, mode in enumerate(MODES)}   # a mode's colour is C<rank>
+# a mode's colour is C<rank>; a mode no longer known comes last
+RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODES)})
 # Config fields that say nothing about the experiment: runs differing only in these are
 # its seeds.
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
@@ -35,6 +36,10 @@ SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
 BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
            ('time', 'train_time', 'wall-clock seconds'))
+# the plot flags: what each draws
+PLOTS = {'--plot': 'also draw BPC against characters, FLOPs, seconds and SF',
+         '--plot-sf': 'also draw test BPC against SF alone, a panel per dataset',
+         '--plot-layers': 'also draw test BPC against the layers, a line per source'}
 UNITS = dict(chars='chars', flops='FLOPs', time='s')   # short: a column head
 # fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
 FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
@@ -61,15 +66,11 @@ def mode_label(cfg):
     """The source with its Pareto knob (k, α) and ' (last)' for
     last-token pooling (Table 2)."""
     label = str(cfg.get('boundary', '?'))
-    knob = None
-    if label == 'fixed':
-        knob = cfg.get('fixed_factor')
-        label += f' k={knob}'
-    elif label == 'gumbel':
-        knob = cfg.get('prior')
-        label += f' α={knob}'
-    if knob is None:   # a log without the knob
-        label = label.split(' ')[0]
+    # (a log without the knob: the source alone)
+    if label == 'fixed' and cfg.get('fixed_factor') is not None:
+        label += f' k={cfg["fixed_factor"]}'
+    if label == 'gumbel' and cfg.get('prior') is not None:
+        label += f' α={cfg["prior"]}'
     if cfg.get('pooling') == 'last':
         label += ' (last)'
     return label
@@ -165,10 +166,10 @@ def summarize(run):
     # The curve: the validations during training; the final full-split one after subsets
     # (--eval-subset-chars) measures other text, so it is only the table's valid BPC.
     curve = [e for e in valid if e.get('subset')] or valid
+    scored = [e for e in curve if e['bpc'] is not None]
     curves = {}
     for _, key, _ in BUDGETS:
-        points = [(e[key], e['bpc']) for e in curve if e.get(key) is not None]
-        curves[key] = sorted(p for p in points if p[1] is not None)
+        curves[key] = sorted((e[key], e['bpc']) for e in scored if e.get(key) is not None)
     last = max(recs, key=lambda r: r['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
@@ -278,23 +279,18 @@ def experiments(rows, budgets):
     for g in done:
         # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
         # shape that spent as much
-        spent = []
-        for v in done:
-            vanilla = v['boundary'] == 'none' and not v['flop_budget'] and v['train_flops']
-            if (g['flop_budget'] and vanilla and unscheduled(v) == unscheduled(g)
-                    and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
-                spent.append(v)
+        spent = [v for v in done if g['flop_budget'] and v['boundary'] == 'none'
+                 and not v['flop_budget'] and v['train_flops']
+                 and unscheduled(v) == unscheduled(g)
+                 and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)]
         # (older logs: no pooling)
         twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')
-        twins = []
-        for t in done:
-            mean_pooled = tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"'))
-            if ('pooling', '"last"') in g['key'] and mean_pooled == twin:
-                twins.append(t)
+        twins = [t for t in done if ('pooling', '"last"') in g['key']
+                 and tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"')) == twin]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
+        mine = {m['seed']: m['test_bpc'] for m in g['members']}
         for base in [b for b in bases[g['shape']] + spent if b is not g] + twins:
-            mine = {m['seed']: m['test_bpc'] for m in g['members']}
             theirs = {m['seed']: m['test_bpc'] for m in base['members']}
             seeds = sorted(mine.keys() & theirs.keys() - {None})
             with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
@@ -351,9 +347,8 @@ def table(rows, cols, markdown):
     left = {'run', 'mode', 'data', 'flags', 'budget', 'seeds', 'steps'}
     lines = []
     for line in [heads] + cells:
-        padded = []
-        for x, w, head in zip(line, widths, heads):
-            padded.append(x.ljust(w) if head in left else x.rjust(w))
+        padded = [x.ljust(w) if head in left else x.rjust(w)
+                  for x, w, head in zip(line, widths, heads)]
         lines.append('  '.join(padded).rstrip())
     return '\n'.join(lines)
 
@@ -370,13 +365,10 @@ def columns(rows, budgets, grouped, baselines=()):
         heads += ['seeds', 'n']
     else:
         heads = ['run'] + heads + ['seed']
-    cols = [(head, head, 'text') for head in heads]
-    cols.append(('steps', 'steps', 'steps'))
-    cols += NUMBER_COLUMNS
+    cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps'), *NUMBER_COLUMNS]
     cols += [(f'p vs {b}', b, 'p') for b in baselines]
-    for name, budget in budgets:
-        cols.append((f'valid BPC @ {fmt(budget, name)} {UNITS[name]}', f'at_{name}', 'bpc'))
-    return cols
+    return cols + [(f'valid BPC @ {fmt(budget, name)} {UNITS[name]}', f'at_{name}', 'bpc')
+                   for name, budget in budgets]
 
 
 def text_of(g):
@@ -406,7 +398,7 @@ def by_data(groups, markdown):
     row, the variants of a source on one dataset (α, Unigram V: a
     Pareto front) in one cell, each named, in the knob's order."""
     def order(g):
-        return bool(g['flop_budget']), RANK.get(g['boundary'], 9), float(variant(g)[2:] or 0)
+        return bool(g['flop_budget']), RANK[g['boundary']], float(variant(g)[2:] or 0)
     rows = {}
     for g in sorted(groups, key=order):
         mode = mode_label(dict(g['config'], prior=None))
@@ -443,40 +435,33 @@ def pareto(ax, done, title=''):
             if not pts:
                 continue
             x, bpc, x_std, bpc_std = zip(*pts)
-            colour = f'C{RANK[mode]}'
+            style = dict(fmt='o-', label=mode)
             if at_flops:
-                ax.errorbar(x, bpc, bpc_std, x_std, 's-', capsize=3, color=colour, mfc='none',
-                            label=f'{mode}, FLOP budget')
-            else:
-                ax.errorbar(x, bpc, bpc_std, x_std, 'o-', capsize=3, color=colour, label=mode)
+                style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
+            ax.errorbar(x, bpc, bpc_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
     ax.set(xlabel='shortening factor (test)', ylabel='test BPC',
            title=f'{title}test BPC against SF')
-
-
-def draw_layers(plt, done):
-    """The paper's scaling figure: test BPC against the number of
-    layers, a line per source."""
-    fig, ax = plt.subplots(figsize=(7, 5))
-    lines = collections.defaultdict(list)
-    for g in done:
-        # a list in today's logs, '2,8,2' in older ones
-        depth = sum(layer_counts(g['config']['layers']))
-        label = g['mode'] + (', FLOP budget' if g['flop_budget'] else '')
-        lines[label].append((depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
-    for label in sorted(lines, key=lambda m: (RANK.get(m.split()[0], 9), m)):
-        depth, bpc, std = zip(*sorted(lines[label]))
-        ax.errorbar(depth, bpc, yerr=std, fmt='o-', capsize=3, label=label)
-    ax.set(xlabel='layers (pre + shortened + post)', ylabel='test BPC',
-           title='test BPC against the number of layers')
-    return fig
 
 
 def draw(plt, flag, rows, done):
     """The figure of a plot flag: --plot valid BPC against characters,
     FLOPs and seconds and the Pareto panel; --plot-sf the Pareto panel
-    per dataset; --plot-layers the paper's scaling."""
+    per dataset; --plot-layers the paper's scaling: test BPC against the
+    number of layers, a line per source."""
     if flag == '--plot-layers':
-        return draw_layers(plt, done)
+        fig, ax = plt.subplots(figsize=(7, 5))
+        lines = collections.defaultdict(list)
+        for g in done:
+            # a list in today's logs, '2,8,2' in older ones
+            depth = sum(layer_counts(g['config']['layers']))
+            label = g['mode'] + (', FLOP budget' if g['flop_budget'] else '')
+            lines[label].append((depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
+        for label in sorted(lines, key=lambda m: (RANK[m.split()[0]], m)):
+            depth, bpc, std = zip(*sorted(lines[label]))
+            ax.errorbar(depth, bpc, yerr=std, fmt='o-', capsize=3, label=label)
+        ax.set(xlabel='layers (pre + shortened + post)', ylabel='test BPC',
+               title='test BPC against the number of layers')
+        return fig
     if flag == '--plot-sf':
         datasets = list(dict.fromkeys(text_of(g) for g in done)) or ['no runs']
         fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.5),
@@ -487,12 +472,12 @@ def draw(plt, flag, rows, done):
     # a line per run, dashed while unfinished; the Pareto figure in the fourth panel
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     for ax, (_, key, unit) in zip(axes.flat, BUDGETS):
-        for r in sorted(rows, key=lambda r: RANK.get(r['boundary'], 9)):
+        for r in sorted(rows, key=lambda r: RANK[r['boundary']]):
             named = r['boundary'] in ax.get_legend_handles_labels()[1]
             label = None if named or not r['curves'][key] else r['boundary']
             points = r['curves'][key] or [([], [])]
             ax.plot(*zip(*points), '-' if r['done'] else '--', marker='.', label=label,
-                    color=f'C{RANK.get(r["boundary"], 9)}')
+                    color=f'C{RANK[r["boundary"]]}')
         ax.set(xlabel=f'training {unit}', ylabel='valid BPC', title=f'valid BPC against {unit}')
     pareto(axes[1, 1], done)
     return fig
@@ -520,19 +505,12 @@ def parse_args(argv):
     p.add_argument('runs', nargs='+',
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
-    p.add_argument('--plot', type=plot_path, metavar='OUT.png',
-                   help='also draw BPC against characters, FLOPs, seconds and SF')
-    p.add_argument('--plot-sf', type=plot_path, metavar='OUT.png',
-                   help='also draw test BPC against SF alone, a panel per dataset')
-    p.add_argument('--plot-layers', type=plot_path, metavar='OUT.png',
-                   help='also draw test BPC against the layers, a line per source')
-    p.add_argument('--at-chars', type=parse_budget, metavar='N',
-                   help='valid BPC at this many training characters (2M = 2e6; min: the most '
-                        'every run reached)')
-    p.add_argument('--at-flops', type=parse_budget, metavar='N',
-                   help='valid BPC at this many training FLOPs (as --at-chars)')
-    p.add_argument('--at-time', type=parse_budget, metavar='N',
-                   help='valid BPC at this many seconds of training (as --at-chars)')
+    for flag, what in PLOTS.items():
+        p.add_argument(flag, type=plot_path, metavar='OUT.png', help=what)
+    for name, _, unit in BUDGETS:
+        p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
+                       help=f'valid BPC at this many training {unit} (2M = 2e6; min: the most '
+                            'every run reached)')
     p.add_argument('--no-interp', action='store_true',
                    help='at a budget, the last validation at or before it (no '
                         'interpolation)')
@@ -607,14 +585,13 @@ def run(argv):
         sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
     rows, groups, budgets = results(args)
     done = [g for g in groups if g['test_bpc'] is not None]
-    plots = [(flag, getattr(args, flag[2:].replace('-', '_')))
-             for flag in ('--plot', '--plot-sf', '--plot-layers')]
+    plots = [(flag, getattr(args, flag[2:].replace('-', '_'))) for flag in PLOTS]
     plots = [(flag, path) for flag, path in plots if path]
     for flag, path in plots:
         plt = common.import_pyplot(flag)
         save_plot(plt, flag, path, draw(plt, flag, rows, done))
     baselines = sorted({b for g in groups for b in g['p']},
-                       key=lambda b: (RANK.get(b.split()[0], 9), len(b), b))
+                       key=lambda b: (RANK[b.split()[0]], len(b), b))
     title = '### ' if args.markdown else ''
     print(f'{title}Runs\n\n' + table(rows, columns(rows, budgets, False), args.markdown))
     if any(g['n'] > 1 for g in groups):
