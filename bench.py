@@ -99,12 +99,11 @@ def parser():
 def model_flags(p):
     """The model's sizes and Config fields."""
     size = common.positive_int
-    p.add_argument('--d-model', type=size, help='model width')
-    p.add_argument('--n-head', type=size, help='attention heads')
-    p.add_argument('--d-head', type=size, help='width of one head')
-    p.add_argument('--d-inner', type=size, help='feed-forward width')
-    p.add_argument('--seq-len', type=size, help='characters per sequence (L)')
-    p.add_argument('--batch', type=size, help='sequences per step')
+    sizes = {'--d-model': 'model width', '--n-head': 'attention heads',
+             '--d-head': 'width of one head', '--d-inner': 'feed-forward width',
+             '--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step'}
+    for flag, what in sizes.items():
+        p.add_argument(flag, type=size, help=what)
     p.add_argument('--layers', type=layer_counts, default='2,8,2',
                    help='pre,shortened,post (vanilla: the sum)')
     p.add_argument('--dropout', type=common.fraction, default=0.1,

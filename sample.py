@@ -253,8 +253,7 @@ def prompt_ids(args, ckpt):
     if bad:
         raise UserError(f"the prompt has characters outside the checkpoint's alphabet: "
                         f"{', '.join(map(repr, bad))} (alphabet: {''.join(index)!r})")
-    trained = ckpt.get('args')
-    seq_len = trained.get('seq_len') if isinstance(trained, dict) else None
+    seq_len = ckpt.get('args', {}).get('seq_len')   # (read_checkpoint: args is a dict)
     # Attention over more than the model trained on costs memory and time with the
     # length's square and goes past the distances it learnt: the end of a longer prompt
     # is what it continues.
@@ -277,12 +276,14 @@ def write_trace(args, out):
         lines.append('pos\tchar\tentropy_bits\tboundary\tspike')
         for t, c in enumerate(text):
             b = '' if out.boundaries is None else int(out.boundaries[i][t])
-            char = repr(c)[1:-1]   # \t, \n escaped
-            lines.append(f'{t}\t{char}\t{out.entropy[i][t]:.4f}\t{b}\t{int(out.spikes[i][t])}')
+            # the character as repr writes it: \t, \n escaped
+            lines.append(f'{t}\t{repr(c)[1:-1]}\t{out.entropy[i][t]:.4f}\t{b}\t'
+                         f'{int(out.spikes[i][t])}')
+    trace = '\n'.join(lines) + '\n'
     if args.entropy_trace == '-':
-        print('\n'.join(lines))
+        print(trace, end='')
     else:
-        write_atomic(args.entropy_trace, '\n'.join(lines) + '\n')
+        write_atomic(args.entropy_trace, trace)
 
 
 def print_samples(args, out, prompt_len):
