@@ -41,7 +41,7 @@ chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lis
 """
 import math
 import numbers
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
@@ -147,7 +147,7 @@ def boundary_matrix(b, bucket=1, n_segments=None):
     # running sum (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
     one = 1 + soft_c - soft_c.detach()
-    return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
+    return torch.where(hit, one[..., None], 0.0)
 
 
 def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
@@ -164,7 +164,7 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
     else:
         lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
         pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
-    null_row = null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype)   # [B, 1, D]
+    null_row = null.to(h.dtype).expand(h.size(0), 1, -1)   # [B, 1, D]
     return torch.cat([null_row, pooled], 1)
 
 
@@ -227,10 +227,10 @@ class MeanPooling(nn.Module):
         closed = routing.hard[:, 0]
         state.seg_sum += h[:, 0]
         state.seg_len += 1
-        if self.cfg.pooling == 'last':
-            pooled = h[:, 0]
-        else:
-            pooled = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+        # seg_len >= 1: h has just joined the segment
+        pooled = h[:, 0]
+        if self.cfg.pooling == 'mean':
+            pooled = state.seg_sum / state.seg_len[:, None]
         state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
         state.seg_len = torch.where(closed, 0, state.seg_len)
         return self.norm(pooled)[:, None], closed
@@ -346,7 +346,7 @@ class BoundarySource(nn.Module):
         sf = b.numel() / b.sum().clamp(min=1)
         if targets is None:
             return sf, None, None
-        pred = b > 0.5
+        pred = routing.hard
         tp = (pred & targets).sum()
         return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
 
@@ -525,8 +525,7 @@ class RelativeAttention(nn.Module):
     def heads(self, h, content_bias, position_bias):
         """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's
         dtype (the float32 u, v must not promote a bf16 q)."""
-        B, L, _ = h.shape
-        qkv = self.qkv(h).view(B, L, 3, self.n_head, self.d_head)
+        qkv = self.qkv(h).unflatten(-1, (3, self.n_head, self.d_head))
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
         q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
@@ -544,12 +543,11 @@ class RelativeAttention(nn.Module):
             p = self.dropatt.p if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p,
                                                   scale=1.0)
-        B, n_head, m, n = bias.shape
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
                                k.flatten(0, 1).transpose(1, 2))
         y = self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)
-        return y.view(B, n_head, m, -1)
+        return y.view_as(q)
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
@@ -558,8 +556,8 @@ class RelativeAttention(nn.Module):
 
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
         """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
-        kv: (k, v), cache tensors [B, H, capacity, d_head] that receive this sequence's
-        keys and values."""
+        kv: [2, B, H, capacity, d_head], a layer's cache (keys, values) that receives
+        this sequence's keys and values."""
         L = h.size(1)
         # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
@@ -581,18 +579,12 @@ class RelativeAttention(nn.Module):
             e = min(a + chunk, L)
             # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
             scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
-            j = torch.arange(e, device=h.device)
-            future = j > j[a:, None]  # [e-a, e]: key j > query i
-            # Added, not masked_fill, so that the backward passes the gradient through
-            # untouched.
-            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
-            bias = scores + causal
-            y = self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused)
-            ys.append(y)
-        y = ys[0]
-        if len(ys) > 1:
-            y = torch.cat(ys, 2)
-        return self.merge(h, y)
+            # [e-a, e]: -inf where key j > query a+i (j - i > a), else 0. Added, not
+            # masked_fill, so that the backward passes the gradient through untouched.
+            causal = scores.new_full((e - a, e), float('-inf')).triu(a + 1)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e],
+                                  scores + causal, fused))
+        return self.merge(h, torch.cat(ys, 2))
 
     def step(self, h, content_bias, position_bias, kv, r, at):
         """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
@@ -604,12 +596,12 @@ class RelativeAttention(nn.Module):
         kv[0][rows, :, at] = k[:, :, 0]
         kv[1][rows, :, at] = v[:, :, 0]
         # [B, C]: the distance to each key
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)
+        dist = at[:, None] - torch.arange(kv.size(-2), device=h.device)
         # einsum, not a broadcast @, so that r is not copied once per row
         bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
         # [B, H, 1, C] by key
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))
-        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None].expand_as(bias))
+        bias = bias.masked_fill((dist < 0)[:, None, None], float('-inf'))
         return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
 
 
@@ -631,18 +623,16 @@ class FeedForward(nn.Module):
 @dataclass
 class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: Tensor                   # [n_layers, B, H, capacity, d_head]
+    kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
     r: Optional[Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
-        C = self.k.size(3)
+        C = self.kv.size(-2)
         if capacity > C:
             grow = max(capacity, 2 * C) - C
-            self.k = F.pad(self.k, (0, 0, 0, grow))
-            self.v = F.pad(self.v, (0, 0, 0, grow))
+            self.kv = F.pad(self.kv, (0, 0, 0, grow))
             self.r = None
 
 
@@ -656,45 +646,39 @@ class Stage(nn.Module):
             for _ in range(n_layers))
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
-        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
+    def forward(self, h, content_bias, position_bias, cache=None):
+        """h [B, L, D] → [B, L, D]; fills `cache` (if given), L positions in each row."""
         L = h.size(1)
         pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
         pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
         if cache is not None:
             cache.reserve(L)
         for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
+            kv = None if cache is None else cache.kv[i]
             h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
         if cache is not None:
-            if lengths is None:
-                lengths = torch.full_like(cache.length, L)
-            cache.length = lengths
+            cache.length = torch.full_like(cache.length, L)
         return h
 
-    def step(self, h, content_bias, position_bias, cache, advance=None):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
+    def step(self, h, content_bias, position_bias, cache, advance=1):
+        """One new position per row, h [B, 1, D], kept where `advance` [B] bool (default: everywhere)."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
         # position keys once per cache size, not per token
         if cache.r is None and self.layers:
-            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
+            emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device), self.d_model)
             keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
             cache.r = torch.stack(keys)
         for i, layer in enumerate(self.layers):
-            kv = (cache.k[i], cache.v[i])
-            h = layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at)
+            h = layer.attn.step(h, content_bias, position_bias, cache.kv[i], cache.r[i], at)
             h = layer.ff(h)
-        if advance is None:
-            cache.length = at + 1
-        else:
-            cache.length = at + advance.long()
+        cache.length = at + advance   # int64 + bool: int64
         return h
 
     def empty_cache(self, B, capacity, ref):
         """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
-        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
-        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
+        shape = (len(self.layers), 2, B, ref.size(0), capacity, ref.size(1))
+        return KVCache(kv=ref.new_zeros(shape),
                        length=torch.zeros(B, dtype=torch.long, device=ref.device))
 
 
@@ -786,12 +770,12 @@ class DynamicPoolingLM(nn.Module):
             return self.full_stack(h, *biases, caches.get('full_stack')), None
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
-        if n_segments is not None:   # counted with the batch: no device read for S
-            routing = replace(routing, n_segments=int(n_segments))
+        routing.n_segments = n_segments   # counted with the batch: no device read for S
         pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        lengths = None if state is None else self.pooling.rows(routing)
-        s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
+        s = self.shortened(pooled, *biases, caches.get('shortened'))
         if state is not None:
+            # the rows that hold segments, not the padding (Config.seg_bucket)
+            caches['shortened'].length = self.pooling.rows(routing)
             state.pooling = self.pooling.prefill_state(h, s, routing)
         h = self.pooling.up(s, routing, h)
         return self.post(h, *biases, caches.get('post')), routing
@@ -804,8 +788,7 @@ class DynamicPoolingLM(nn.Module):
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            logits = out.logits.flatten(0, 1).float()
-            out.lm_loss = F.cross_entropy(logits, targets.flatten())
+            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
             if routing is None:
                 out.boundary_loss = torch.zeros((), device=x.device)
             else:
@@ -871,8 +854,7 @@ class DynamicPoolingLM(nn.Module):
                                n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
-                earlier = step.boundaries[:, :-1]
-                step.boundaries = torch.cat([earlier, state.late_boundary], 1)
+                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
             yield step
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
@@ -907,8 +889,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     projections = 3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner
     for layers, n in stages:
         # per layer: projections (per token); position keys; scores and values
-        fwd = fwd + layers * (batch * n * 2 * projections
-                              + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
+        fwd += layers * (batch * n * 2 * projections
+                         + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
 
@@ -933,7 +915,7 @@ class GenerationStep:
 def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
                n_valid=None):
     """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
-    if n_valid is not None and n_valid < logits.size(-1):
+    if n_valid is not None:
         logits = logits.clone()
         logits[:, n_valid:] = float('-inf')
     if greedy:

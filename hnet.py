@@ -51,7 +51,6 @@ def smooth_chunks(z, P):
     # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i.
     # P_k = 1 would put −inf into the log sums, and NaN into their gradient even where
     # masked: it is read as 1 − 1e-6.
-    P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
     log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))  # [B, S] log(1 − P_k)
     later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
@@ -186,8 +185,7 @@ class HNetBoundaries(BoundarySource):
 
     def loss(self, routing, logits, x, boundaries):
         ratio = ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
-        loss = self.cfg.ratio_weight * ratio
-        return loss, self.spaces(x)
+        return self.cfg.ratio_weight * ratio, self.spaces(x)
 
 
 register_source('hnet', HNetBoundaries)
