@@ -140,8 +140,8 @@ def boundary_matrix(b, bucket=1, n_segments=None):
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
     S = padded_count(n_segments, bucket, b.device)
-    j = torch.arange(S, device=b.device)
-    hit = (c[..., None] == j) & (c < count)[..., None]  # [B, L, S]
+    # [B, L, S]
+    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]
     # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in
     # c_t, so that a straight-through Gumbel boundary receives gradient through the
     # running sum (paper §3.3).
@@ -162,8 +162,8 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
         # mean's b does through B.
         pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
     else:
-        lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
-        pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
+        # divided by the segment lengths [B, S, 1]
+        pooled = torch.einsum('bls,bld->bsd', Bm, h) / Bm.sum(1).clamp(min=1)[..., None]
     null_row = null.to(h.dtype).expand(h.size(0), 1, -1)   # [B, 1, D]
     return torch.cat([null_row, pooled], 1)
 
@@ -201,9 +201,8 @@ class MeanPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
-                            routing.n_segments, self.cfg.pooling)
-        return self.norm(pooled)
+        return self.norm(downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
+                                    routing.n_segments, self.cfg.pooling))
 
     def up(self, s, routing, h):
         """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
@@ -437,7 +436,7 @@ class GumbelBoundaries(PredictedBoundaries):
         # depends on x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
-        return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
+        return gumbel_sigmoid(logits, self.cfg.temperature, noise).detach()
 
     def loss(self, routing, logits, x, boundaries):
         return binomial_prior_loss(routing.b, self.cfg.prior), self.spaces(x)
@@ -483,8 +482,8 @@ register_source('gumbel', GumbelBoundaries)
 def sinusoids(distances, dim):
     """Sinusoidal embeddings [N, dim] of relative distances [N]."""
     freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
-    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)
+    return torch.cat([angles.sin(), angles.cos()], -1)
 
 
 def rel_shift(x):
@@ -523,14 +522,14 @@ class RelativeAttention(nn.Module):
         return self.attention == 'sdpa'
 
     def heads(self, h, content_bias, position_bias):
-        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's
-        dtype (the float32 u, v must not promote a bf16 q)."""
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head] and
+        contiguous, in h's dtype (the float32 u, v must not promote a bf16 q)."""
         qkv = self.qkv(h).unflatten(-1, (3, self.n_head, self.d_head))
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
         q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
         q_position = (q + position_bias.to(q.dtype)[:, None]) * scale
-        return q_content, q_position, k, v
+        return q_content, q_position, k.contiguous(), v.contiguous()
 
     def position_keys(self, emb):
         """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
@@ -551,7 +550,7 @@ class RelativeAttention(nn.Module):
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)  # [B, L, H*d_head]
+        y = y.transpose(1, 2).flatten(2)  # [B, L, H*d_head]
         return self.norm(h + self.drop(self.out(y)))
 
     def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
@@ -562,10 +561,7 @@ class RelativeAttention(nn.Module):
         # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         if kv is not None:
-            kv[0][:, :, :L] = k
-            kv[1][:, :, :L] = v
-        k = k.contiguous()
-        v = v.contiguous()
+            kv[:, :, :, :L] = torch.stack((k, v))
         # [H, L+1, d_head], a zero row last
         r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
         # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
@@ -631,8 +627,7 @@ class KVCache:
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
         C = self.kv.size(-2)
         if capacity > C:
-            grow = max(capacity, 2 * C) - C
-            self.kv = F.pad(self.kv, (0, 0, 0, grow))
+            self.kv = F.pad(self.kv, (0, 0, 0, max(capacity, 2 * C) - C))
             self.r = None
 
 
@@ -653,24 +648,26 @@ class Stage(nn.Module):
         pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
         if cache is not None:
             cache.reserve(L)
+            cache.length = torch.full_like(cache.length, L)
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else cache.kv[i]
             h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
-        if cache is not None:
-            cache.length = torch.full_like(cache.length, L)
         return h
 
     def step(self, h, content_bias, position_bias, cache, advance=1):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] bool (default: everywhere)."""
+        """One new position per row, h [B, 1, D], kept where `advance` [B] bool (default:
+        everywhere)."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
         # position keys once per cache size, not per token
         if cache.r is None and self.layers:
-            emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device), self.d_model)
+            distances = torch.arange(cache.kv.size(-2), device=h.device)
+            emb = sinusoids(distances, self.d_model)
             keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
             cache.r = torch.stack(keys)
         for i, layer in enumerate(self.layers):
-            h = layer.attn.step(h, content_bias, position_bias, cache.kv[i], cache.r[i], at)
+            h = layer.attn.step(h, content_bias, position_bias, cache.kv[i], cache.r[i],
+                                at)
             h = layer.ff(h)
         cache.length = at + advance   # int64 + bool: int64
         return h
@@ -749,9 +746,10 @@ class DynamicPoolingLM(nn.Module):
                 f'token ids must lie in [0, {V})')
         require(targets is None or getattr(targets, 'shape', None) == x.shape,
                 f'targets must have the shape of x {tuple(x.shape)}')
-        b = boundaries
-        require(b is None or (torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
-                              and (not read_values or ((b == 0) | (b == 1)).all())),
+        require(boundaries is None
+                or (torch.is_tensor(boundaries) and boundaries.shape == x.shape
+                    and not boundaries.is_complex()
+                    and (not read_values or ((boundaries == 0) | (boundaries == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
             require(self.cfg.boundary in EXTERNAL_MODES
@@ -788,7 +786,8 @@ class DynamicPoolingLM(nn.Module):
         h, routing = self.trunk(x, boundaries, n_segments=n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+            logits = out.logits.flatten(0, 1).float()
+            out.lm_loss = F.cross_entropy(logits, targets.flatten())
             if routing is None:
                 out.boundary_loss = torch.zeros((), device=x.device)
             else:
@@ -841,7 +840,6 @@ class DynamicPoolingLM(nn.Module):
         state.length += 1
         return self.lm_head(h[:, 0])
 
-    @torch.no_grad()
     def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None,
               n_valid=None):
         """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a
@@ -854,12 +852,12 @@ class DynamicPoolingLM(nn.Module):
                                n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
-                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
+                earlier = step.boundaries[:, :-1]
+                step.boundaries = torch.cat([earlier, state.late_boundary], 1)
             yield step
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
 
-    @torch.no_grad()
     def generate(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None):
         """Continue the prompt x [B, L] by n tokens → [B, L+n], cached and incremental."""
         was_training = self.training
@@ -879,9 +877,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     H = cfg.n_head
     dh = cfg.d_head
     n_pre, n_mid, n_post = cfg.layers
-    if cfg.boundary == 'none' or n_short is None:
-        stages = [(n_pre + n_mid + n_post, seq_len)]
-    else:
+    stages = [(n_pre + n_mid + n_post, seq_len)]
+    if cfg.boundary != 'none' and n_short is not None:
         stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)

@@ -57,7 +57,7 @@ def smooth_chunks(z, P):
     # [B, j, i]: Σ_{i<k<=j} log(1 − P_k)
     decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)
     # [B, j, i]: the weight of z_i in z̄_j, 0 where i > j
-    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None]
     return weight.to(z.dtype) @ z  # [B, S, D]
 
 
@@ -92,8 +92,8 @@ class ChunkPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, S, D], zero rows padding S to a bucket."""
-        n_chunks = int(routing.start.sum(1).max())  # the one host sync
-        S = padded_count(n_chunks, self.bucket, h.device)
+        # the one host sync
+        S = padded_count(int(routing.start.sum(1).max()), self.bucket, h.device)
         return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
@@ -121,16 +121,16 @@ class ChunkPooling(nn.Module):
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
-        pooling_state.last_h = h[:, 0]  # the router compares the next token with this one
+        # the router compares the next token with this one
+        pooling_state.last_h = h[:, 0]
         return h, routing.start[:, 0]
 
     def step_up(self, s, routing, h, pooling_state):
         """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
-            start = routing.start[:, :1]
             p = routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
-            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
+            pooling_state.z_bar = torch.where(routing.start[:, :1], z_bar, pooling_state.z_bar)
         return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
 
 
