@@ -178,8 +178,7 @@ def upsample(s, b):
     (0: the null group)."""
     # No gradient flows to b through upsampling: in the paper's row-normalised matrix,
     # it cancels.
-    _, m = segments(b)              # [B, L]
-    return gather_rows(s, m)        # [B, L, D]
+    return gather_rows(s, segments(b)[1])        # [B, L, D]
 
 
 @dataclass
@@ -453,7 +452,7 @@ def register_source(name, source):
     is imported by dynpool itself)."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
-    BOUNDARY_MODES = ('none',) + tuple(SOURCES)
+    BOUNDARY_MODES = ('none', *SOURCES)
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
                             if issubclass(s, PredictedBoundaries))
     EXTERNAL_MODES = tuple(m for m, s in SOURCES.items()
@@ -545,8 +544,7 @@ class RelativeAttention(nn.Module):
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
                                k.flatten(0, 1).transpose(1, 2))
-        y = self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)
-        return y.view_as(q)
+        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view_as(q)
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
@@ -621,7 +619,7 @@ class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
     kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+    r: Optional[list] = None    # per layer [H, capacity, d_head]: position keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -660,11 +658,10 @@ class Stage(nn.Module):
         at = cache.length
         cache.reserve(int(at.max()) + 1)
         # position keys once per cache size, not per token
-        if cache.r is None and self.layers:
+        if cache.r is None:
             distances = torch.arange(cache.kv.size(-2), device=h.device)
-            emb = sinusoids(distances, self.d_model)
-            keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
-            cache.r = torch.stack(keys)
+            emb = sinusoids(distances, self.d_model).to(h.dtype)
+            cache.r = [layer.attn.position_keys(emb) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             h = layer.attn.step(h, content_bias, position_bias, cache.kv[i], cache.r[i],
                                 at)
@@ -709,13 +706,11 @@ class DynamicPoolingLM(nn.Module):
         self.source = None
         if cfg.boundary == 'none':
             self.full_stack = Stage(cfg, sum(cfg.layers))
-            self.stage_names = ('full_stack',)
         else:
             n_pre, n_shortened, n_post = cfg.layers
             self.pre = Stage(cfg, n_pre)
             self.shortened = Stage(cfg, n_shortened)
             self.post = Stage(cfg, n_post)
-            self.stage_names = ('pre', 'shortened', 'post')
             source_class = SOURCES[cfg.boundary]
             self.pooling = source_class.Pooling(cfg)
             self.source = source_class(cfg)
@@ -769,8 +764,8 @@ class DynamicPoolingLM(nn.Module):
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
         routing.n_segments = n_segments   # counted with the batch: no device read for S
-        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        s = self.shortened(pooled, *biases, caches.get('shortened'))
+        # pooled [B, 1+S, D] → s
+        s = self.shortened(self.pooling.down(h, routing), *biases, caches.get('shortened'))
         if state is not None:
             # the rows that hold segments, not the padding (Config.seg_bucket)
             caches['shortened'].length = self.pooling.rows(routing)
@@ -788,9 +783,8 @@ class DynamicPoolingLM(nn.Module):
         if targets is not None:
             logits = out.logits.flatten(0, 1).float()
             out.lm_loss = F.cross_entropy(logits, targets.flatten())
-            if routing is None:
-                out.boundary_loss = torch.zeros((), device=x.device)
-            else:
+            out.boundary_loss = torch.zeros((), device=x.device)
+            if routing is not None:
                 out.boundary_loss, out.boundary_targets = self.source.loss(
                     routing, out.logits, x, boundaries)
             out.loss = out.lm_loss + out.boundary_loss
@@ -809,8 +803,8 @@ class DynamicPoolingLM(nn.Module):
         self.check_inputs(x)
         B, L = x.shape
         capacity = max(capacity or 0, L + 1)
-        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
-                  for name in self.stage_names}
+        caches = {name: stage.empty_cache(B, capacity, self.u)
+                  for name, stage in self.named_children() if isinstance(stage, Stage)}
         state = GenerationState(caches=caches, length=L)
         h, routing = self.trunk(x, state=state)
         state.boundaries = None if routing is None else routing.hard
