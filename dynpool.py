@@ -42,7 +42,6 @@ chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lis
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -74,7 +73,7 @@ class Config:
     layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: all at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
     pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
-    whitespace_id: Optional[int] = None  # the space's id (whitespace; gumbel's recall)
+    whitespace_id: int | None = None   # the space's id (whitespace; gumbel's recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
@@ -284,8 +283,8 @@ class BoundaryPredictor(nn.Module):
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
     b: Tensor                         # [B, L] float 0/1 (straight-through for gumbel)
-    logits: Optional[Tensor] = None   # [B, L] the predictor's logits, if it has one
-    n_segments: Optional[int] = None  # S counted on the host (external boundaries), if known
+    logits: Tensor | None = None   # [B, L] the predictor's logits, if it has one
+    n_segments: int | None = None  # S counted on the host (external boundaries), if known
 
     @property
     def hard(self):
@@ -548,13 +547,13 @@ class RelativeAttention(nn.Module):
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).flatten(2)  # [B, L, H*d_head]
-        return self.norm(h + self.drop(self.out(y)))
+        # y as [B, L, H*d_head]
+        return self.norm(h + self.drop(self.out(y.transpose(1, 2).flatten(2))))
 
-    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+    def forward(self, h, pos_emb, content_bias, position_bias, kv):
         """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
-        kv: [2, B, H, capacity, d_head], a layer's cache (keys, values) that receives
-        this sequence's keys and values."""
+        kv: None, or [2, B, H, capacity, d_head], a layer's cache (keys, values) that
+        receives this sequence's keys and values."""
         L = h.size(1)
         # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
@@ -619,7 +618,7 @@ class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
     kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[list] = None    # per layer [H, capacity, d_head]: position keys by distance
+    r: list | None = None       # per layer [H, capacity, d_head]: position keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -662,10 +661,8 @@ class Stage(nn.Module):
             distances = torch.arange(cache.kv.size(-2), device=h.device)
             emb = sinusoids(distances, self.d_model).to(h.dtype)
             cache.r = [layer.attn.position_keys(emb) for layer in self.layers]
-        for i, layer in enumerate(self.layers):
-            h = layer.attn.step(h, content_bias, position_bias, cache.kv[i], cache.r[i],
-                                at)
-            h = layer.ff(h)
+        for layer, kv, r in zip(self.layers, cache.kv, cache.r):
+            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, r, at))
         cache.length = at + advance   # int64 + bool: int64
         return h
 
@@ -681,17 +678,16 @@ class Stage(nn.Module):
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
-    logits: Tensor                              # [B, L, V]
-    loss: Optional[Tensor] = None               # scalar: lm_loss + boundary_loss
-    lm_loss: Optional[Tensor] = None            # scalar: mean nats per character
-    boundary_loss: Optional[Tensor] = None      # scalar: the source's loss (0 if none)
-    boundaries: Optional[Tensor] = None         # [B, L] used for pooling (None: vanilla)
-    boundary_targets: Optional[Tensor] = None   # [B, L] bool, what they are measured against
-    shortening_factor: Optional[Tensor] = None  # scalar: tokens / complete segments
-    boundary_logits: Optional[Tensor] = None    # [B, L] a predictor's logit of b_t = 1
-    precision: Optional[Tensor] = None          # scalar: against boundary_targets
-    recall: Optional[Tensor] = None             # scalar: against boundary_targets
-
+    logits: Tensor                           # [B, L, V]
+    loss: Tensor | None = None               # scalar: lm_loss + boundary_loss
+    lm_loss: Tensor | None = None            # scalar: mean nats per character
+    boundary_loss: Tensor | None = None      # scalar: the source's loss (0 if none)
+    boundaries: Tensor | None = None         # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Tensor | None = None   # [B, L] bool, what they are measured against
+    shortening_factor: Tensor | None = None  # scalar: tokens / complete segments
+    boundary_logits: Tensor | None = None    # [B, L] a predictor's logit of b_t = 1
+    precision: Tensor | None = None          # scalar: against boundary_targets
+    recall: Tensor | None = None             # scalar: against boundary_targets
 
 class DynamicPoolingLM(nn.Module):
     """Hourglass LM: pre stage, pooling, shortened stage, upsampling, post; vanilla: one stage."""
@@ -754,7 +750,7 @@ class DynamicPoolingLM(nn.Module):
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
 
-    def trunk(self, x, boundaries=None, state=None, n_segments=None):
+    def trunk(self, x, boundaries=None, n_segments=None, state=None):
         """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
         caches = {} if state is None else state.caches
         biases = (self.u, self.v)
@@ -778,7 +774,7 @@ class DynamicPoolingLM(nn.Module):
         ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling reads
         nothing back from the device."""
         self.check_inputs(x, targets, boundaries, n_segments)
-        h, routing = self.trunk(x, boundaries, n_segments=n_segments)
+        h, routing = self.trunk(x, boundaries, n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
             logits = out.logits.flatten(0, 1).float()
@@ -888,23 +884,22 @@ def step_flops(cfg, batch, seq_len, n_short=None):
 @dataclass
 class GenerationState:
     """Everything decoding carries from one token to the next."""
-    caches: dict                            # stage name → KVCache
-    length: int                             # tokens consumed so far
-    pooling: object = None                  # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[Tensor] = None  # [B, 1] bool: b of the token before, if late
+    caches: dict                         # stage name → KVCache
+    length: int                          # tokens consumed so far
+    pooling: object = None               # the pooling unit's running state (None for vanilla)
+    boundaries: Tensor | None = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Tensor | None = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+    tokens: Tensor             # [B, n]: the prompt, then one token at a time
+    logits: Tensor             # [B, n, V]: the prediction after each of them
+    boundaries: Tensor | None  # [B, n] bool: b_t of each (None for vanilla)
 
 
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
-               n_valid=None):
+def next_token(logits, temperature, top_k, greedy, generator, n_valid):
     """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
     if n_valid is not None:
         logits = logits.clone()

@@ -9,7 +9,6 @@ never read by token t, 0 for the last token; generation reports it a token later
 (late_boundary).
 """
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -71,8 +70,8 @@ def ratio_loss(start, p, N):
 @dataclass
 class ChunkRouting(Routing):
     """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+    p: Tensor | None = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Tensor | None = None  # [B, L] bool: a chunk starts at t (p_t > ½)
 
 
 @dataclass
