@@ -217,7 +217,7 @@ class MeanPooling(nn.Module):
         open_segment = c == n_closed[:, None]  # [B, L] after the last b
         seg_sum = (h * open_segment[..., None]).sum(1)
         last = gather_rows(s, n_closed[:, None])[:, 0]   # s[n, n_closed[n]]
-        return MeanPoolingState(seg_sum=seg_sum, seg_len=open_segment.sum(1), last=last)
+        return MeanPoolingState(seg_sum, open_segment.sum(1), last)
 
     def step_down(self, h, routing, state):
         """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
@@ -254,7 +254,7 @@ def gumbel_sigmoid(logits, temperature, noise=None):
     logits = logits.float()
     if noise is None:
         noise = torch.rand_like(logits)
-    noise = noise.expand_as(logits).clamp(1e-6, 1 - 1e-6)
+    noise = noise.clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
     return (soft > 0.5).to(soft.dtype) + soft - soft.detach()
 
@@ -502,9 +502,10 @@ class RelativeAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.d_head = cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
-        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
+        inner = cfg.n_head * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.r_net = nn.Linear(cfg.d_model, inner, bias=False)
+        self.out = nn.Linear(inner, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
         self.dropatt = Dropout(cfg.dropatt)
         self.chunk = cfg.attn_chunk
@@ -730,7 +731,7 @@ class DynamicPoolingLM(nn.Module):
                 f'{tuple(getattr(x, "shape", ()))}')
         # Values are read back on CPU only: on a GPU that is a sync (and train.py checks
         # the data when it loads it).
-        read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
+        read_values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
         V = self.cfg.vocab_size
         require(not read_values or not x.numel()
                 or 0 <= int(x.min()) <= int(x.max()) < V,
@@ -793,12 +794,12 @@ class DynamicPoolingLM(nn.Module):
         return out
 
     @torch.no_grad()
-    def prefill(self, x, capacity=None):
+    def prefill(self, x, capacity=0):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
         require(not self.training, 'generation needs eval mode: call model.eval() first')
         self.check_inputs(x)
         B, L = x.shape
-        capacity = max(capacity or 0, L + 1)
+        capacity = max(capacity, L + 1)
         caches = {name: stage.empty_cache(B, capacity, self.u)
                   for name, stage in self.named_children() if isinstance(stage, Stage)}
         state = GenerationState(caches=caches, length=L)
@@ -867,7 +868,7 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     H = cfg.n_head
     dh = cfg.d_head
     n_pre, n_mid, n_post = cfg.layers
-    stages = [(n_pre + n_mid + n_post, seq_len)]
+    stages = [(sum(cfg.layers), seq_len)]
     if cfg.boundary != 'none' and n_short is not None:
         stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)

@@ -116,7 +116,7 @@ class ChunkPooling(nn.Module):
     def prefill_state(self, h, s, routing):
         last_chunk = self.rows(routing) - 1
         z_bar = gather_rows(self.smooth(s, routing), last_chunk[:, None])[:, 0]
-        return ChunkPoolingState(last_h=h[:, -1], z_bar=z_bar)
+        return ChunkPoolingState(h[:, -1], z_bar)
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
