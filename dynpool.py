@@ -619,7 +619,7 @@ class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
     kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: list | None = None       # per layer [H, capacity, d_head]: position keys by distance
+    r: list | None = None       # per layer [H, capacity, d_head]: keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
@@ -659,8 +659,8 @@ class Stage(nn.Module):
         cache.reserve(int(at.max()) + 1)
         # position keys once per cache size, not per token
         if cache.r is None:
-            distances = torch.arange(cache.kv.size(-2), device=h.device)
-            emb = sinusoids(distances, self.d_model).to(h.dtype)
+            emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device),
+                            self.d_model).to(h.dtype)
             cache.r = [layer.attn.position_keys(emb) for layer in self.layers]
         for layer, kv, r in zip(self.layers, cache.kv, cache.r):
             h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, r, at))
@@ -741,7 +741,8 @@ class DynamicPoolingLM(nn.Module):
         require(boundaries is None
                 or (torch.is_tensor(boundaries) and boundaries.shape == x.shape
                     and not boundaries.is_complex()
-                    and (not read_values or ((boundaries == 0) | (boundaries == 1)).all())),
+                    and (not read_values
+                         or ((boundaries == 0) | (boundaries == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
             require(self.cfg.boundary in EXTERNAL_MODES
@@ -761,8 +762,8 @@ class DynamicPoolingLM(nn.Module):
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
         routing.n_segments = n_segments   # counted with the batch: no device read for S
-        # pooled [B, 1+S, D] → s
-        s = self.shortened(self.pooling.down(h, routing), *biases, caches.get('shortened'))
+        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
+        s = self.shortened(pooled, *biases, caches.get('shortened'))
         if state is not None:
             # the rows that hold segments, not the padding (Config.seg_bucket)
             caches['shortened'].length = self.pooling.rows(routing)
@@ -778,8 +779,8 @@ class DynamicPoolingLM(nn.Module):
         h, routing = self.trunk(x, boundaries, n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            logits = out.logits.flatten(0, 1).float()
-            out.lm_loss = F.cross_entropy(logits, targets.flatten())
+            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(),
+                                          targets.flatten())
             out.boundary_loss = torch.zeros((), device=x.device)
             if routing is not None:
                 out.boundary_loss, out.boundary_targets = self.source.loss(

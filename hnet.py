@@ -129,7 +129,8 @@ class ChunkPooling(nn.Module):
         if s is not None:
             p = routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
-            pooling_state.z_bar = torch.where(routing.start[:, :1], z_bar, pooling_state.z_bar)
+            start = routing.start[:, :1]
+            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
         return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
 
 
