@@ -704,10 +704,8 @@ class DynamicPoolingLM(nn.Module):
         if cfg.boundary == 'none':
             self.full_stack = Stage(cfg, sum(cfg.layers))
         else:
-            n_pre, n_shortened, n_post = cfg.layers
-            self.pre = Stage(cfg, n_pre)
-            self.shortened = Stage(cfg, n_shortened)
-            self.post = Stage(cfg, n_post)
+            # the three stages from the three layer counts, made (and initialised) in order
+            self.pre, self.shortened, self.post = [Stage(cfg, n) for n in cfg.layers]
             source_class = SOURCES[cfg.boundary]
             self.pooling = source_class.Pooling(cfg)
             self.source = source_class(cfg)
