@@ -282,7 +282,7 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: Tensor                         # [B, L] float 0/1 (straight-through for gumbel)
+    b: Tensor                      # [B, L] float 0/1 (straight-through for gumbel)
     logits: Tensor | None = None   # [B, L] the predictor's logits, if it has one
     n_segments: int | None = None  # S counted on the host (external boundaries), if known
 
@@ -670,8 +670,7 @@ class Stage(nn.Module):
     def empty_cache(self, B, capacity, ref):
         """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
         shape = (len(self.layers), 2, B, ref.size(0), capacity, ref.size(1))
-        return KVCache(kv=ref.new_zeros(shape),
-                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
+        return KVCache(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
 
 
 # -----------------------------------------------------------------------------
