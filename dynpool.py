@@ -41,8 +41,7 @@ chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lis
 """
 import math
 import numbers
-from dataclasses import dataclass, fields, replace
-from typing import Optional
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -74,7 +73,7 @@ class Config:
     layers: tuple = (2, 8, 2)          # (pre, shortened, post); vanilla: all at full length
     boundary: str = 'none'             # one of BOUNDARY_MODES
     pooling: str = 'mean'              # or 'last': a segment is its last token (Table 2)
-    whitespace_id: Optional[int] = None  # the space's id (whitespace; gumbel's recall)
+    whitespace_id: int | None = None   # the space's id (whitespace; gumbel's recall)
     fixed_factor: int = 2              # segment length k of fixed pooling
     temperature: float = 0.5           # Gumbel-sigmoid temperature
     prior: float = 0.2                 # Binomial prior α: expected boundary rate of gumbel
@@ -140,14 +139,14 @@ def boundary_matrix(b, bucket=1, n_segments=None):
     if n_segments is None:
         n_segments = int(count.max()) if b.numel() else 0   # the one device → host read
     S = padded_count(n_segments, bucket, b.device)
-    j = torch.arange(S, device=b.device)
-    hit = (c[..., None] == j) & (c < count)[..., None]  # [B, L, S]
+    # [B, L, S]
+    hit = (c[..., None] == torch.arange(S, device=b.device)) & (c < count)[..., None]
     # The entry is 1 + c_t - stopgrad(c_t): exactly 1 in value, with derivative 1 in
     # c_t, so that a straight-through Gumbel boundary receives gradient through the
     # running sum (paper §3.3).
     soft_c = b.float().cumsum(1) - b.float()
     one = 1 + soft_c - soft_c.detach()
-    return torch.where(hit, one[..., None], torch.zeros((), device=b.device))
+    return torch.where(hit, one[..., None], 0.0)
 
 
 def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
@@ -162,9 +161,9 @@ def downsample(h, b, null, bucket=1, n_segments=None, pooling='mean'):
         # mean's b does through B.
         pooled = torch.einsum('bls,bld->bsd', Bm * b[..., None].to(h.dtype), h)
     else:
-        lengths = Bm.sum(1).clamp(min=1)[..., None]          # [B, S, 1] segment lengths
-        pooled = torch.einsum('bls,bld->bsd', Bm, h) / lengths
-    null_row = null.reshape(1, 1, -1).expand(h.size(0), 1, -1).to(h.dtype)   # [B, 1, D]
+        # divided by the segment lengths [B, S, 1]
+        pooled = torch.einsum('bls,bld->bsd', Bm, h) / Bm.sum(1).clamp(min=1)[..., None]
+    null_row = null.to(h.dtype).expand(h.size(0), 1, -1)   # [B, 1, D]
     return torch.cat([null_row, pooled], 1)
 
 
@@ -178,8 +177,7 @@ def upsample(s, b):
     (0: the null group)."""
     # No gradient flows to b through upsampling: in the paper's row-normalised matrix,
     # it cancels.
-    _, m = segments(b)              # [B, L]
-    return gather_rows(s, m)        # [B, L, D]
+    return gather_rows(s, segments(b)[1])        # [B, L, D]
 
 
 @dataclass
@@ -201,9 +199,8 @@ class MeanPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, 1+S, D]: null group, segment means, zero rows padding S to a bucket."""
-        pooled = downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
-                            routing.n_segments, self.cfg.pooling)
-        return self.norm(pooled)
+        return self.norm(downsample(h, routing.b, self.null_group, self.cfg.seg_bucket,
+                                    routing.n_segments, self.cfg.pooling))
 
     def up(self, s, routing, h):
         """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
@@ -220,17 +217,17 @@ class MeanPooling(nn.Module):
         open_segment = c == n_closed[:, None]  # [B, L] after the last b
         seg_sum = (h * open_segment[..., None]).sum(1)
         last = gather_rows(s, n_closed[:, None])[:, 0]   # s[n, n_closed[n]]
-        return MeanPoolingState(seg_sum=seg_sum, seg_len=open_segment.sum(1), last=last)
+        return MeanPoolingState(seg_sum, open_segment.sum(1), last)
 
     def step_down(self, h, routing, state):
         """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
         closed = routing.hard[:, 0]
         state.seg_sum += h[:, 0]
         state.seg_len += 1
-        if self.cfg.pooling == 'last':
-            pooled = h[:, 0]
-        else:
-            pooled = state.seg_sum / state.seg_len.clamp(min=1)[:, None]
+        # seg_len >= 1: h has just joined the segment
+        pooled = h[:, 0]
+        if self.cfg.pooling == 'mean':
+            pooled = state.seg_sum / state.seg_len[:, None]
         state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
         state.seg_len = torch.where(closed, 0, state.seg_len)
         return self.norm(pooled)[:, None], closed
@@ -257,7 +254,7 @@ def gumbel_sigmoid(logits, temperature, noise=None):
     logits = logits.float()
     if noise is None:
         noise = torch.rand_like(logits)
-    noise = noise.expand_as(logits).clamp(1e-6, 1 - 1e-6)
+    noise = noise.clamp(1e-6, 1 - 1e-6)
     soft = torch.sigmoid((logits + noise.log() - (-noise).log1p()) / temperature)
     return (soft > 0.5).to(soft.dtype) + soft - soft.detach()
 
@@ -285,9 +282,9 @@ class BoundaryPredictor(nn.Module):
 @dataclass
 class Routing:
     """A boundary source's decisions for the tokens at positions offset … offset+L-1."""
-    b: Tensor                         # [B, L] float 0/1 (straight-through for gumbel)
-    logits: Optional[Tensor] = None   # [B, L] the predictor's logits, if it has one
-    n_segments: Optional[int] = None  # S counted on the host (external boundaries), if known
+    b: Tensor                      # [B, L] float 0/1 (straight-through for gumbel)
+    logits: Tensor | None = None   # [B, L] the predictor's logits, if it has one
+    n_segments: int | None = None  # S counted on the host (external boundaries), if known
 
     @property
     def hard(self):
@@ -346,7 +343,7 @@ class BoundarySource(nn.Module):
         sf = b.numel() / b.sum().clamp(min=1)
         if targets is None:
             return sf, None, None
-        pred = b > 0.5
+        pred = routing.hard
         tp = (pred & targets).sum()
         return sf, tp / pred.sum().clamp(min=1), tp / targets.sum().clamp(min=1)
 
@@ -437,7 +434,7 @@ class GumbelBoundaries(PredictedBoundaries):
         # depends on x_{<=t} only.
         positions = torch.arange(offset, offset + logits.size(1), device=logits.device)
         noise = self.eval_noise[positions % self.eval_noise.numel()]
-        return gumbel_sigmoid(logits, self.cfg.temperature, noise=noise).detach()
+        return gumbel_sigmoid(logits, self.cfg.temperature, noise).detach()
 
     def loss(self, routing, logits, x, boundaries):
         return binomial_prior_loss(routing.b, self.cfg.prior), self.spaces(x)
@@ -454,7 +451,7 @@ def register_source(name, source):
     is imported by dynpool itself)."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
     SOURCES[name] = source
-    BOUNDARY_MODES = ('none',) + tuple(SOURCES)
+    BOUNDARY_MODES = ('none', *SOURCES)
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
                             if issubclass(s, PredictedBoundaries))
     EXTERNAL_MODES = tuple(m for m, s in SOURCES.items()
@@ -483,8 +480,8 @@ register_source('gumbel', GumbelBoundaries)
 def sinusoids(distances, dim):
     """Sinusoidal embeddings [N, dim] of relative distances [N]."""
     freq = torch.arange(0, dim, 2, device=distances.device, dtype=torch.float32) / dim
-    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+    angles = distances.float()[:, None] * (1.0 / 10000 ** freq)
+    return torch.cat([angles.sin(), angles.cos()], -1)
 
 
 def rel_shift(x):
@@ -505,9 +502,10 @@ class RelativeAttention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.d_head = cfg.d_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.n_head * cfg.d_head)
-        self.r_net = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        self.out = nn.Linear(cfg.n_head * cfg.d_head, cfg.d_model)
+        inner = cfg.n_head * cfg.d_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner)
+        self.r_net = nn.Linear(cfg.d_model, inner, bias=False)
+        self.out = nn.Linear(inner, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
         self.dropatt = Dropout(cfg.dropatt)
         self.chunk = cfg.attn_chunk
@@ -523,15 +521,14 @@ class RelativeAttention(nn.Module):
         return self.attention == 'sdpa'
 
     def heads(self, h, content_bias, position_bias):
-        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head], in h's
-        dtype (the float32 u, v must not promote a bf16 q)."""
-        B, L, _ = h.shape
-        qkv = self.qkv(h).view(B, L, 3, self.n_head, self.d_head)
+        """h [B, L, D] → (q + u)/√d, (q + v)/√d, k, v, each [B, H, L, d_head] and
+        contiguous, in h's dtype (the float32 u, v must not promote a bf16 q)."""
+        qkv = self.qkv(h).unflatten(-1, (3, self.n_head, self.d_head))
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         scale = self.d_head ** -0.5
         q_content = ((q + content_bias.to(q.dtype)[:, None]) * scale).contiguous()
         q_position = (q + position_bias.to(q.dtype)[:, None]) * scale
-        return q_content, q_position, k, v
+        return q_content, q_position, k.contiguous(), v.contiguous()
 
     def position_keys(self, emb):
         """Position embeddings emb [N, D] → per-head keys r [H, N, d_head]."""
@@ -544,30 +541,25 @@ class RelativeAttention(nn.Module):
             p = self.dropatt.p if self.training else 0.0
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p,
                                                   scale=1.0)
-        B, n_head, m, n = bias.shape
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
                                k.flatten(0, 1).transpose(1, 2))
-        y = self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)
-        return y.view(B, n_head, m, -1)
+        return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view_as(q)
 
     def merge(self, h, y):
         """Heads y [B, H, L, d_head] → output projection, dropout, residual and norm → [B, L, D]."""
-        y = y.transpose(1, 2).reshape(h.size(0), h.size(1), -1)  # [B, L, H*d_head]
-        return self.norm(h + self.drop(self.out(y)))
+        # y as [B, L, H*d_head]
+        return self.norm(h + self.drop(self.out(y.transpose(1, 2).flatten(2))))
 
-    def forward(self, h, pos_emb, content_bias, position_bias, kv=None):
+    def forward(self, h, pos_emb, content_bias, position_bias, kv):
         """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
-        kv: (k, v), cache tensors [B, H, capacity, d_head] that receive this sequence's
-        keys and values."""
+        kv: None, or [2, B, H, capacity, d_head], a layer's cache (keys, values) that
+        receives this sequence's keys and values."""
         L = h.size(1)
         # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
         if kv is not None:
-            kv[0][:, :, :L] = k
-            kv[1][:, :, :L] = v
-        k = k.contiguous()
-        v = v.contiguous()
+            kv[:, :, :, :L] = torch.stack((k, v))
         # [H, L+1, d_head], a zero row last
         r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
         # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
@@ -581,18 +573,12 @@ class RelativeAttention(nn.Module):
             e = min(a + chunk, L)
             # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
             scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
-            j = torch.arange(e, device=h.device)
-            future = j > j[a:, None]  # [e-a, e]: key j > query i
-            # Added, not masked_fill, so that the backward passes the gradient through
-            # untouched.
-            causal = scores.new_zeros(future.shape).masked_fill_(future, float('-inf'))
-            bias = scores + causal
-            y = self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e], bias, fused)
-            ys.append(y)
-        y = ys[0]
-        if len(ys) > 1:
-            y = torch.cat(ys, 2)
-        return self.merge(h, y)
+            # [e-a, e]: -inf where key j > query a+i (j - i > a), else 0. Added, not
+            # masked_fill, so that the backward passes the gradient through untouched.
+            causal = scores.new_full((e - a, e), float('-inf')).triu(a + 1)
+            ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e],
+                                  scores + causal, fused))
+        return self.merge(h, torch.cat(ys, 2))
 
     def step(self, h, content_bias, position_bias, kv, r, at):
         """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
@@ -604,12 +590,12 @@ class RelativeAttention(nn.Module):
         kv[0][rows, :, at] = k[:, :, 0]
         kv[1][rows, :, at] = v[:, :, 0]
         # [B, C]: the distance to each key
-        dist = at[:, None] - torch.arange(kv[0].size(2), device=h.device)
+        dist = at[:, None] - torch.arange(kv.size(-2), device=h.device)
         # einsum, not a broadcast @, so that r is not copied once per row
         bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
         # [B, H, 1, C] by key
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None, :].expand_as(bias))
-        bias = bias.masked_fill((dist < 0)[:, None, None, :], float('-inf'))
+        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None].expand_as(bias))
+        bias = bias.masked_fill((dist < 0)[:, None, None], float('-inf'))
         return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
 
 
@@ -631,18 +617,15 @@ class FeedForward(nn.Module):
 @dataclass
 class KVCache:
     """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    k: Tensor                   # [n_layers, B, H, capacity, d_head]
-    v: Tensor                   # [n_layers, B, H, capacity, d_head]
+    kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: Optional[Tensor] = None  # [n_layers, H, capacity, d_head] position keys by distance
+    r: list | None = None       # per layer [H, capacity, d_head]: keys by distance
 
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
-        C = self.k.size(3)
+        C = self.kv.size(-2)
         if capacity > C:
-            grow = max(capacity, 2 * C) - C
-            self.k = F.pad(self.k, (0, 0, 0, grow))
-            self.v = F.pad(self.v, (0, 0, 0, grow))
+            self.kv = F.pad(self.kv, (0, 0, 0, max(capacity, 2 * C) - C))
             self.r = None
 
 
@@ -656,46 +639,38 @@ class Stage(nn.Module):
             for _ in range(n_layers))
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, h, content_bias, position_bias, cache=None, lengths=None):
-        """h [B, L, D] → [B, L, D]; fills `cache` (if given) with lengths [B] (default: L)."""
+    def forward(self, h, content_bias, position_bias, cache=None):
+        """h [B, L, D] → [B, L, D]; fills `cache` (if given), L positions in each row."""
         L = h.size(1)
         pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
         pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
         if cache is not None:
             cache.reserve(L)
+            cache.length = torch.full_like(cache.length, L)
         for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
+            kv = None if cache is None else cache.kv[i]
             h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
-        if cache is not None:
-            if lengths is None:
-                lengths = torch.full_like(cache.length, L)
-            cache.length = lengths
         return h
 
-    def step(self, h, content_bias, position_bias, cache, advance=None):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] (default: everywhere)."""
+    def step(self, h, content_bias, position_bias, cache, advance=1):
+        """One new position per row, h [B, 1, D], kept where `advance` [B] bool (default:
+        everywhere)."""
         at = cache.length
         cache.reserve(int(at.max()) + 1)
         # position keys once per cache size, not per token
-        if cache.r is None and self.layers:
-            emb = sinusoids(torch.arange(cache.k.size(3), device=h.device), self.d_model)
-            keys = [layer.attn.position_keys(emb.to(h.dtype)) for layer in self.layers]
-            cache.r = torch.stack(keys)
-        for i, layer in enumerate(self.layers):
-            kv = (cache.k[i], cache.v[i])
-            h = layer.attn.step(h, content_bias, position_bias, kv, cache.r[i], at)
-            h = layer.ff(h)
-        if advance is None:
-            cache.length = at + 1
-        else:
-            cache.length = at + advance.long()
+        if cache.r is None:
+            emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device),
+                            self.d_model).to(h.dtype)
+            cache.r = [layer.attn.position_keys(emb) for layer in self.layers]
+        for layer, kv, r in zip(self.layers, cache.kv, cache.r):
+            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, r, at))
+        cache.length = at + advance   # int64 + bool: int64
         return h
 
     def empty_cache(self, B, capacity, ref):
         """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
-        shape = (len(self.layers), B, ref.size(0), capacity, ref.size(1))
-        return KVCache(k=ref.new_zeros(shape), v=ref.new_zeros(shape),
-                       length=torch.zeros(B, dtype=torch.long, device=ref.device))
+        shape = (len(self.layers), 2, B, ref.size(0), capacity, ref.size(1))
+        return KVCache(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
 
 
 # -----------------------------------------------------------------------------
@@ -703,17 +678,16 @@ class Stage(nn.Module):
 @dataclass
 class ModelOutput:
     """What a forward pass returns; losses are None without targets."""
-    logits: Tensor                              # [B, L, V]
-    loss: Optional[Tensor] = None               # scalar: lm_loss + boundary_loss
-    lm_loss: Optional[Tensor] = None            # scalar: mean nats per character
-    boundary_loss: Optional[Tensor] = None      # scalar: the source's loss (0 if none)
-    boundaries: Optional[Tensor] = None         # [B, L] used for pooling (None: vanilla)
-    boundary_targets: Optional[Tensor] = None   # [B, L] bool, what they are measured against
-    shortening_factor: Optional[Tensor] = None  # scalar: tokens / complete segments
-    boundary_logits: Optional[Tensor] = None    # [B, L] a predictor's logit of b_t = 1
-    precision: Optional[Tensor] = None          # scalar: against boundary_targets
-    recall: Optional[Tensor] = None             # scalar: against boundary_targets
-
+    logits: Tensor                           # [B, L, V]
+    loss: Tensor | None = None               # scalar: lm_loss + boundary_loss
+    lm_loss: Tensor | None = None            # scalar: mean nats per character
+    boundary_loss: Tensor | None = None      # scalar: the source's loss (0 if none)
+    boundaries: Tensor | None = None         # [B, L] used for pooling (None: vanilla)
+    boundary_targets: Tensor | None = None   # [B, L] bool, what they are measured against
+    shortening_factor: Tensor | None = None  # scalar: tokens / complete segments
+    boundary_logits: Tensor | None = None    # [B, L] a predictor's logit of b_t = 1
+    precision: Tensor | None = None          # scalar: against boundary_targets
+    recall: Tensor | None = None             # scalar: against boundary_targets
 
 class DynamicPoolingLM(nn.Module):
     """Hourglass LM: pre stage, pooling, shortened stage, upsampling, post; vanilla: one stage."""
@@ -728,13 +702,9 @@ class DynamicPoolingLM(nn.Module):
         self.source = None
         if cfg.boundary == 'none':
             self.full_stack = Stage(cfg, sum(cfg.layers))
-            self.stage_names = ('full_stack',)
         else:
-            n_pre, n_shortened, n_post = cfg.layers
-            self.pre = Stage(cfg, n_pre)
-            self.shortened = Stage(cfg, n_shortened)
-            self.post = Stage(cfg, n_post)
-            self.stage_names = ('pre', 'shortened', 'post')
+            # the three stages from the three layer counts, made (and initialised) in order
+            self.pre, self.shortened, self.post = [Stage(cfg, n) for n in cfg.layers]
             source_class = SOURCES[cfg.boundary]
             self.pooling = source_class.Pooling(cfg)
             self.source = source_class(cfg)
@@ -758,16 +728,18 @@ class DynamicPoolingLM(nn.Module):
                 f'{tuple(getattr(x, "shape", ()))}')
         # Values are read back on CPU only: on a GPU that is a sync (and train.py checks
         # the data when it loads it).
-        read_values = (x.device.type == 'cpu') and not torch.compiler.is_compiling()
+        read_values = x.device.type == 'cpu' and not torch.compiler.is_compiling()
         V = self.cfg.vocab_size
         require(not read_values or not x.numel()
                 or 0 <= int(x.min()) <= int(x.max()) < V,
                 f'token ids must lie in [0, {V})')
         require(targets is None or getattr(targets, 'shape', None) == x.shape,
                 f'targets must have the shape of x {tuple(x.shape)}')
-        b = boundaries
-        require(b is None or (torch.is_tensor(b) and b.shape == x.shape and not b.is_complex()
-                              and (not read_values or ((b == 0) | (b == 1)).all())),
+        require(boundaries is None
+                or (torch.is_tensor(boundaries) and boundaries.shape == x.shape
+                    and not boundaries.is_complex()
+                    and (not read_values
+                         or ((boundaries == 0) | (boundaries == 1)).all())),
                 f'boundaries must be 0/1 values of the shape of x {tuple(x.shape)}')
         if n_segments is not None:
             require(self.cfg.boundary in EXTERNAL_MODES
@@ -777,7 +749,7 @@ class DynamicPoolingLM(nn.Module):
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
 
-    def trunk(self, x, boundaries=None, state=None, n_segments=None):
+    def trunk(self, x, boundaries=None, n_segments=None, state=None):
         """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
         caches = {} if state is None else state.caches
         biases = (self.u, self.v)
@@ -786,12 +758,12 @@ class DynamicPoolingLM(nn.Module):
             return self.full_stack(h, *biases, caches.get('full_stack')), None
         h = self.pre(h, *biases, caches.get('pre'))
         routing = self.source(h, x, boundaries)
-        if n_segments is not None:   # counted with the batch: no device read for S
-            routing = replace(routing, n_segments=int(n_segments))
+        routing.n_segments = n_segments   # counted with the batch: no device read for S
         pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        lengths = None if state is None else self.pooling.rows(routing)
-        s = self.shortened(pooled, *biases, caches.get('shortened'), lengths)
+        s = self.shortened(pooled, *biases, caches.get('shortened'))
         if state is not None:
+            # the rows that hold segments, not the padding (Config.seg_bucket)
+            caches['shortened'].length = self.pooling.rows(routing)
             state.pooling = self.pooling.prefill_state(h, s, routing)
         h = self.pooling.up(s, routing, h)
         return self.post(h, *biases, caches.get('post')), routing
@@ -801,14 +773,13 @@ class DynamicPoolingLM(nn.Module):
         ones; n_segments: S (fixed, whitespace) counted on the host, so that pooling reads
         nothing back from the device."""
         self.check_inputs(x, targets, boundaries, n_segments)
-        h, routing = self.trunk(x, boundaries, n_segments=n_segments)
+        h, routing = self.trunk(x, boundaries, n_segments)
         out = ModelOutput(logits=self.lm_head(h))                        # [B, L, V]
         if targets is not None:
-            logits = out.logits.flatten(0, 1).float()
-            out.lm_loss = F.cross_entropy(logits, targets.flatten())
-            if routing is None:
-                out.boundary_loss = torch.zeros((), device=x.device)
-            else:
+            out.lm_loss = F.cross_entropy(out.logits.flatten(0, 1).float(),
+                                          targets.flatten())
+            out.boundary_loss = torch.zeros((), device=x.device)
+            if routing is not None:
                 out.boundary_loss, out.boundary_targets = self.source.loss(
                     routing, out.logits, x, boundaries)
             out.loss = out.lm_loss + out.boundary_loss
@@ -821,14 +792,14 @@ class DynamicPoolingLM(nn.Module):
         return out
 
     @torch.no_grad()
-    def prefill(self, x, capacity=None):
+    def prefill(self, x, capacity=0):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
         require(not self.training, 'generation needs eval mode: call model.eval() first')
         self.check_inputs(x)
         B, L = x.shape
-        capacity = max(capacity or 0, L + 1)
-        caches = {name: getattr(self, name).empty_cache(B, capacity, self.u)
-                  for name in self.stage_names}
+        capacity = max(capacity, L + 1)
+        caches = {name: stage.empty_cache(B, capacity, self.u)
+                  for name, stage in self.named_children() if isinstance(stage, Stage)}
         state = GenerationState(caches=caches, length=L)
         h, routing = self.trunk(x, state=state)
         state.boundaries = None if routing is None else routing.hard
@@ -858,7 +829,6 @@ class DynamicPoolingLM(nn.Module):
         state.length += 1
         return self.lm_head(h[:, 0])
 
-    @torch.no_grad()
     def steps(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None,
               n_valid=None):
         """Prefill x [B, L], then pick (next_token) and consume n tokens: yields a
@@ -877,7 +847,6 @@ class DynamicPoolingLM(nn.Module):
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
 
-    @torch.no_grad()
     def generate(self, x, n, temperature=1.0, top_k=None, greedy=False, generator=None):
         """Continue the prompt x [B, L] by n tokens → [B, L+n], cached and incremental."""
         was_training = self.training
@@ -897,9 +866,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     H = cfg.n_head
     dh = cfg.d_head
     n_pre, n_mid, n_post = cfg.layers
-    if cfg.boundary == 'none' or n_short is None:
-        stages = [(n_pre + n_mid + n_post, seq_len)]
-    else:
+    stages = [(sum(cfg.layers), seq_len)]
+    if cfg.boundary != 'none' and n_short is not None:
         stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
     own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
@@ -907,33 +875,32 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     projections = 3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner
     for layers, n in stages:
         # per layer: projections (per token); position keys; scores and values
-        fwd = fwd + layers * (batch * n * 2 * projections
-                              + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
+        fwd += layers * (batch * n * 2 * projections
+                         + n * 2 * d * H * dh + batch * H * n * n * 2 * dh * 3)
     return 3 * fwd
 
 
 @dataclass
 class GenerationState:
     """Everything decoding carries from one token to the next."""
-    caches: dict                            # stage name → KVCache
-    length: int                             # tokens consumed so far
-    pooling: object = None                  # the pooling unit's running state (None for vanilla)
-    boundaries: Optional[Tensor] = None     # [B, n] bool decisions of the last call's tokens
-    late_boundary: Optional[Tensor] = None  # [B, 1] bool: b of the token before, if late
+    caches: dict                         # stage name → KVCache
+    length: int                          # tokens consumed so far
+    pooling: object = None               # the pooling unit's running state (None for vanilla)
+    boundaries: Tensor | None = None     # [B, n] bool decisions of the last call's tokens
+    late_boundary: Tensor | None = None  # [B, 1] bool: b of the token before, if late
 
 
 @dataclass
 class GenerationStep:
     """One yield of DynamicPoolingLM.steps: tokens just consumed and what the model made of them."""
-    tokens: Tensor                       # [B, n]: the prompt, then one token at a time
-    logits: Tensor                       # [B, n, V]: the prediction after each of them
-    boundaries: Optional[Tensor] = None  # [B, n] bool: b_t of each (None for vanilla)
+    tokens: Tensor             # [B, n]: the prompt, then one token at a time
+    logits: Tensor             # [B, n, V]: the prediction after each of them
+    boundaries: Tensor | None  # [B, n] bool: b_t of each (None for vanilla)
 
 
-def next_token(logits, temperature=1.0, top_k=None, greedy=False, generator=None,
-               n_valid=None):
+def next_token(logits, temperature, top_k, greedy, generator, n_valid):
     """Next token [B] from logits [B, V]: argmax, or sampled among the top k; no id >= n_valid."""
-    if n_valid is not None and n_valid < logits.size(-1):
+    if n_valid is not None:
         logits = logits.clone()
         logits[:, n_valid:] = float('-inf')
     if greedy:

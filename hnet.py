@@ -9,7 +9,6 @@ never read by token t, 0 for the last token; generation reports it a token later
 (late_boundary).
 """
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -51,14 +50,13 @@ def smooth_chunks(z, P):
     # Closed form, parallel over j: z̄_j = Σ_{i<=j} P_i Π_{i<k<=j} (1 − P_k) z_i.
     # P_k = 1 would put −inf into the log sums, and NaN into their gradient even where
     # masked: it is read as 1 − 1e-6.
-    P = P.to(torch.promote_types(P.dtype, torch.float32))
     S = z.size(1)
     log_keep = torch.log1p(-P.clamp(max=1 - 1e-6))  # [B, S] log(1 − P_k)
     later = torch.ones(S, S, dtype=torch.bool, device=z.device).tril(-1)  # [k, i]: k > i
     # [B, j, i]: Σ_{i<k<=j} log(1 − P_k)
     decay = log_keep[:, :, None].masked_fill(~later, 0).cumsum(1)
     # [B, j, i]: the weight of z_i in z̄_j, 0 where i > j
-    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None, :]
+    weight = decay.masked_fill(later.T, float('-inf')).exp() * P[:, None]
     return weight.to(z.dtype) @ z  # [B, S, D]
 
 
@@ -72,8 +70,8 @@ def ratio_loss(start, p, N):
 @dataclass
 class ChunkRouting(Routing):
     """The router's output: b in the project's meaning (b_t = start_{t+1}), and the chunk starts."""
-    p: Optional[Tensor] = None      # [B, L] start probabilities p_t (p_0 = 1)
-    start: Optional[Tensor] = None  # [B, L] bool: a chunk starts at t (p_t > ½)
+    p: Tensor | None = None      # [B, L] start probabilities p_t (p_0 = 1)
+    start: Tensor | None = None  # [B, L] bool: a chunk starts at t (p_t > ½)
 
 
 @dataclass
@@ -93,8 +91,8 @@ class ChunkPooling(nn.Module):
 
     def down(self, h, routing):
         """h [B, L, D] → [B, S, D], zero rows padding S to a bucket."""
-        n_chunks = int(routing.start.sum(1).max())  # the one host sync
-        S = padded_count(n_chunks, self.bucket, h.device)
+        # the one host sync
+        S = padded_count(int(routing.start.sum(1).max()), self.bucket, h.device)
         return select_starts(h, routing.start, S)
 
     def up(self, s, routing, h):
@@ -118,19 +116,20 @@ class ChunkPooling(nn.Module):
     def prefill_state(self, h, s, routing):
         last_chunk = self.rows(routing) - 1
         z_bar = gather_rows(self.smooth(s, routing), last_chunk[:, None])[:, 0]
-        return ChunkPoolingState(last_h=h[:, -1], z_bar=z_bar)
+        return ChunkPoolingState(h[:, -1], z_bar)
 
     def step_down(self, h, routing, pooling_state):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
-        pooling_state.last_h = h[:, 0]  # the router compares the next token with this one
+        # the router compares the next token with this one
+        pooling_state.last_h = h[:, 0]
         return h, routing.start[:, 0]
 
     def step_up(self, s, routing, h, pooling_state):
         """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
-            start = routing.start[:, :1]
             p = routing.p[:, :1].to(h.dtype)
             z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
+            start = routing.start[:, :1]
             pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
         return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
 
@@ -186,8 +185,7 @@ class HNetBoundaries(BoundarySource):
 
     def loss(self, routing, logits, x, boundaries):
         ratio = ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
-        loss = self.cfg.ratio_weight * ratio
-        return loss, self.spaces(x)
+        return self.cfg.ratio_weight * ratio, self.spaces(x)
 
 
 register_source('hnet', HNetBoundaries)
