@@ -44,13 +44,12 @@ def error_line(e):
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
-    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError
-    # saying so
-    names = {c.__name__ for c in type(e).__mro__}
+    # out of memory: Python's MemoryError, or a RuntimeError saying so (torch's
+    # OutOfMemoryError is one)
     message = str(e)
     said = isinstance(e, RuntimeError) and ("can't allocate" in message
                                             or 'out of memory' in message)
-    if said or {'MemoryError', 'OutOfMemoryError'} & names:
+    if said or isinstance(e, MemoryError):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
@@ -93,12 +92,12 @@ def _number(kind, rule, outside):
     def parse(s):
         try:
             v = kind(s)
-        except (TypeError, ValueError, OverflowError):
+        except ValueError:
             v = None
         if v is None or (kind is float and not math.isfinite(v)):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
         if outside(v):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {s.strip()}')
         return v
     return parse
 
@@ -113,22 +112,19 @@ def int_range(lo, hi=None):
     return _number(int, rule, lambda v: v < lo or v > hi)
 
 
-def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
-    """Argument type: a finite float between lo and hi (None: no end; *_open: the end
+def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
+    """Argument type: a finite float between lo and hi (inf: no end; *_open: the end
     excluded)."""
-    ends = []
-    if lo is not None:
-        ends.append(f'> {lo:g}' if lo_open else f'>= {lo:g}')
-    if hi is not None:
-        ends.append(f'< {hi:g}' if hi_open else f'<= {hi:g}')
-    rule = 'a number'
-    if ends:
-        rule = 'a finite number ' + ' and '.join(ends)
+    rule = f'a finite number >= {lo:g}'
+    if lo_open:
+        rule = f'a finite number > {lo:g}'
+    if hi_open:
+        rule += f' and < {hi:g}'
+    elif hi < math.inf:
+        rule += f' and <= {hi:g}'
 
     def outside(v):
-        below = lo is not None and (v < lo or (lo_open and v == lo))
-        above = hi is not None and (v > hi or (hi_open and v == hi))
-        return below or above
+        return v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi)
     return _number(float, rule, outside)
 
 
@@ -145,7 +141,7 @@ def nonblank(s):
     """Argument type: a string with something in it (a path, a name) and no NUL, which no
     path can hold (the OS call would raise ValueError, not OSError, past the error
     boundary)."""
-    if not str(s).strip() or '\0' in str(s):
+    if not s.strip() or '\0' in s:
         raise argparse.ArgumentTypeError(f'must not be empty or hold a NUL character, got {s!r}')
     return s
 

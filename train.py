@@ -290,10 +290,8 @@ def eval_and_log(t, splits, split, max_chars):
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
                  args.device, t.autocast, t.procs, f'step {state.step} {split}')
     subset = len(tokens) < len(splits[split])
-    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
-               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
-               train_chars=state.train_chars, train_flops=state.train_flops,
-               train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
+    rec = dict(kind='eval', **progress(t), split=split, bpc=r['bpc'], sf=r['sf'],
+               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset)
     t.logger.log(rec)
     line = f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
     if r['boundary_p'] is not None:
@@ -305,6 +303,14 @@ def eval_and_log(t, splits, split, max_chars):
     if not math.isfinite(r['bpc']):
         diverged(t, f'{split} bpc {r["bpc"]}')
     return rec
+
+
+def progress(t):
+    """A record's fields of where the run stands, and the peak memory since the last
+    one."""
+    state = t.state
+    return dict(step=state.step, train_chars=state.train_chars, train_flops=state.train_flops,
+                train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(t.args.device)))
 
 
 def diverged(t, what):
@@ -374,11 +380,7 @@ def run(argv, procs):
                     raw_model=model, optimizer=optimizer, scaler=scaler,
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    saved_time=state.train_time)
-        if argv is not None:
-            t.argv = list(argv)
-        else:
-            t.argv = sys.argv[1:]
+                    argv=list(argv), saved_time=state.train_time)
         with closing(start_log(t, amp, ckpt is not None)):
             why = train(t, splits, labels)
             if why is not None:
@@ -388,7 +390,7 @@ def run(argv, procs):
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
                 t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(args.out)}')
+                      f'{resume_command(out)}')
                 return rt.EXIT_PREEMPTED if stop else 0
             eval_and_log(t, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
@@ -538,12 +540,9 @@ def log_train(t, r, lr, steps, dt, stop, first):
     seconds = state.train_time - first[1]
     speed = steps * args.batch_size * args.seq_len / dt
     bpc = r['lm_loss'] / math.log(2)
-    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
-                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
-                      recall=r['recall'], chars_per_s=round(speed), lr=lr,
-                      grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
-                      epoch=state.epoch))
+    t.logger.log(dict(kind='train', **progress(t), loss=r['loss'], bpc=bpc, sf=r['sf'],
+                      precision=r['precision'], recall=r['recall'], chars_per_s=round(speed),
+                      lr=lr, grad_norm=r['grad_norm'], epoch=state.epoch))
     if args.flop_budget is None:
         where = f'{state.step}/{stop}'
         left = (args.max_steps - state.step) / max(state.step - first[0], 1)
@@ -558,6 +557,8 @@ def log_train(t, r, lr, steps, dt, stop, first):
 def main(argv=None):
     """Train → the exit code; a mistake or fault: one `error: ...` line (from rank 0)."""
     procs = rt.Processes.of_torchrun()
+    if argv is None:
+        argv = sys.argv[1:]
     code = [0]
     failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
     return failed or code[-1]
