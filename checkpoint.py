@@ -254,7 +254,7 @@ def restore_training(ckpt, model, optimizer, scaler, device):
         scaler.load_state_dict(ckpt['scaler'])
     rng = ckpt['rng']
     torch.set_rng_state(rng['torch'])
-    if torch.device(device).type == 'cuda' and rng['cuda'] is not None:
+    if 'cuda' in str(device) and rng['cuda'] is not None:
         torch.cuda.set_rng_state(rng['cuda'], device)
     np.random.set_state(rng['numpy'])
     random.setstate(rng['python'])

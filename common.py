@@ -86,9 +86,9 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def _number(kind, rule, outside):
-    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError
-    naming rule."""
+def _number(kind, rule, lo, hi, lo_open=False, hi_open=False):
+    """Argument type: s → kind(s), finite and in [lo, hi] (*_open: the end excluded); else
+    ArgumentTypeError naming rule."""
     def parse(s):
         try:
             v = kind(s)
@@ -96,7 +96,7 @@ def _number(kind, rule, outside):
             v = None
         if v is None or (kind is float and not math.isfinite(v)):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-        if outside(v):
+        if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s.strip()}')
         return v
     return parse
@@ -109,7 +109,7 @@ def int_range(lo, hi=None):
     if hi is None:
         rule = f'an integer >= {lo} (below 2**63)'
         hi = 2 ** 63 - 1
-    return _number(int, rule, lambda v: v < lo or v > hi)
+    return _number(int, rule, lo, hi)
 
 
 def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
@@ -122,10 +122,7 @@ def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
         rule += f' and < {hi:g}'
     elif hi < math.inf:
         rule += f' and <= {hi:g}'
-
-    def outside(v):
-        return v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi)
-    return _number(float, rule, outside)
+    return _number(float, rule, lo, hi, lo_open, hi_open)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps

@@ -91,7 +91,7 @@ def check_model_memory(cfg, device):
 def free_memory(device):
     """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
     where unknown)."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         return torch.cuda.mem_get_info(device)[0]
     m = None
     if os.path.exists('/proc/meminfo'):
@@ -115,7 +115,7 @@ def require_memory(need, what, device, fix):
 def use_tf32(device):
     """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
     the model)."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
@@ -123,7 +123,7 @@ def use_tf32(device):
 def peak_mem_mb(device):
     """Peak memory in MiB: CUDA's allocated since the last call (reset here), else the
     process's peak RSS."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
         return peak
@@ -142,7 +142,7 @@ def sum_dtype(device):
 
 def start_processes(device, procs):
     """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU); TF32 on GPUs."""
-    cuda = torch.device(device).type == 'cuda'
+    cuda = 'cuda' in str(device)
     use_tf32(device)
     if cuda:  # the device set first: NCCL binds to it
         torch.cuda.set_device(device)

@@ -21,7 +21,7 @@ from collections import namedtuple
 from contextlib import closing, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,8 +116,8 @@ class RunState:
     train_chars: int = 0
     train_flops: float = 0.0
     train_time: float = 0.0
-    warmup_flops: Optional[float] = None  # --flop-budget: train_flops when warm-up ended
-    saved: Optional[int] = None           # the step of the checkpoint on disk
+    warmup_flops: float | None = None  # --flop-budget: train_flops when warm-up ended
+    saved: int | None = None           # the step of the checkpoint on disk
 
 
 @dataclasses.dataclass
@@ -133,8 +133,8 @@ class Trainer:
     autocast: Any = nullcontext()
     procs: rt.Processes = rt.Processes()
     state: RunState = dataclasses.field(default_factory=RunState)
-    logger: Optional[rt.Logger] = None
-    data_identity: Optional[dict] = None  # the vocabulary and the data's fingerprint
+    logger: rt.Logger | None = None
+    data_identity: dict | None = None  # the vocabulary and the data's fingerprint
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
@@ -290,8 +290,10 @@ def eval_and_log(t, splits, split, max_chars):
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
                  args.device, t.autocast, t.procs, f'step {state.step} {split}')
     subset = len(tokens) < len(splits[split])
-    rec = dict(kind='eval', **progress(t), split=split, bpc=r['bpc'], sf=r['sf'],
-               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset)
+    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
+               train_chars=state.train_chars, train_flops=state.train_flops,
+               train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
     line = f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
     if r['boundary_p'] is not None:
@@ -303,14 +305,6 @@ def eval_and_log(t, splits, split, max_chars):
     if not math.isfinite(r['bpc']):
         diverged(t, f'{split} bpc {r["bpc"]}')
     return rec
-
-
-def progress(t):
-    """A record's fields of where the run stands, and the peak memory since the last
-    one."""
-    state = t.state
-    return dict(step=state.step, train_chars=state.train_chars, train_flops=state.train_flops,
-                train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(t.args.device)))
 
 
 def diverged(t, what):
@@ -540,9 +534,12 @@ def log_train(t, r, lr, steps, dt, stop, first):
     seconds = state.train_time - first[1]
     speed = steps * args.batch_size * args.seq_len / dt
     bpc = r['lm_loss'] / math.log(2)
-    t.logger.log(dict(kind='train', **progress(t), loss=r['loss'], bpc=bpc, sf=r['sf'],
-                      precision=r['precision'], recall=r['recall'], chars_per_s=round(speed),
-                      lr=lr, grad_norm=r['grad_norm'], epoch=state.epoch))
+    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
+                      recall=r['recall'], chars_per_s=round(speed), lr=lr,
+                      grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
+                      epoch=state.epoch))
     if args.flop_budget is None:
         where = f'{state.step}/{stop}'
         left = (args.max_steps - state.step) / max(state.step - first[0], 1)
