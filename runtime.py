@@ -404,8 +404,8 @@ class StepStats:
     def read(self, late=False, save=False):
         """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any
         process says `save` (a checkpoint is due by its clock) or `late` (stop now)."""
-        self.sums[-2] += float(save)
-        self.sums[-1] += float(late)
+        self.sums[-2] += save
+        self.sums[-1] += late
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
         v = dict(zip(self.NAMES, self.sums.tolist()))

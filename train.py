@@ -444,7 +444,7 @@ def train(t, splits, labels):
             state.train_flops += t.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
-        save = validate or bool(save_steps and state.step % save_steps == 0)
+        save = validate or (save_steps and state.step % save_steps == 0)
         # a signal ends the step in flight; with DDP, all ranks agree at a record
         record = state.step % args.log_interval == 0 or save or (t.stop and t.procs.world == 1)
         if record:
