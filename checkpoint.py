@@ -176,10 +176,11 @@ def read_checkpoint(path, trust=False):
 
 
 def load_weights(model, state, path):
-    """A state dict (the bare model's: train.py saves no compiled or DDP one) into model;
-    a UserError where it does not fit."""
+    """A (possibly compiled or DDP) state dict into model; a UserError where it does not
+    fit."""
     try:
-        model.load_state_dict(state)
+        model.load_state_dict({re.sub(r'^((_orig_mod|module)\.)+', '', k): v
+                               for k, v in state.items()})
     except RuntimeError as e:
         # missing, unexpected or other-shaped weights: the first kind named
         why = (str(e).splitlines() + [''])[1].strip()[:200]
