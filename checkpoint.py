@@ -29,9 +29,8 @@ _SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
 
 
 def write_sealed(f, data):
-    """Write torch.save's bytes `data` to file f with the checksum comment at the end."""
-    if len(data) < 22 or bytes(data[-22:-18]) != _EOCD or bytes(data[-2:]) != b'\0\0':
-        raise RuntimeError('torch.save wrote no zip archive with an empty comment')
+    """Write torch.save's bytes `data` (a zip archive with an empty comment) to file f with
+    the checksum comment at the end."""
     h = hashlib.sha256()
     # the archive up to the comment's length, then the length and the comment
     for part in (data[:-2], _SEAL.to_bytes(2, 'little'), CHECKSUM_TAG):
@@ -86,11 +85,9 @@ def config_from_dict(d, **extra):
 def _dict(keys=str, values=object, **fields):
     """Rule: a dict of keys and values of these types, whose `fields` have the given types."""
     def rule(v):
-        if not isinstance(v, dict):
-            return False
-        if not all(isinstance(k, keys) and isinstance(x, values) for k, x in v.items()):
-            return False
-        return all(isinstance(v.get(k), t) for k, t in fields.items())
+        return (isinstance(v, dict)
+                and all(isinstance(k, keys) and isinstance(x, values) for k, x in v.items())
+                and all(isinstance(v.get(k), t) for k, t in fields.items()))
     return rule
 
 
@@ -257,7 +254,7 @@ def restore_training(ckpt, model, optimizer, scaler, device):
         scaler.load_state_dict(ckpt['scaler'])
     rng = ckpt['rng']
     torch.set_rng_state(rng['torch'])
-    if torch.device(device).type == 'cuda' and rng['cuda'] is not None:
+    if 'cuda' in str(device) and rng['cuda'] is not None:
         torch.cuda.set_rng_state(rng['cuda'], device)
     np.random.set_state(rng['numpy'])
     random.setstate(rng['python'])
@@ -275,9 +272,8 @@ def check_resumable(ckpt, cfg, data_identity, data):
         raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary '
                         f'(alphabet) than {data}')
     old = config_from_dict(ckpt['config'])
-    diff = [f.name for f in dataclasses.fields(Config)
-            if f.name not in ('attention', 'attn_chunk')
-            and getattr(old, f.name) != getattr(cfg, f.name)]
+    diff = [k for k, v in dataclasses.asdict(old).items()
+            if k not in ('attention', 'attn_chunk') and v != getattr(cfg, k)]
     if diff:
         raise UserError(f'checkpoint {ckpt["path"]} has another model config than these '
                         f'flags and data ({", ".join(diff)})')

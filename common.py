@@ -44,13 +44,12 @@ def error_line(e):
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
-    # out of memory: Python's MemoryError, torch's OutOfMemoryError, or a RuntimeError
-    # saying so
-    names = {c.__name__ for c in type(e).__mro__}
+    # out of memory: Python's MemoryError, or a RuntimeError saying so (torch's
+    # OutOfMemoryError is one)
     message = str(e)
     said = isinstance(e, RuntimeError) and ("can't allocate" in message
                                             or 'out of memory' in message)
-    if said or {'MemoryError', 'OutOfMemoryError'} & names:
+    if said or isinstance(e, MemoryError):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
 
@@ -87,18 +86,18 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def _number(kind, rule, outside):
-    """Argument type: s → kind(s), finite and not outside(v); else ArgumentTypeError
-    naming rule."""
+def _number(kind, rule, lo, hi, lo_open=False, hi_open=False):
+    """Argument type: s → kind(s), finite and in [lo, hi] (*_open: the end excluded); else
+    ArgumentTypeError naming rule."""
     def parse(s):
         try:
             v = kind(s)
-        except (TypeError, ValueError, OverflowError):
+        except ValueError:
             v = None
         if v is None or (kind is float and not math.isfinite(v)):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-        if outside(v):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {str(s).strip()}')
+        if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+            raise argparse.ArgumentTypeError(f'must be {rule}, got {s.strip()}')
         return v
     return parse
 
@@ -110,26 +109,20 @@ def int_range(lo, hi=None):
     if hi is None:
         rule = f'an integer >= {lo} (below 2**63)'
         hi = 2 ** 63 - 1
-    return _number(int, rule, lambda v: v < lo or v > hi)
+    return _number(int, rule, lo, hi)
 
 
-def float_range(lo=None, hi=None, lo_open=False, hi_open=False):
-    """Argument type: a finite float between lo and hi (None: no end; *_open: the end
+def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
+    """Argument type: a finite float between lo and hi (inf: no end; *_open: the end
     excluded)."""
-    ends = []
-    if lo is not None:
-        ends.append(f'> {lo:g}' if lo_open else f'>= {lo:g}')
-    if hi is not None:
-        ends.append(f'< {hi:g}' if hi_open else f'<= {hi:g}')
-    rule = 'a number'
-    if ends:
-        rule = 'a finite number ' + ' and '.join(ends)
-
-    def outside(v):
-        below = lo is not None and (v < lo or (lo_open and v == lo))
-        above = hi is not None and (v > hi or (hi_open and v == hi))
-        return below or above
-    return _number(float, rule, outside)
+    rule = f'a finite number >= {lo:g}'
+    if lo_open:
+        rule = f'a finite number > {lo:g}'
+    if hi_open:
+        rule += f' and < {hi:g}'
+    elif hi < math.inf:
+        rule += f' and <= {hi:g}'
+    return _number(float, rule, lo, hi, lo_open, hi_open)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
@@ -145,7 +138,7 @@ def nonblank(s):
     """Argument type: a string with something in it (a path, a name) and no NUL, which no
     path can hold (the OS call would raise ValueError, not OSError, past the error
     boundary)."""
-    if not str(s).strip() or '\0' in str(s):
+    if not s.strip() or '\0' in s:
         raise argparse.ArgumentTypeError(f'must not be empty or hold a NUL character, got {s!r}')
     return s
 

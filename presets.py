@@ -38,12 +38,15 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
 # has one).
 MODEL_FLAGS = ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
                'ratio_weight', 'double_sigmoid', 'pooling')
-MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
+MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)
+                  if f.name in MODEL_FLAGS}
 # Flags that define the model or the data order: a resumed run must keep them.
 KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
                   'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed') + MODEL_FLAGS
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
+# A switch is None when not given: a resumed run can tell.
+SWITCH = dict(action='store_true', default=None)
 
 
 def layer_counts(value):
@@ -63,7 +66,7 @@ def layer_counts(value):
 def flop_budget(s):
     """Argument type: FLOPs, or vanilla:N (N vanilla steps of the run's shape:
     budget_flops)."""
-    s = str(s).strip()
+    s = s.strip()
     if s.startswith('vanilla:'):
         return f'vanilla:{positive_int(s[8:])}'
     return positive_float(s)
@@ -72,7 +75,7 @@ def flop_budget(s):
 def save_interval(s):
     """Argument type: a checkpoint every N steps ('500') or every N minutes of training
     ('30m')."""
-    s = str(s).strip()
+    s = s.strip()
     if s.endswith('m'):
         positive_float(s[:-1])
     else:
@@ -85,14 +88,13 @@ def parser():
     help ends with the flag's default, the presets' where they differ."""
     p = common.Parser(prog='train.py', description='Train a dynamic-pooling Transformer (Nawrot '
                       'et al., ACL 2023), a character-level LM.')
-    switch = dict(action='store_true', default=None)
     p.add_argument('--data', type=nonblank,
                    help='dataset directory written by prepare_data.py')
     p.add_argument('--boundary', choices=BOUNDARY_MODES,
                    help='where segments end (none: a vanilla Transformer)')
     p.add_argument('--out', type=nonblank,
                    help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
-    p.add_argument('--resume', **switch,
+    p.add_argument('--resume', **SWITCH,
                    help='continue the run in --out from its checkpoint')
     p.add_argument('--device', type=nonblank,
                    help='cpu, cuda, cuda:1 or mps; sets the preset (default cuda if any)')
@@ -108,11 +110,10 @@ def parser():
     p.add_argument('--dropatt', type=fraction, help='attention dropout')
     add_model_flags(p)
     add_schedule_flags(p)
-    defaults = {**MODEL_DEFAULTS, **GPU_PRESET, **COMMON}
     for action in p._actions:
         if action.dest != 'help' and 'default' not in action.help:
-            gpu = show(defaults.get(action.dest, False))
-            cpu = show(CPU_PRESET.get(action.dest, defaults.get(action.dest, False)))
+            gpu = show({**COMMON, **MODEL_DEFAULTS, **GPU_PRESET}.get(action.dest))
+            cpu = show({**COMMON, **MODEL_DEFAULTS, **CPU_PRESET}.get(action.dest))
             both = f'GPU {gpu}, CPU {cpu}' if gpu != cpu else gpu
             action.help += f' (default {both})'
     return p
@@ -132,7 +133,7 @@ def add_model_flags(p):
                    help='entropy: k of the spike rule')
     p.add_argument('--unigram', type=positive_int,
                    help="unigram: the label set of V pieces (default the dataset's)")
-    p.add_argument('--double-sigmoid', action='store_true', default=None,
+    p.add_argument('--double-sigmoid', **SWITCH,
                    help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
     p.add_argument('--ratio-target', type=float_range(1, lo_open=True),
                    help='hnet: target compression of the ratio loss')
@@ -144,7 +145,6 @@ def add_model_flags(p):
 
 def add_schedule_flags(p):
     """The flags of the batch, the schedule, evaluation and logging."""
-    switch = dict(action='store_true', default=None)
     p.add_argument('--batch-size', type=positive_int,
                    help='global batch: sequences a step over processes, --grad-accum')
     p.add_argument('--seq-len', type=positive_int,
@@ -166,7 +166,7 @@ def add_schedule_flags(p):
                    help='gradient norm clip, 0 = off')
     p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
                    help='auto: bf16 where the GPU has it, else fp16')
-    p.add_argument('--compile', **switch, help='torch.compile the model for training')
+    p.add_argument('--compile', **SWITCH, help='torch.compile the model for training')
     p.add_argument('--eval-interval', type=positive_int,
                    help='validate and save every N steps')
     p.add_argument('--save-interval', type=save_interval,
@@ -183,7 +183,7 @@ def add_schedule_flags(p):
                    help='windows per evaluation batch')
     p.add_argument('--log-interval', type=positive_int,
                    help='a train record every N steps')
-    p.add_argument('--tensorboard', **switch,
+    p.add_argument('--tensorboard', **SWITCH,
                    help='also log to TensorBoard in <out>/tensorboard (needs tensorboard)')
     p.add_argument('--wandb', type=nonblank,
                    help='also log to this Weights & Biases project (needs wandb; default off)')
@@ -231,7 +231,7 @@ def resolve_args(argv, procs=rt.Processes()):
     # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
-    defaults = {**COMMON, **preset, **{k: MODEL_DEFAULTS[k] for k in MODEL_FLAGS},
+    defaults = {**COMMON, **MODEL_DEFAULTS, **preset,
                 **dataset_defaults(args.data or data, MODEL_FLAGS),
                 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
@@ -250,9 +250,8 @@ def model_config(args, meta, world=1):
     if args.batch_size % (world * args.grad_accum):
         raise UserError(f'--batch-size {args.batch_size} does not split over {world} process(es) '
                         f'x --grad-accum {args.grad_accum}', code=2)
-    flags = MODEL_FLAGS + ('d_model', 'n_head', 'd_head', 'd_inner', 'dropout', 'dropatt',
-                           'boundary', 'attention', 'layers')
-    return config_from_dict({k: getattr(args, k) for k in flags}, vocab_size=meta['vocab_size'],
+    # (the flags that are not Config's fields are left out)
+    return config_from_dict(vars(args), vocab_size=meta['vocab_size'],
                             whitespace_id=meta.get('space_id'))
 
 

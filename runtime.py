@@ -46,10 +46,8 @@ def pick_device(name=None, local_rank=None):
     # one GPU per process, or the node's
     if dev.type == 'cuda' and local_rank is not None and gpus:
         dev = torch.device('cuda', 0 if gpus == 1 else local_rank)
-    missing = dev.type == 'cuda' and (dev.index or 0) >= gpus
-    if dev.type == 'mps' and not torch.backends.mps.is_available():
-        missing = True
-    if missing:
+    missing_gpu = dev.type == 'cuda' and (dev.index or 0) >= gpus
+    if missing_gpu or (dev.type == 'mps' and not torch.backends.mps.is_available()):
         rank = '' if local_rank is None else f'LOCAL_RANK {local_rank} but '
         raise UserError(f'--device {name}: no {dev} here ({rank}this process sees {gpus} CUDA '
                         f'devices; try cpu)', code=2)
@@ -93,12 +91,12 @@ def check_model_memory(cfg, device):
 def free_memory(device):
     """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
     where unknown)."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         return torch.cuda.mem_get_info(device)[0]
-    if not os.path.exists('/proc/meminfo'):
-        return math.inf
-    with open('/proc/meminfo') as f:
-        m = re.search(r'MemAvailable:\s*(\d+)', f.read())
+    m = None
+    if os.path.exists('/proc/meminfo'):
+        with open('/proc/meminfo') as f:
+            m = re.search(r'MemAvailable:\s*(\d+)', f.read())
     if m is None:
         return math.inf
     return int(m.group(1)) * 1024
@@ -117,7 +115,7 @@ def require_memory(need, what, device, fix):
 def use_tf32(device):
     """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
     the model)."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
@@ -125,7 +123,7 @@ def use_tf32(device):
 def peak_mem_mb(device):
     """Peak memory in MiB: CUDA's allocated since the last call (reset here), else the
     process's peak RSS."""
-    if torch.device(device).type == 'cuda':
+    if 'cuda' in str(device):
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
         return peak
@@ -144,7 +142,7 @@ def sum_dtype(device):
 
 def start_processes(device, procs):
     """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU); TF32 on GPUs."""
-    cuda = torch.device(device).type == 'cuda'
+    cuda = 'cuda' in str(device)
     use_tf32(device)
     if cuda:  # the device set first: NCCL binds to it
         torch.cuda.set_device(device)
@@ -201,11 +199,11 @@ def run_guard(out_dir, procs, where):
         # together (a rank exiting while others use its gloo links can abort), not on error
         for s, handler in handlers.items():
             signal.signal(s, handler)
-        dist = torch.distributed
-        if procs.world > 1 and dist.is_initialized() and not ended:
-            dist.destroy_process_group()
-        elif procs.world > 1 and dist.is_initialized():
-            leave_together(procs)
+        if procs.world > 1 and torch.distributed.is_initialized():
+            if ended:
+                leave_together(procs)
+            else:
+                torch.distributed.destroy_process_group()
 
 
 def leave_together(procs):
@@ -277,11 +275,11 @@ class Logger:
                   f'left by a run that stopped while writing it)', file=sys.stderr)
             lines.pop()
         kept = [line for line in lines if not after(whole_record(line), resumed_from)]
-        if len(kept) < len(lines):
-            print(f'note: {self.path}: dropped {len(lines) - len(kept)} record(s) of steps after '
-                  f'step {resumed_from}, the checkpoint (the resumed run redoes them)',
-                  file=sys.stderr)
-        if cut or len(kept) < len(lines):
+        dropped = len(lines) - len(kept)
+        if dropped:
+            print(f'note: {self.path}: dropped {dropped} record(s) of steps after step '
+                  f'{resumed_from}, the checkpoint (the resumed run redoes them)', file=sys.stderr)
+        if cut or dropped:
             common.write_atomic(self.path, b''.join(kept))
         try:  # the optional packages, where their flags ask
             if args.tensorboard:
@@ -348,8 +346,6 @@ class StepStats:
         self.world = world
         self.sums = torch.zeros(len(self.NAMES), dtype=sum_dtype(args.device), device=args.device)
         self.step_sf = []        # this step's micro-steps' SF, on the device
-        # the last step's FLOPs (a device tensor where measured there)
-        self.last_flops = None
         self.reset()
 
     def reset(self):
@@ -387,6 +383,7 @@ class StepStats:
         else:
             # decided on the device: from each micro-step's measured SF = L / segments
             n_short = [1 + L / sf for sf in self.step_sf]
+        # the last step's FLOPs (a device tensor where measured there)
         self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
         if torch.is_tensor(self.last_flops):
             self.add(flops=self.last_flops)
@@ -398,29 +395,24 @@ class StepStats:
         """The last step's FLOPs, all processes' (--flop-budget; a device read where a
         network decides the segments)."""
         flops = self.last_flops
-        self.last_flops = None
-        if torch.is_tensor(flops) and self.world > 1:
+        if not torch.is_tensor(flops):
+            return flops
+        if self.world > 1:
             torch.distributed.all_reduce(flops)
-        if torch.is_tensor(flops):
-            return flops.item()
-        return flops
+        return flops.item()
 
     def read(self, late=False, save=False):
         """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any
         process says `save` (a checkpoint is due by its clock) or `late` (stop now)."""
-        self.sums[-2] += float(save)
-        self.sums[-1] += float(late)
+        self.sums[-2] += save
+        self.sums[-1] += late
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
         v = dict(zip(self.NAMES, self.sums.tolist()))
         n = max(1, self.micro_steps * self.world)
         r = {k: v[k] / n if k in self.seen else None for k in self.NAMES[:5]}
-        r['sf'] = r['sf'] or 1.0
-        r['flops'] = v['flops'] + self.host_flops
-        r['bad'] = int(v['bad'])
-        r['save'] = v['save'] > 0
-        r['late'] = v['late'] > 0
-        r['grad_norm'] = None
+        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.host_flops, bad=int(v['bad']),
+                 save=v['save'] > 0, late=v['late'] > 0, grad_norm=None)
         if v['norms']:
             r['grad_norm'] = v['grad_norm'] / v['norms']
         self.reset()

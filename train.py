@@ -21,7 +21,7 @@ from collections import namedtuple
 from contextlib import closing, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,8 +116,8 @@ class RunState:
     train_chars: int = 0
     train_flops: float = 0.0
     train_time: float = 0.0
-    warmup_flops: Optional[float] = None  # --flop-budget: train_flops when warm-up ended
-    saved: Optional[int] = None           # the step of the checkpoint on disk
+    warmup_flops: float | None = None  # --flop-budget: train_flops when warm-up ended
+    saved: int | None = None           # the step of the checkpoint on disk
 
 
 @dataclasses.dataclass
@@ -133,8 +133,8 @@ class Trainer:
     autocast: Any = nullcontext()
     procs: rt.Processes = rt.Processes()
     state: RunState = dataclasses.field(default_factory=RunState)
-    logger: Optional[rt.Logger] = None
-    data_identity: Optional[dict] = None  # the vocabulary and the data's fingerprint
+    logger: rt.Logger | None = None
+    data_identity: dict | None = None  # the vocabulary and the data's fingerprint
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
@@ -234,8 +234,8 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
              procs=rt.Processes(), desc='evaluating'):
     """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
     read. A progress bar on stderr where it is a terminal (rank 0)."""
-    wins = eval_windows(len(tokens) - 1, window, step)
-    wins = wins[procs.rank::procs.world]  # this process's share
+    # this process's share of the windows
+    wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]
     was_training = model.training
     model.eval()
     # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
@@ -345,10 +345,9 @@ def run(argv, procs):
     if args.flop_budget is not None:
         args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
     amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
-    train_chars = len(splits['train'])
-    if train_chars < args.batch_size * (args.seq_len + 1):  # (the stream would hang)
-        raise UserError(f'{args.data}/train.bin has {train_chars} chars, fewer than one '
-                        f'batch ({args.batch_size} x {args.seq_len + 1})')
+    if len(splits['train']) < args.batch_size * (args.seq_len + 1):  # (the stream would hang)
+        raise UserError(f'{args.data}/train.bin has {len(splits["train"])} chars, fewer '
+                        f'than one batch ({args.batch_size} x {args.seq_len + 1})')
     check_pooling(cfg, splits['train'], args.seq_len, args.data)
     state = RunState()
     if ckpt is not None:
@@ -374,12 +373,8 @@ def run(argv, procs):
                     raw_model=model, optimizer=optimizer, scaler=scaler,
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    saved_time=state.train_time)
-        if argv is not None:
-            t.argv = list(argv)
-        else:
-            t.argv = sys.argv[1:]
-        with closing(start_log(t, amp, ckpt is not None)):
+                    argv=list(argv), saved_time=state.train_time)
+        with closing(start_log(t, amp)):
             why = train(t, splits, labels)
             if why is not None:
                 # a clean stop to be resumed, told apart from a crash by report.py
@@ -388,7 +383,7 @@ def run(argv, procs):
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
                 t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(args.out)}')
+                      f'{resume_command(out)}')
                 return rt.EXIT_PREEMPTED if stop else 0
             eval_and_log(t, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
@@ -398,12 +393,12 @@ def run(argv, procs):
     return 0
 
 
-def start_log(t, amp, resumed):
+def start_log(t, amp):
     """The run's first line and config record (run_id: its identity) → the logger."""
     args = t.args
     params = t.raw_model.num_params()
     line = f'{args.boundary} on {args.data} -> {args.out}'
-    if resumed:
+    if t.state.saved is not None:
         line += f' (resumed at step {t.state.step})'
     t.say(f'{line}: {params / 1e6:.2f}M parameters, layers {",".join(map(str, args.layers))}, '
           f'{args.device}, amp {amp}, {t.procs.world} process(es)')
@@ -439,7 +434,7 @@ def train(t, splits, labels):
         eval_and_log(t, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
     since = (time.monotonic(), state.step)  # the last record's clock and step
-    first = (state.step, state.train_time, state.train_flops)  # this invocation's start
+    first = dataclasses.replace(state)  # this invocation's start
     t.model.train()
     while state.step < stop and not finished(state, args):
         lr = advance(t, batch)
@@ -448,7 +443,7 @@ def train(t, splits, labels):
             state.train_flops += t.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
-        save = validate or bool(save_steps and state.step % save_steps == 0)
+        save = validate or (save_steps and state.step % save_steps == 0)
         # a signal ends the step in flight; with DDP, all ranks agree at a record
         record = state.step % args.log_interval == 0 or save or (t.stop and t.procs.world == 1)
         if record:
@@ -468,7 +463,7 @@ def train(t, splits, labels):
                             f'..{state.step}, skipped: the weights stayed finite')
             if args.flop_budget is None:
                 state.train_flops += r['flops']
-            log_train(t, r, lr, steps, now - last, stop=stop, first=first)
+            log_train(t, r, lr, steps, now - last, stop, first)
             save = save or r['save']
             if r['late'] and not end:
                 stop = state.step
@@ -532,10 +527,10 @@ def save_training(t):
 def log_train(t, r, lr, steps, dt, stop, first):
     """A train record of the statistics of the `steps` steps in `dt` seconds since the
     last one, and its line, with an ETA from this invocation's speed: the steps (or
-    FLOPs) left at the rate of those since `first` (step, train_time, train_flops)."""
+    FLOPs) left at the rate of those since `first`, the RunState where it started."""
     args = t.args
     state = t.state
-    seconds = state.train_time - first[1]
+    seconds = state.train_time - first.train_time
     speed = steps * args.batch_size * args.seq_len / dt
     bpc = r['lm_loss'] / math.log(2)
     t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
@@ -546,10 +541,11 @@ def log_train(t, r, lr, steps, dt, stop, first):
                       epoch=state.epoch))
     if args.flop_budget is None:
         where = f'{state.step}/{stop}'
-        left = (args.max_steps - state.step) / max(state.step - first[0], 1)
+        left = (args.max_steps - state.step) / max(state.step - first.step, 1)
     else:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
-        left = (args.flop_budget - state.train_flops) / max(state.train_flops - first[2], 1)
+        spent = state.train_flops - first.train_flops
+        left = (args.flop_budget - state.train_flops) / max(spent, 1)
     eta = timedelta(seconds=round(max(left, 0) * seconds))
     t.say(f'step {where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
           f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
@@ -558,6 +554,8 @@ def log_train(t, r, lr, steps, dt, stop, first):
 def main(argv=None):
     """Train → the exit code; a mistake or fault: one `error: ...` line (from rank 0)."""
     procs = rt.Processes.of_torchrun()
+    if argv is None:
+        argv = sys.argv[1:]
     code = [0]
     failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
     return failed or code[-1]
