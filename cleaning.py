@@ -10,6 +10,7 @@ language's alphabet -> a space; whitespace collapsed, empty lines dropped. Fixes
 the paper's pipeline is broken: NFC first (a + U+0308 is ä), İ -> i, Hebrew digit words
 without niqqud. fold_accents (not the paper's data) folds é -> e instead of splitting the
 word there."""
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -41,35 +42,33 @@ MARKERS = re.compile(r'_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_')   # wik
 # fold_accents only: Latin letters that no Unicode decomposition makes a basic one
 _FOLD_EXTRA = {'ß': 'ss', 'æ': 'ae', 'œ': 'oe', 'þ': 'th', 'ð': 'd', 'đ': 'd', 'ı': 'i',
                'ł': 'l', 'ø': 'o', 'ŀ': 'l', 'ĸ': 'k', 'װ': 'וו', 'ױ': 'וי', 'ײ': 'יי'}
-_HOMOGLYPHS = {}
-_TABLES = {}
 
 
+@functools.cache
 def homoglyphs():
     """{character: ASCII} from Unicode's confusables (UTS #39, package
     confusable-homoglyphs): each non-ASCII character confusable with one ASCII character
     (or with ASCII punctuation only, as “ with ''), plus the fullwidth forms U+FF01-FF5E
     through their NFKC form."""
-    if _HOMOGLYPHS:
-        return _HOMOGLYPHS
     # pinned in requirements.txt: its data decides
     from confusable_homoglyphs import confusables
     # the data lists confusables both ways; right-to-left ones wrapped in U+200E
     listed = {}
+    found = {}
     for key, protos in confusables.confusables_data.items():
         key = key.strip('\u200e')
         for p in (h['c'].strip('\u200e') for h in protos):
             if len(key) == 1 and not key.isascii() and p.isascii() and (
                     len(p) == 1 or not any(ch.isalnum() for ch in p)):
-                _HOMOGLYPHS.setdefault(key, p)  # the character's own prototype first
+                found.setdefault(key, p)  # the character's own prototype first
             elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
                 listed.setdefault(p, key)
     for c, a in listed.items():
-        _HOMOGLYPHS.setdefault(c, a)
+        found.setdefault(c, a)
     for cp in range(0xFF01, 0xFF5F):
         a = unicodedata.normalize('NFKC', chr(cp))
-        _HOMOGLYPHS.setdefault(chr(cp), _HOMOGLYPHS.get(a, a))
-    return _HOMOGLYPHS
+        found.setdefault(chr(cp), found.get(a, a))
+    return found
 
 
 class _CharMap(dict):
@@ -78,9 +77,6 @@ class _CharMap(dict):
     alphabet."""
 
     def __init__(self, lang, fold_accents):
-        if lang not in LANGS:
-            raise ValueError(f"unsupported language {lang!r}; "
-                             f"supported: {', '.join(sorted(LANGS))}")
         self.letters = set(LANGS[lang]['letters']) | {'\n'}
         self.fold = fold_accents
         words = LANGS[lang]['digits'].split()
@@ -121,12 +117,10 @@ class _CharMap(dict):
         return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
+@functools.cache
 def _table(lang, fold_accents):
     """The language's _CharMap, made once."""
-    key = (lang, fold_accents)
-    if key not in _TABLES:
-        _TABLES[key] = _CharMap(lang, fold_accents)
-    return _TABLES[key]
+    return _CharMap(lang, fold_accents)
 
 
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
