@@ -82,9 +82,8 @@ def _retrying(url, fn, retries, backoff, what=None):
             from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
             if not (isinstance(e, network) or from_hub):
                 raise
-            code = getattr(e, 'code', None)
-            if code is None:
-                code = getattr(getattr(e, 'response', None), 'status_code', None)
+            response = getattr(e, 'response', None)
+            code = getattr(e, 'code', getattr(response, 'status_code', None))
             said = getattr(getattr(e, 'reason', None), 'strerror', None) or common.first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= retries or final or type(e).__name__ == 'OfflineModeIsEnabled':
@@ -122,9 +121,8 @@ def download(url, dest, retries=5, backoff=2.0):
                           'downloading it from the start', file=sys.stderr)
                     f.seek(0)
                     f.truncate()
-                etag = resp.headers.get('ETag') or ''
-                length = resp.headers['Content-Length'] or ''
-                seen = {'validator': etag, 'total': int(length) if length.isdigit() else None}
+                etag = resp.headers.get('ETag', '')
+                seen = {'validator': etag, 'total': resp.length}
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
                     seen['validator'] = resp.headers['Last-Modified']
                 common.write_atomic(info, json.dumps(seen))
@@ -653,8 +651,8 @@ def cleaning_key(args, lang, inputs):
         import importlib.metadata as md
         homoglyphs = None
         if lang != 'he':
-            version = md.version('confusable-homoglyphs')
-            homoglyphs = f'Unicode confusables via confusable-homoglyphs {version}'
+            homoglyphs = ('Unicode confusables via confusable-homoglyphs '
+                          + md.version('confusable-homoglyphs'))
         fixes = ['NFC first', 'İ -> i']
         if lang == 'he':
             fixes.append('digit words without niqqud')
@@ -677,9 +675,7 @@ def prepare(args, out, lang, inputs):
     n = sum(sizes.values())
     ids = _ids(out / 'train.bin', dtype)
     space = alphabet.index(' ')
-    n_space = 0
-    for i in range(0, len(ids), 1 << 24):
-        n_space += int((ids[i:i + (1 << 24)] == space).sum())
+    n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
     mwl = sizes['train'] / n_space if n_space else None
     part = None
     if args.dataset == 'text8' and n < 100_000_000:

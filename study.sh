@@ -91,26 +91,13 @@ die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
-    --part) part=${2-}; shift ;;
-    --steps) steps=${2-}; shift ;;
-    --out) out=${2-}; shift ;;
-    --seeds) seeds=${2-}; shift ;;
-    --pareto-seeds) pareto_seeds=${2-}; shift ;;
-    --input) input=${2-}; shift ;;
-    --data-dir) data_dir=${2-}; shift ;;
-    --raw-dir) raw_dir=${2-}; shift ;;
-    --langs) langs=${2-}; shift ;;
-    --modes) modes=${2-}; shift ;;
-    --scaling-layers) scaling_layers=${2-}; shift ;;
-    --device) device=${2-}; shift ;;
-    --assume-sf) assume_sf=${2-}; shift ;;
-    --mfu) mfu=${2-}; shift ;;
-    --peak-tflops) peak_tflops=${2-}; shift ;;
-    --bench) bench=${2-}; shift ;;
-    --jobs) jobs=${2-}; shift ;;
-    --gpus) gpus=${2-}; shift ;;
-    --nproc) nproc=${2-}; shift ;;
-    --emit) emit=${2-}; shift ;;
+    # a flag with a value sets the variable of its name (- as _)
+    --part|--steps|--out|--seeds|--pareto-seeds|--input|--data-dir|--raw-dir|--langs|--modes|\
+    --scaling-layers|--device|--assume-sf|--mfu|--peak-tflops|--bench|--jobs|--gpus|--nproc|\
+    --emit)
+      flag=${1#--}
+      printf -v "${flag//-/_}" %s "${2-}"
+      shift ;;
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -142,10 +129,10 @@ case $part in
   table2) modes=${modes:-fixed2 entropy whitespace} ;;
   scaling) modes=${modes:-none whitespace} ;;
 esac
-whole='a positive whole number'
-[[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be $whole, not '$steps'"
-[[ $jobs =~ ^[1-9][0-9]*$ ]] || code=2 die "--jobs must be $whole, not '$jobs'"
-[[ ${nproc:-1} =~ ^[1-9][0-9]*$ ]] || code=2 die "--nproc must be $whole, not '$nproc'"
+for flag in steps jobs nproc; do
+  [[ ${!flag:-1} =~ ^[1-9][0-9]*$ ]] ||
+    code=2 die "--$flag must be a positive whole number, not '${!flag}'"
+done
 per_run=${nproc:-1}
 [[ -z $gpus || $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
 for s in $seeds $pareto_seeds; do
@@ -290,16 +277,16 @@ unigram_of() {
 # prepare_data.py's command for a dataset ($1: its name), in cmd. One dataset per Unigram
 # size (name-uV): the same text, only the boundary labels differ.
 prep_cmd() {
-  local name=$1 lang=${1%%-u*}
+  local name=$1 lang=${1%%-u*} v=${1##*-u}
+  [ "$v" = "$name" ] && v=$(unigram_of "$name")
   case $name in
-    text8-head-u*) cmd=(--input "$input" --dataset text8 --unigram "${name##*-u}") ;;
-    text8) cmd=(--dataset text8 --unigram 10000) ;;    # the whole text8, downloaded
-    wiki40b-*|cc100-*)
-      cmd=(--dataset "${name%%-*}" --lang "${name#*-}" --unigram "$(unigram_of "$name")") ;;
-    *-u*) cmd=(--input "$raw_dir/$lang.txt" --lang "$lang" --unigram "${name##*-u}") ;;
-    *) cmd=(--input "$raw_dir/$name.txt" --lang "$name" --unigram "$(unigram_of "$name")") ;;
+    text8-head-u*) cmd=(--input "$input" --dataset text8) ;;
+    text8) cmd=(--dataset text8) ;;    # the whole text8, downloaded
+    wiki40b-*|cc100-*) cmd=(--dataset "${name%%-*}" --lang "${name#*-}") ;;
+    *) cmd=(--input "$raw_dir/$lang.txt" --lang "$lang") ;;
   esac
-  cmd=(python "${at}prepare_data.py" "${cmd[@]}" --out-dir "$data_dir" --name "$name")
+  cmd=(python "${at}prepare_data.py" "${cmd[@]}" --unigram "$v" --out-dir "$data_dir"
+       --name "$name")
 }
 # train.py's command for a plan entry ($@: run, dataset, flags), in cmd: both --dry-run
 # and the runner use it, so what is printed is what runs.
