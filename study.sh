@@ -342,7 +342,6 @@ commands() {
 # Reads the commands: checks every train.py command with train.py's own parser (exit 2,
 # one line) and counts its FLOPs; with --dry-run prints them all, the total and its cost.
 plan_py=$(cat <<'PY'
-import dataclasses
 import json
 import shlex
 import sys
@@ -351,7 +350,8 @@ import torch
 
 import common
 import presets
-from dynpool import Config, step_flops
+from checkpoint import config_from_dict
+from dynpool import step_flops
 
 
 def run_flops(argv, preset, assume_sf):
@@ -359,11 +359,7 @@ def run_flops(argv, preset, assume_sf):
     args = presets.parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
-    layers = presets.layer_counts(a['layers'])
-    fields = {f.name for f in dataclasses.fields(Config)}
-    model = {k: v for k, v in a.items() if k in fields}
-    model.update(vocab_size=27, whitespace_id=0, layers=layers)
-    cfg = Config(**model)
+    cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
     if args.flop_budget is not None:  # the budget, not the steps, ends such a run
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])
     sf = assume_sf
@@ -538,11 +534,8 @@ write_md() {
 # report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md
 # with the plots in <out>/<name>.png.
 report() {
-  local name=$1 budgets=(--at-chars min)
+  local name=$1 budgets=(--at-chars min --at-flops min)
   shift
-  # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack
-  # them).
-  grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
   if ! python "${at}report.py" "$@" "${budgets[@]}"; then
     failed+=(report.py)
     return
