@@ -101,34 +101,33 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
-    *) code=2 die "unknown flag $1 (see bash study.sh --help;" \
-                  "train.py flags go after --)" ;;
+    *) code=2 die "unknown flag $1 (train.py flags go after --)" ;;
   esac
   shift
 done
 train_flags=("$@")
-case $part in
-  seeds|pareto|all|languages|table1|table2|scaling) ;;
-  *) code=2 die "--part must be seeds, pareto, all, languages, table1, table2" \
-                "or scaling, not '$part'" ;;
-esac
 [ -n "$gpus" ] && device=cuda
-[ "$part" = table1 ] && steps=${steps:-200000}
 # On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
 paper_scale=0
 [[ $device == cuda* && ( $part == table2 || $part == scaling ) ]] && paper_scale=1
 [ $paper_scale = 1 ] && steps=${steps:-200000}
-steps=${steps:-1000}
-[ "$part" = languages ] && langs=${langs:-text8 fi he vi}
-table1_langs="text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en"
-[ "$part" = table1 ] && langs=${langs:-$table1_langs}
-langs=${langs:-text8}
+# Each part's languages and modes (and table1's steps) where the flags leave them open.
 case $part in
-  languages) modes=${modes:-none fixed2 whitespace unigram entropy gumbel hnet} ;;
-  table1) modes=${modes:-none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace} ;;
+  seeds|pareto|all) ;;
+  languages)
+    langs=${langs:-text8 fi he vi}
+    modes=${modes:-none fixed2 whitespace unigram entropy gumbel hnet} ;;
+  table1)
+    steps=${steps:-200000}
+    langs=${langs:-text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en}
+    modes=${modes:-none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace} ;;
   table2) modes=${modes:-fixed2 entropy whitespace} ;;
   scaling) modes=${modes:-none whitespace} ;;
+  *) code=2 die "--part must be seeds, pareto, all, languages, table1, table2" \
+                "or scaling, not '$part'" ;;
 esac
+steps=${steps:-1000}
+langs=${langs:-text8}
 for flag in steps jobs nproc; do
   [[ ${!flag:-1} =~ ^[1-9][0-9]*$ ]] ||
     code=2 die "--$flag must be a positive whole number, not '${!flag}'"
@@ -443,8 +442,7 @@ interrupted() {
     pkill -TERM -P "$pid" 2>/dev/null
   done
   wait
-  echo "error: interrupted; finished runs and checkpoints in $out are kept," \
-       "run the same command to resume" >&2
+  echo "error: interrupted; run the same command to resume" >&2
   exit "$1"
 }
 trap 'interrupted 130' INT
@@ -574,10 +572,9 @@ elif [ ${#dirs[@]} -gt 0 ]; then
 fi
 # A failure first; runs stopped to be resumed are no failure, but the study is unfinished.
 if [ ${#failed[@]} -gt 0 ]; then
-  die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see the" \
-      "output above, or <run>.log in $out); run the same command again to retry"
+  die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see" \
+      "above or <run>.log in $out); run the same command again to retry"
 fi
 if [ ${#stopped[@]} -gt 0 ]; then
-  code=75 die "stopped to be resumed (train.py's exit 75): ${stopped[*]}; run the same" \
-              "command again to resume them"
+  code=75 die "stopped to be resumed: ${stopped[*]}; run the same command again"
 fi
