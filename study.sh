@@ -293,9 +293,7 @@ train_cmd() {
   local run=$1 data=$2
   shift 2
   cmd=(python "${at}train.py")
-  if [ -n "$nproc" ]; then
-    cmd=(torchrun --standalone "--nproc_per_node=$nproc" "${at}train.py")
-  fi
+  [ -n "$nproc" ] && cmd=(torchrun --standalone "--nproc_per_node=$nproc" "${at}train.py")
   cmd+=(--data "$data_dir/$data" "$@" --device "$device")
   # a run with a FLOP budget ends there, not at --max-steps
   [[ " $* " == *" --flop-budget "* ]] || cmd+=(--max-steps "$steps")
@@ -308,9 +306,9 @@ header() {
   local p n=${#plan[@]} n_done=0 n_resume=0
   for p in "${plan[@]}"; do
     if finished "$out/${p%% *}"; then
-      n_done=$((n_done + 1))
+      ((++n_done))
     elif [ -f "$out/${p%% *}/ckpt.pt" ]; then
-      n_resume=$((n_resume + 1))
+      ((++n_resume))
     fi
   done
   echo "# study: part $part, $n runs x $steps steps in $out ($n_done finished and" \
@@ -361,11 +359,7 @@ def run_flops(argv, preset, assume_sf):
     cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
     if args.flop_budget is not None:  # the budget, not the steps, ends such a run
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])
-    sf = assume_sf
-    if cfg.boundary == 'none':
-        sf = 1
-    elif cfg.boundary == 'fixed':
-        sf = cfg.fixed_factor
+    sf = {'none': 1, 'fixed': cfg.fixed_factor}.get(cfg.boundary, assume_sf)
     kept = 1 + a['seq_len'] / sf
     return a['max_steps'] * step_flops(cfg, a['batch_size'], a['seq_len'], kept)
 
@@ -506,16 +500,12 @@ for p in "${plan[@]}"; do
   slot_of[$!]=$slot
 done
 wait
-failed=()
-stopped=()
-for f in "$out"/.failed-* "$out"/.stopped-*; do
-  [ -e "$f" ] || continue
-  rm -f "$f"
-  case $f in
-    */.failed-*) failed+=("${f##*/.failed-}") ;;
-    *) stopped+=("${f##*/.stopped-}") ;;
-  esac
-done
+shopt -s nullglob
+failed=("$out"/.failed-*)
+stopped=("$out"/.stopped-*)
+rm -f "${failed[@]}" "${stopped[@]}"
+failed=("${failed[@]##*/.failed-}")
+stopped=("${stopped[@]##*/.stopped-}")
 
 # report.py's Markdown (its flags after the name) in <out>/<name>.md, written whole or
 # not at all.
@@ -534,11 +524,11 @@ write_md() {
 report() {
   local name=$1 budgets=(--at-chars min --at-flops min)
   shift
-  if ! python "${at}report.py" "$@" "${budgets[@]}"; then
+  if python "${at}report.py" "$@" "${budgets[@]}"; then
+    write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
+  else
     failed+=(report.py)
-    return
   fi
-  write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
 }
 dirs=()
 for p in "${plan[@]}"; do
