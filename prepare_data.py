@@ -140,15 +140,15 @@ def download(url, dest, retries=5, backoff=2.0):
     return dest
 
 
-def text_pieces(blocks, label):
-    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at
+def text_pieces(f, label):
+    """A binary file of UTF-8 → (text, separator) pieces of about CHUNK characters, cut at
     line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
     space), inside a word only where it has none. A NUL byte means binary: refused
     (file_pieces refuses non-UTF-8)."""
     decoder = codecs.getincrementaldecoder('utf-8')()
     buf = ''
     total = 0
-    for raw in itertools.chain(blocks, [None]):
+    for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
         final = raw is None
         raw = raw or b''
         if raw.find(0) >= 0:
@@ -189,12 +189,11 @@ def file_pieces(path, downloaded=False, stream=None):
             with zipfile.ZipFile(path) as z:
                 for member in sorted(n for n in z.namelist() if not n.endswith('/')):
                     with z.open(member) as fb:
-                        blocks = iter(lambda: fb.read(CHUNK), b'')
-                        yield from text_pieces(blocks, f'{label}:{member}')
+                        yield from text_pieces(fb, f'{label}:{member}')
         else:
             opener = lzma.open if suffix == '.xz' else open
             with opener(stream or path, 'rb') as fb:
-                yield from text_pieces(iter(lambda: fb.read(CHUNK), b''), label)
+                yield from text_pieces(fb, label)
     except Exception as e:   # bad data or a cut stream; the OS's own errors, UserErrors pass on
         said_by_os = getattr(e, 'errno', None) and stream is None   # (common.main says it)
         damaged = isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError,
@@ -202,7 +201,7 @@ def file_pieces(path, downloaded=False, stream=None):
         if said_by_os or not (damaged or type(e).__module__.startswith('pyarrow')):
             raise
         if downloaded:
-            Path(os.path.realpath(path)).unlink(missing_ok=True)
+            path.resolve().unlink(missing_ok=True)
             path.unlink(missing_ok=True)
         fix = ''
         if downloaded or stream:
@@ -407,8 +406,8 @@ def splits(args, out, codec, key, inputs):
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
-        sizes = stamp['sizes']
-        done = same and all(os.path.getsize(out / f'{s}.bin') == sizes[s] * item for s in SPLITS)
+        done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
+                            for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
     if done and not args.force:
@@ -626,7 +625,7 @@ def unigram(args, out, meta):
     settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
                 'max_words': args.unigram_max_words or None,
                 'label_rule': 'piece ends; the space closes its word'}
-    if V and V in sets and sets[V].get('settings') == settings:
+    if V in sets and sets[V].get('settings') == settings:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
     elif V:
         if sets.pop(V, None):   # it leaves meta.json before its files are replaced
