@@ -77,6 +77,9 @@ class _CharMap(dict):
     alphabet."""
 
     def __init__(self, lang, fold_accents):
+        if lang not in LANGS:
+            raise ValueError(f"unsupported language {lang!r}; "
+                             f"supported: {', '.join(sorted(LANGS))}")
         self.letters = set(LANGS[lang]['letters']) | {'\n'}
         self.fold = fold_accents
         words = LANGS[lang]['digits'].split()
