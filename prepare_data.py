@@ -22,9 +22,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from urllib.error import URLError
+from urllib.parse import urlsplit
+from urllib.request import Request, getproxies, proxy_bypass, urlopen
 from collections import Counter
 from pathlib import Path
 
@@ -57,10 +57,10 @@ def _reach(url):
     """One TCP connection to url's host, or to the proxy urllib would use for it (10 s at
     most): a host that cannot be reached (unknown, refusing, no route) ends the run at
     once, before any download library starts retrying it."""
-    parts = urllib.parse.urlsplit(url)
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(parts.hostname):
-        parts = urllib.parse.urlsplit(proxy)
+    parts = urlsplit(url)
+    proxy = getproxies().get(parts.scheme)
+    if proxy and not proxy_bypass(parts.hostname):
+        parts = urlsplit(proxy)
     port = parts.port or (443 if parts.scheme == 'https' else 80)
     try:
         socket.create_connection((parts.hostname, port), timeout=10).close()
@@ -77,7 +77,7 @@ def _retrying(url, fn, retries, backoff, what=None):
         try:
             return fn()
         except Exception as e:
-            network = (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+            network = (URLError, http.client.HTTPException, ConnectionError,
                        TimeoutError)
             from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
             if not (isinstance(e, network) or from_hub):
@@ -111,8 +111,8 @@ def download(url, dest, retries=5, backoff=2.0):
         headers = dict(AGENT)
         if have:
             headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
-        request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=60) as resp, open(
+        request = Request(url, headers=headers)
+        with urlopen(request, timeout=60) as resp, open(
                 part, 'ab' if have else 'wb') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
@@ -381,8 +381,7 @@ def _make_splits(args, out, codec):
     url = f'{args.cc100_base}/{args.lang}.txt.xz'
 
     def connect():
-        request = urllib.request.Request(url, headers=AGENT)
-        return urllib.request.urlopen(request, timeout=60)
+        return urlopen(Request(url, headers=AGENT), timeout=60)
     with _retrying(url, connect, args.retries, args.backoff) as resp:
         pieces = file_pieces(url, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)

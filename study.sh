@@ -266,18 +266,15 @@ quoted() {
   done
   echo "${line# }"
 }
-# The Unigram V of a language (the paper's): 200 for Finnish and Hebrew, else 10000.
-unigram_of() {
-  case $1 in
-    *fi|*he) echo 200 ;;
-    *) echo 10000 ;;
-  esac
-}
 # prepare_data.py's command for a dataset ($1: its name), in cmd. One dataset per Unigram
 # size (name-uV): the same text, only the boundary labels differ.
 prep_cmd() {
   local name=$1 lang=${1%%-u*} v=${1##*-u}
-  [ "$v" = "$name" ] && v=$(unigram_of "$name")
+  # without -uV the paper's V: 200 for Finnish and Hebrew, else 10000
+  if [ "$v" = "$name" ]; then
+    v=10000
+    [[ $name == *fi || $name == *he ]] && v=200
+  fi
   case $name in
     text8-head-u*) cmd=(--input "$input" --dataset text8) ;;
     text8) cmd=(--dataset text8) ;;    # the whole text8, downloaded
@@ -431,7 +428,6 @@ header
 interrupted() {
   # background runs ignore SIGINT (bash starts them so): stop them, train.py saves first
   trap '' INT TERM
-  local pid
   for pid in $(jobs -rp); do
     pkill -TERM -P "$pid" 2>/dev/null
   done
