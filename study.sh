@@ -109,7 +109,7 @@ train_flags=("$@")
 [ -n "$gpus" ] && device=cuda
 # On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
 paper_scale=0
-[[ $device == cuda* && ( $part == table2 || $part == scaling ) ]] && paper_scale=1
+[[ $device == cuda* && $part =~ ^(table2|scaling)$ ]] && paper_scale=1
 [ $paper_scale = 1 ] && steps=${steps:-200000}
 # Each part's languages and modes (and table1's steps) where the flags leave them open.
 case $part in
@@ -204,7 +204,7 @@ for s in $seeds; do
         [ "$part" = table1 ] && d=$l
         for m in $modes; do
           add "$l-$m-s$s" "$d" $(mode_flags "$m" "$l") --seed "$s"
-          [ "$part" = languages ] && [ "$m" != none ] && add "$l-$m-flops-s$s" "$d" \
+          [[ $part == languages && $m != none ]] && add "$l-$m-flops-s$s" "$d" \
             $(mode_flags "$m" "$l") --seed "$s" --flop-budget "vanilla:$steps"
         done
       done ;;
@@ -224,7 +224,7 @@ for s in $seeds; do
       done ;;
   esac
 done
-if [ "$part" = pareto ] || [ "$part" = all ]; then
+if [[ $part =~ ^(pareto|all)$ ]]; then
   for s in $pareto_seeds; do
     for l in $langs; do
       # the text8 slice's runs keep their names of part seeds
@@ -308,8 +308,8 @@ header() {
       ((++n_resume))
     fi
   done
-  echo "# study: part $part, $n runs x $steps steps in $out ($n_done finished and" \
-       "skipped, $n_resume to resume, $((n - n_done - n_resume)) to start)"
+  echo "# study: part $part, $n runs x $steps steps in $out: $n_done finished," \
+       "$n_resume to resume, $((n - n_done - n_resume)) to start"
 }
 # Every command of the study in order, data first; what is done already as a comment.
 commands() {
@@ -354,7 +354,7 @@ def run_flops(argv, preset, assume_sf):
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
     cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
-    if args.flop_budget is not None:  # the budget, not the steps, ends such a run
+    if args.flop_budget:  # the budget, not the steps, ends such a run
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])
     sf = {'none': 1, 'fixed': cfg.fixed_factor}.get(cfg.boundary, assume_sf)
     kept = 1 + a['seq_len'] / sf
@@ -454,7 +454,7 @@ if [ -n "$emit" ]; then
     train_cmd $p
     echo "cd $(quoted "$PWD") && $(quoted "${cmd[@]}")"
   done > "$emit.tmp" && mv "$emit.tmp" "$emit" || die "cannot write $emit"
-  echo "$(wc -l < "$emit") runs in $emit, one command a line"
+  echo "$(wc -l < "$emit") runs in $emit"
   exit 0
 fi
 
@@ -530,7 +530,7 @@ dirs=()
 for p in "${plan[@]}"; do
   [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}")
 done
-if [[ $part == languages || $part == table1 || ( $part == pareto && $langs != text8 ) ]]; then
+if [[ $part =~ ^(languages|table1)$ || ( $part == pareto && $langs != text8 ) ]]; then
   # one table and one plot per language, then all side by side
   for l in $langs; do
     ldirs=()
@@ -544,9 +544,7 @@ if [[ $part == languages || $part == table1 || ( $part == pareto && $langs != te
     [ ${#ldirs[@]} -gt 0 ] && report "$part-$l" "${ldirs[@]}"
   done
   # all of them: the last table has a column per language, the plot a panel each
-  if [ ${#dirs[@]} -gt 0 ]; then
-    write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
-  fi
+  [ ${#dirs[@]} -gt 0 ] && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
 elif [ ${#dirs[@]} -gt 0 ]; then
   report "$part" "${dirs[@]}"
   # the paper's scaling figure: test BPC against the total number of layers, a line per
