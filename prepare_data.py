@@ -517,7 +517,7 @@ def _write_labels(out, V, labels, meta):
     word closes it) → the count of ones per split."""
     ones = dict.fromkeys(SPLITS, 0)
     for split in SPLITS:
-        def write(tmp, split=split):
+        def write(tmp):
             with open(tmp, 'wb') as f:
                 for ws, closed in split_words(out / f'{split}.bin', meta):
                     chunk = b''.join(labels[w] + b'\x01' for w in ws)
