@@ -133,7 +133,7 @@ for flag in steps jobs nproc; do
     code=2 die "--$flag must be a positive whole number, not '${!flag}'"
 done
 per_run=${nproc:-1}
-[[ -z $gpus || $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
+[[ $gpus =~ ^([0-9]+(,[0-9]+)*)?$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
 for s in $seeds $pareto_seeds; do
   [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers, not '$s'"
 done
@@ -258,11 +258,8 @@ plain='^[-A-Za-z0-9_./:=,@%+]+$'
 quoted() {
   local word line=
   for word in "$@"; do
-    if [[ $word =~ $plain ]]; then
-      line+=" $word"
-    else
-      line+=" '${word//\'/\'\\\'\'}'"
-    fi
+    [[ $word =~ $plain ]] || word="'${word//\'/\'\\\'\'}'"
+    line+=" $word"
   done
   echo "${line# }"
 }
@@ -379,8 +376,8 @@ def cost(total, device, mfu, peak, bench):
         unit = 'GPU-hours'
     if speed:
         hours = total / speed / 3600
-        how = f"measured by bench.py --preset paper, {measured.get('date')}"
-        return f'; about {hours:,.1f} {unit} on {name} at {speed:.3g} FLOP/s ({how})'
+        return (f'; about {hours:,.1f} {unit} on {name} at {speed:.3g} FLOP/s (measured by '
+                f"bench.py --preset paper, {measured.get('date')})")
     if not device.startswith('cuda'):
         return ''
     hours = total / (mfu * peak * 1e12) / 3600
