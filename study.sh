@@ -270,7 +270,7 @@ prep_cmd() {
   # without -uV the paper's V: 200 for Finnish and Hebrew, else 10000
   if [ "$v" = "$name" ]; then
     v=10000
-    [[ $name == *fi || $name == *he ]] && v=200
+    [[ $name =~ (fi|he)$ ]] && v=200
   fi
   case $name in
     text8-head-u*) cmd=(--input "$input" --dataset text8) ;;
@@ -538,11 +538,11 @@ if [[ $part =~ ^(languages|table1)$ || ( $part == pareto && $langs != text8 ) ]]
       [[ " $langs " == *" $r "* ]] || r=text8
       [ "$r" = "$l" ] && ldirs+=("$d")
     done
-    [ ${#ldirs[@]} -gt 0 ] && report "$part-$l" "${ldirs[@]}"
+    ((${#ldirs[@]})) && report "$part-$l" "${ldirs[@]}"
   done
   # all of them: the last table has a column per language, the plot a panel each
-  [ ${#dirs[@]} -gt 0 ] && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
-elif [ ${#dirs[@]} -gt 0 ]; then
+  ((${#dirs[@]})) && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
+elif ((${#dirs[@]})); then
   report "$part" "${dirs[@]}"
   # the paper's scaling figure: test BPC against the total number of layers, a line per
   # source
@@ -552,10 +552,10 @@ elif [ ${#dirs[@]} -gt 0 ]; then
   fi
 fi
 # A failure first; runs stopped to be resumed are no failure, but the study is unfinished.
-if [ ${#failed[@]} -gt 0 ]; then
+if ((${#failed[@]})); then
   die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see" \
       "above or <run>.log in $out); run the same command again to retry"
 fi
-if [ ${#stopped[@]} -gt 0 ]; then
+if ((${#stopped[@]})); then
   code=75 die "stopped to be resumed: ${stopped[*]}; run the same command again"
 fi
