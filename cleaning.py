@@ -156,8 +156,9 @@ def foreign_letters(text, lang, fold_accents=False):
     scripts = Counter()
     for c, n in lost.items():   # a letter's Unicode name starts with its script
         scripts[unicodedata.name(c, '?').split()[0].title()] += n
-    why = (f'{lost.total() / letters.total():.0%} of its letters are not in the --lang {lang} alphabet, most of '
-           f'them {scripts.most_common(1)[0][0]}: text in another language or script?')
+    why = (f'{lost.total() / letters.total():.0%} of its letters are not in the --lang {lang} '
+           f'alphabet, most of them {scripts.most_common(1)[0][0]}: text in another language or '
+           'script?')
     for other in LANGS:
         kept = sum(n for c, n in lost.items() if _keeps(other, fold_accents, c))
         if 2 * kept > lost.total():
