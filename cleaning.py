@@ -10,6 +10,7 @@ language's alphabet -> a space; whitespace collapsed, empty lines dropped. Fixes
 the paper's pipeline is broken: NFC first (a + U+0308 is ä), İ -> i, Hebrew digit words
 without niqqud. fold_accents (not the paper's data) folds é -> e instead of splitting the
 word there."""
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -41,35 +42,33 @@ MARKERS = re.compile(r'_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_')   # wik
 # fold_accents only: Latin letters that no Unicode decomposition makes a basic one
 _FOLD_EXTRA = {'ß': 'ss', 'æ': 'ae', 'œ': 'oe', 'þ': 'th', 'ð': 'd', 'đ': 'd', 'ı': 'i',
                'ł': 'l', 'ø': 'o', 'ŀ': 'l', 'ĸ': 'k', 'װ': 'וו', 'ױ': 'וי', 'ײ': 'יי'}
-_HOMOGLYPHS = {}
-_TABLES = {}
 
 
+@functools.cache
 def homoglyphs():
     """{character: ASCII} from Unicode's confusables (UTS #39, package
     confusable-homoglyphs): each non-ASCII character confusable with one ASCII character
     (or with ASCII punctuation only, as “ with ''), plus the fullwidth forms U+FF01-FF5E
     through their NFKC form."""
-    if _HOMOGLYPHS:
-        return _HOMOGLYPHS
     # pinned in requirements.txt: its data decides
     from confusable_homoglyphs import confusables
     # the data lists confusables both ways; right-to-left ones wrapped in U+200E
     listed = {}
+    found = {}
     for key, protos in confusables.confusables_data.items():
         key = key.strip('\u200e')
         for p in (h['c'].strip('\u200e') for h in protos):
             if len(key) == 1 and not key.isascii() and p.isascii() and (
                     len(p) == 1 or not any(ch.isalnum() for ch in p)):
-                _HOMOGLYPHS.setdefault(key, p)  # the character's own prototype first
+                found.setdefault(key, p)  # the character's own prototype first
             elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
                 listed.setdefault(p, key)
     for c, a in listed.items():
-        _HOMOGLYPHS.setdefault(c, a)
+        found.setdefault(c, a)
     for cp in range(0xFF01, 0xFF5F):
         a = unicodedata.normalize('NFKC', chr(cp))
-        _HOMOGLYPHS.setdefault(chr(cp), _HOMOGLYPHS.get(a, a))
-    return _HOMOGLYPHS
+        found.setdefault(chr(cp), found.get(a, a))
+    return found
 
 
 class _CharMap(dict):
@@ -121,12 +120,10 @@ class _CharMap(dict):
         return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
+@functools.cache
 def _table(lang, fold_accents):
     """The language's _CharMap, made once."""
-    key = (lang, fold_accents)
-    if key not in _TABLES:
-        _TABLES[key] = _CharMap(lang, fold_accents)
-    return _TABLES[key]
+    return _CharMap(lang, fold_accents)
 
 
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:
@@ -159,9 +156,9 @@ def foreign_letters(text, lang, fold_accents=False):
     scripts = Counter()
     for c, n in lost.items():   # a letter's Unicode name starts with its script
         scripts[unicodedata.name(c, '?').split()[0].title()] += n
-    share = lost.total() / letters.total()
-    why = (f'{share:.0%} of its letters are not in the --lang {lang} alphabet, most of '
-           f'them {scripts.most_common(1)[0][0]}: text in another language or script?')
+    why = (f'{lost.total() / letters.total():.0%} of its letters are not in the --lang {lang} '
+           f'alphabet, most of them {scripts.most_common(1)[0][0]}: text in another language or '
+           'script?')
     for other in LANGS:
         kept = sum(n for c, n in lost.items() if _keeps(other, fold_accents, c))
         if 2 * kept > lost.total():

@@ -22,18 +22,18 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from urllib.error import URLError
+from urllib.parse import urlsplit
+from urllib.request import Request, getproxies, proxy_bypass, urlopen
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is a terminal
 
-import common
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
-from common import UserError
+import common
+from common import UserError, first_line, int_range, write_atomic
 from dataset import SPLITS, meta_problem, prepare_command
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
@@ -57,15 +57,15 @@ def _reach(url):
     """One TCP connection to url's host, or to the proxy urllib would use for it (10 s at
     most): a host that cannot be reached (unknown, refusing, no route) ends the run at
     once, before any download library starts retrying it."""
-    parts = urllib.parse.urlsplit(url)
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(parts.hostname):
-        parts = urllib.parse.urlsplit(proxy)
+    parts = urlsplit(url)
+    proxy = getproxies().get(parts.scheme)
+    if proxy and not proxy_bypass(parts.hostname):
+        parts = urlsplit(proxy)
     port = parts.port or (443 if parts.scheme == 'https' else 80)
     try:
         socket.create_connection((parts.hostname, port), timeout=10).close()
     except OSError as e:
-        raise DownloadError(f'{url}: {e.strerror or common.first_line(e)}') from None
+        raise DownloadError(f'{url}: {e.strerror or first_line(e)}') from None
 
 
 def _retrying(url, fn, retries, backoff, what=None):
@@ -77,15 +77,14 @@ def _retrying(url, fn, retries, backoff, what=None):
         try:
             return fn()
         except Exception as e:
-            network = (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+            network = (URLError, http.client.HTTPException, ConnectionError,
                        TimeoutError)
             from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
             if not (isinstance(e, network) or from_hub):
                 raise
-            code = getattr(e, 'code', None)
-            if code is None:
-                code = getattr(getattr(e, 'response', None), 'status_code', None)
-            said = getattr(getattr(e, 'reason', None), 'strerror', None) or common.first_line(e)
+            response = getattr(e, 'response', None)
+            code = getattr(e, 'code', getattr(response, 'status_code', None))
+            said = getattr(getattr(e, 'reason', None), 'strerror', None) or first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= retries or final or type(e).__name__ == 'OfflineModeIsEnabled':
                 raise DownloadError(f'{what or url}: {said}') from None
@@ -98,9 +97,8 @@ def download(url, dest, retries=5, backoff=2.0):
     by a Range request with If-Range: the file's version (strong ETag or Last-Modified)
     in dest.part.json. A file that changed or has no version, or a server that ignores
     Range, starts from zero."""
-    dest = Path(dest)
-    part = dest.with_name(dest.name + '.part')
-    info = dest.with_name(dest.name + '.part.json')
+    part = Path(f'{dest}.part')
+    info = Path(f'{dest}.part.json')
 
     def fetch():
         try:
@@ -113,8 +111,8 @@ def download(url, dest, retries=5, backoff=2.0):
         headers = dict(AGENT)
         if have:
             headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
-        request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=60) as resp, open(
+        request = Request(url, headers=headers)
+        with urlopen(request, timeout=60) as resp, open(
                 part, 'ab' if have else 'wb') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
@@ -122,12 +120,11 @@ def download(url, dest, retries=5, backoff=2.0):
                           'downloading it from the start', file=sys.stderr)
                     f.seek(0)
                     f.truncate()
-                etag = resp.headers.get('ETag') or ''
-                length = resp.headers['Content-Length'] or ''
-                seen = {'validator': etag, 'total': int(length) if length.isdigit() else None}
+                etag = resp.headers.get('ETag', '')
+                seen = {'validator': etag, 'total': resp.length}
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
                     seen['validator'] = resp.headers['Last-Modified']
-                common.write_atomic(info, json.dumps(seen))
+                write_atomic(info, json.dumps(seen))
             with tqdm.wrapattr(resp, 'read', total=seen['total'], initial=f.tell(),
                                disable=None, leave=False, desc=dest.name) as r:
                 shutil.copyfileobj(r, f, 1 << 20)
@@ -143,15 +140,15 @@ def download(url, dest, retries=5, backoff=2.0):
     return dest
 
 
-def text_pieces(blocks, label):
-    """UTF-8 byte blocks → (text, separator) pieces of about CHUNK characters, cut at
+def text_pieces(f, label):
+    """A binary file of UTF-8 → (text, separator) pieces of about CHUNK characters, cut at
     line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
     space), inside a word only where it has none. A NUL byte means binary: refused
     (file_pieces refuses non-UTF-8)."""
     decoder = codecs.getincrementaldecoder('utf-8')()
     buf = ''
     total = 0
-    for raw in itertools.chain(blocks, [None]):
+    for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
         final = raw is None
         raw = raw or b''
         if raw.find(0) >= 0:
@@ -192,12 +189,11 @@ def file_pieces(path, downloaded=False, stream=None):
             with zipfile.ZipFile(path) as z:
                 for member in sorted(n for n in z.namelist() if not n.endswith('/')):
                     with z.open(member) as fb:
-                        blocks = iter(lambda: fb.read(CHUNK), b'')
-                        yield from text_pieces(blocks, f'{label}:{member}')
+                        yield from text_pieces(fb, f'{label}:{member}')
         else:
             opener = lzma.open if suffix == '.xz' else open
             with opener(stream or path, 'rb') as fb:
-                yield from text_pieces(iter(lambda: fb.read(CHUNK), b''), label)
+                yield from text_pieces(fb, label)
     except Exception as e:   # bad data or a cut stream; the OS's own errors, UserErrors pass on
         said_by_os = getattr(e, 'errno', None) and stream is None   # (common.main says it)
         damaged = isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError,
@@ -205,13 +201,13 @@ def file_pieces(path, downloaded=False, stream=None):
         if said_by_os or not (damaged or type(e).__module__.startswith('pyarrow')):
             raise
         if downloaded:
-            Path(os.path.realpath(path)).unlink(missing_ok=True)
+            path.resolve().unlink(missing_ok=True)
             path.unlink(missing_ok=True)
         fix = ''
         if downloaded or stream:
             fix = '; re-run to fetch it again'
         raise UserError(f'{label}: corrupt, cut short or not UTF-8 text '
-                        f'({common.first_line(e)}){fix}') from None
+                        f'({first_line(e)}){fix}') from None
 
 
 def encode(path, pieces, cap, alphabet, dtype, lang, fold):
@@ -303,7 +299,7 @@ def _by_split(out, groups, caps, codec):
     """Each split's .bin from its group of (text, separator) iterators, up to its cap."""
     for split, cap, group in zip(SPLITS, caps, groups):
         pieces = itertools.chain.from_iterable(group)
-        common.write_atomic(out / f'{split}.bin', lambda tmp: encode(tmp, pieces, cap, **codec))
+        write_atomic(out / f'{split}.bin', lambda tmp: encode(tmp, pieces, cap, **codec))
 
 
 def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
@@ -323,7 +319,7 @@ def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
         at = 0
         for split in order:
             n = total - 2 * each if split == 'train' else each
-            common.write_atomic(out / f'{split}.bin', data[at:at + n].tofile)
+            write_atomic(out / f'{split}.bin', data[at:at + n].tofile)
             at += n
         del data
     finally:
@@ -335,8 +331,7 @@ def _wiki40b(args, out, caps, codec):
     (its cache, resumed downloads, HF_TOKEN, login); a shard is fetched only while its
     split's cap is not reached → (the shards read, the split rule)."""
     import huggingface_hub as hub
-    from huggingface_hub import constants
-    endpoint = args.hf_base or constants.ENDPOINT
+    endpoint = args.hf_base or hub.constants.ENDPOINT
     sources = []
 
     def listing():
@@ -386,8 +381,7 @@ def _make_splits(args, out, codec):
     url = f'{args.cc100_base}/{args.lang}.txt.xz'
 
     def connect():
-        request = urllib.request.Request(url, headers=AGENT)
-        return urllib.request.urlopen(request, timeout=60)
+        return urlopen(Request(url, headers=AGENT), timeout=60)
     with _retrying(url, connect, args.retries, args.backoff) as resp:
         pieces = file_pieces(url, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
@@ -397,7 +391,7 @@ def _make_splits(args, out, codec):
 def _write_json(path, obj):
     """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8
     (a surrogate escape, os.fsdecode's) is kept and read back whole."""
-    common.write_atomic(path, json.dumps(obj, indent=1))
+    write_atomic(path, json.dumps(obj, indent=1))
 
 
 def splits(args, out, codec, key, inputs):
@@ -411,8 +405,8 @@ def splits(args, out, codec, key, inputs):
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
-        sizes = stamp['sizes']
-        done = same and all(os.path.getsize(out / f'{s}.bin') == sizes[s] * item for s in SPLITS)
+        done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
+                            for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
     if done and not args.force:
@@ -465,11 +459,11 @@ sys.stdout.buffer.write(model.getvalue())
 """
 
 
-def split_words(path, codec, block=1 << 21):
+def split_words(path, meta, block=1 << 21):
     """A split's words ('' between two separators) by blocks: (words, closed); not
     closed: the split's last word, where no separator follows."""
-    data = _ids(path, codec['dtype'])
-    chars = np.array([ord(c) for c in codec['alphabet']], '<u4')
+    data = _ids(path, meta['dtype'])
+    chars = np.array([ord(c) for c in meta['alphabet']], '<u4')
     carry = ''
     for i in range(0, len(data), block):
         text = carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')
@@ -518,20 +512,20 @@ def left_context_ceiling(train_words, valid_words, labels):
     return {**c, 'in_word_recall': round(c['in_word_hits'] / e, 4) if e else None}
 
 
-def _write_labels(out, V, labels, codec):
+def _write_labels(out, V, labels, meta):
     """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a
     word closes it) → the count of ones per split."""
     ones = dict.fromkeys(SPLITS, 0)
     for split in SPLITS:
-        def write(tmp, split=split):
+        def write(tmp):
             with open(tmp, 'wb') as f:
-                for ws, closed in split_words(out / f'{split}.bin', codec):
+                for ws, closed in split_words(out / f'{split}.bin', meta):
                     chunk = b''.join(labels[w] + b'\x01' for w in ws)
                     if not closed:   # the split's end closes its last word
                         chunk = chunk[:-2] + b'\x01'
                     ones[split] += chunk.count(1)
                     f.write(chunk)
-        common.write_atomic(out / f'{split}.unigram-{V}.bin', write)
+        write_atomic(out / f'{split}.unigram-{V}.bin', write)
     return ones
 
 
@@ -558,12 +552,11 @@ def make_unigram(args, out, meta, V, settings):
     ends; a space or newline closes the word before it), the model last → its set's
     meta.json entry."""
     import sentencepiece as spm
-    codec = {'alphabet': meta['alphabet'], 'dtype': meta['dtype']}
     sizes = meta['sizes']
     t0 = time.time()
     words = {}
     for s in SPLITS:
-        chunks = split_words(out / f'{s}.bin', codec)
+        chunks = split_words(out / f'{s}.bin', meta)
         words[s] = Counter(w for ws, _ in chunks for w in ws if w)
     common_words = words['train'].most_common(args.unigram_max_words or None)
     rows = [f'{w}\t{n}' for w, n in common_words]
@@ -580,10 +573,10 @@ def make_unigram(args, out, meta, V, settings):
         raise UserError(f'--unigram {V}: {said} (SentencePiece){fix}')
     model = spm.SentencePieceProcessor(model_proto=proto)
     labels = word_labels(model, set().union(*words.values(), ['']))
-    ones = _write_labels(out, V, labels, codec)
+    ones = _write_labels(out, V, labels, meta)
     c = left_context_ceiling(words['train'], words['valid'], labels)
     ceiling = ones['valid'] - c['in_word_ends'] + c['in_word_predicted']
-    common.write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
+    write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
     print(f'unigram-{V}: trained and labelled in {time.time() - t0:.1f}s')
     sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
     rule = 'b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5'
@@ -631,7 +624,7 @@ def unigram(args, out, meta):
     settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
                 'max_words': args.unigram_max_words or None,
                 'label_rule': 'piece ends; the space closes its word'}
-    if V and V in sets and sets[V].get('settings') == settings:
+    if V in sets and sets[V].get('settings') == settings:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
     elif V:
         if sets.pop(V, None):   # it leaves meta.json before its files are replaced
@@ -653,8 +646,8 @@ def cleaning_key(args, lang, inputs):
         import importlib.metadata as md
         homoglyphs = None
         if lang != 'he':
-            version = md.version('confusable-homoglyphs')
-            homoglyphs = f'Unicode confusables via confusable-homoglyphs {version}'
+            homoglyphs = ('Unicode confusables via confusable-homoglyphs '
+                          + md.version('confusable-homoglyphs'))
         fixes = ['NFC first', 'İ -> i']
         if lang == 'he':
             fixes.append('digit words without niqqud')
@@ -677,10 +670,10 @@ def prepare(args, out, lang, inputs):
     n = sum(sizes.values())
     ids = _ids(out / 'train.bin', dtype)
     space = alphabet.index(' ')
-    n_space = 0
-    for i in range(0, len(ids), 1 << 24):
-        n_space += int((ids[i:i + (1 << 24)] == space).sum())
-    mwl = sizes['train'] / n_space if n_space else None
+    n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
+    mwl = None
+    if n_space:
+        mwl = round(sizes['train'] / n_space, 4)
     part = None
     if args.dataset == 'text8' and n < 100_000_000:
         part = {'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
@@ -689,7 +682,7 @@ def prepare(args, out, lang, inputs):
             'newline_id': alphabet.index('\n') if '\n' in alphabet else None, 'dtype': dtype,
             'sizes': sizes, 'source': stamp['source'], 'slice': part,
             'cleaning': {**key, 'split': stamp['rule']}, 'inputs': inputs,
-            'mean_word_length': round(mwl, 4) if mwl else None,
+            'mean_word_length': mwl,
             'defaults': {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}}
     meta.update(unigram(args, out, meta))
     _write_json(out / 'meta.json', meta)
@@ -753,15 +746,15 @@ def parser():
     p.add_argument('--fold-accents', action='store_true', default=None,
                    help="fold letters outside the alphabet (é -> e, ß -> ss), not the paper's "
                    'space (default off)')
-    p.add_argument('--max-train-chars', type=common.int_range(1, 10 ** 12),
+    p.add_argument('--max-train-chars', type=int_range(1, 10 ** 12),
                    help='cap on cleaned train characters (default 400M)')
-    p.add_argument('--max-eval-chars', type=common.int_range(1, 10 ** 12),
+    p.add_argument('--max-eval-chars', type=int_range(1, 10 ** 12),
                    help='cap on cleaned valid and test characters each (default 2M)')
-    p.add_argument('--unigram', type=common.int_range(0, 10 ** 6),
+    p.add_argument('--unigram', type=int_range(0, 10 ** 6),
                    help='SentencePiece Unigram size V of the boundary labels; sizes already made '
                    'are kept, the same V with other settings replaced (default '
                    f'{unigram_defaults}; 0: none made, those present kept)')
-    p.add_argument('--unigram-max-words', type=common.int_range(0, 10 ** 9), default=0,
+    p.add_argument('--unigram-max-words', type=int_range(0, 10 ** 9), default=0,
                    help='fit Unigram on the N most frequent train words (default 0: all)')
     p.add_argument('--force', action='store_true',
                    help='redo finished steps, not downloads (default off)')
@@ -770,13 +763,12 @@ def parser():
     p.add_argument('--hf-cache', type=Path, help='huggingface_hub cache (default HF_HUB_CACHE, '
                    'else ~/.cache/huggingface/hub)')
     p.add_argument('--text8-url', type=url,
-                   default=os.environ.get('DYNPOOL_TEXT8_URL',
-                                          'http://mattmahoney.net/dc/text8.zip'),
-                   help='(default DYNPOOL_TEXT8_URL, else http://mattmahoney.net/dc/text8.zip)')
+                   default='http://mattmahoney.net/dc/text8.zip',
+                   help='(default http://mattmahoney.net/dc/text8.zip)')
     p.add_argument('--cc100-base', type=url,
-                   default=os.environ.get('DYNPOOL_CC100_BASE', 'https://data.statmt.org/cc-100'),
-                   help='holds <lang>.txt.xz (default DYNPOOL_CC100_BASE, else data.statmt.org)')
-    p.add_argument('--retries', type=common.int_range(0, 100), default=5,
+                   default='https://data.statmt.org/cc-100',
+                   help='holds <lang>.txt.xz (default https://data.statmt.org/cc-100)')
+    p.add_argument('--retries', type=int_range(0, 100), default=5,
                    help='retries per download request (default 5; none for a host that cannot '
                    'be reached)')
     p.add_argument('--backoff', type=common.float_range(0, 3600), default=2.0,
@@ -815,7 +807,6 @@ def resolve(args):
         dataset = 'text8'
     name = args.name or ('text8' if dataset == 'text8' else f'{dataset}-{args.lang}')
     out = args.out_dir / name
-    old = {}
     try:
         old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
         if not (args.dataset or args.lang or args.input):
@@ -827,9 +818,9 @@ def resolve(args):
     for flag, default in DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset == 'text8' and args.lang not in (None, 'en'):
-        raise UserError(f'text8 is English; got --lang {args.lang}', 2)
     if dataset == 'text8':
+        if args.lang not in (None, 'en'):
+            raise UserError(f'text8 is English; got --lang {args.lang}', 2)
         args.lang = 'en'
     if args.lang is None or (dataset == 'input' and not args.input):
         needs = '--lang and --input' if not args.input else '--lang'
@@ -860,7 +851,7 @@ def describe_inputs(paths):
 def remove_leftovers(out):
     """A killed run's temporary files in the dataset folder, removed under the lock before
     anything is made, so that none outlives the next run: .all.bin, and
-    common.write_atomic's .<stem>.<8 random characters><suffix> of the files this script
+    write_atomic's .<stem>.<8 random characters><suffix> of the files this script
     writes there (only those: the folder may hold other hidden files)."""
     for f in [*out.glob('.*'), *out.glob('download/.*')]:
         if LEFTOVER.fullmatch(f.name) and f.is_file():

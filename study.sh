@@ -91,63 +91,49 @@ die() { echo "error: $*" >&2; exit "${code:-1}"; }
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
-    --part) part=${2-}; shift ;;
-    --steps) steps=${2-}; shift ;;
-    --out) out=${2-}; shift ;;
-    --seeds) seeds=${2-}; shift ;;
-    --pareto-seeds) pareto_seeds=${2-}; shift ;;
-    --input) input=${2-}; shift ;;
-    --data-dir) data_dir=${2-}; shift ;;
-    --raw-dir) raw_dir=${2-}; shift ;;
-    --langs) langs=${2-}; shift ;;
-    --modes) modes=${2-}; shift ;;
-    --scaling-layers) scaling_layers=${2-}; shift ;;
-    --device) device=${2-}; shift ;;
-    --assume-sf) assume_sf=${2-}; shift ;;
-    --mfu) mfu=${2-}; shift ;;
-    --peak-tflops) peak_tflops=${2-}; shift ;;
-    --bench) bench=${2-}; shift ;;
-    --jobs) jobs=${2-}; shift ;;
-    --gpus) gpus=${2-}; shift ;;
-    --nproc) nproc=${2-}; shift ;;
-    --emit) emit=${2-}; shift ;;
+    # a flag with a value sets the variable of its name (- as _)
+    --part|--steps|--out|--seeds|--pareto-seeds|--input|--data-dir|--raw-dir|--langs|--modes|\
+    --scaling-layers|--device|--assume-sf|--mfu|--peak-tflops|--bench|--jobs|--gpus|--nproc|\
+    --emit)
+      flag=${1#--}
+      printf -v "${flag//-/_}" %s "${2-}"
+      shift ;;
     --dry-run) dry=1 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
-    *) code=2 die "unknown flag $1 (see bash study.sh --help;" \
-                  "train.py flags go after --)" ;;
+    *) code=2 die "unknown flag $1 (train.py flags go after --)" ;;
   esac
   shift
 done
 train_flags=("$@")
+[ -n "$gpus" ] && device=cuda
+# On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
+paper_scale=0
+[[ $device == cuda* && $part =~ ^(table2|scaling)$ ]] && paper_scale=1
+[ $paper_scale = 1 ] && steps=${steps:-200000}
+# Each part's languages and modes (and table1's steps) where the flags leave them open.
 case $part in
-  seeds|pareto|all|languages|table1|table2|scaling) ;;
+  seeds|pareto|all) ;;
+  languages)
+    langs=${langs:-text8 fi he vi}
+    modes=${modes:-none fixed2 whitespace unigram entropy gumbel hnet} ;;
+  table1)
+    steps=${steps:-200000}
+    langs=${langs:-text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en}
+    modes=${modes:-none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace} ;;
+  table2) modes=${modes:-fixed2 entropy whitespace} ;;
+  scaling) modes=${modes:-none whitespace} ;;
   *) code=2 die "--part must be seeds, pareto, all, languages, table1, table2" \
                 "or scaling, not '$part'" ;;
 esac
-[ -n "$gpus" ] && device=cuda
-[ "$part" = table1 ] && steps=${steps:-200000}
-# On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
-paper_scale=0
-[[ $device == cuda* && ( $part == table2 || $part == scaling ) ]] && paper_scale=1
-[ $paper_scale = 1 ] && steps=${steps:-200000}
 steps=${steps:-1000}
-[ "$part" = languages ] && langs=${langs:-text8 fi he vi}
-table1_langs="text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en"
-[ "$part" = table1 ] && langs=${langs:-$table1_langs}
 langs=${langs:-text8}
-case $part in
-  languages) modes=${modes:-none fixed2 whitespace unigram entropy gumbel hnet} ;;
-  table1) modes=${modes:-none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace} ;;
-  table2) modes=${modes:-fixed2 entropy whitespace} ;;
-  scaling) modes=${modes:-none whitespace} ;;
-esac
-whole='a positive whole number'
-[[ $steps =~ ^[1-9][0-9]*$ ]] || code=2 die "--steps must be $whole, not '$steps'"
-[[ $jobs =~ ^[1-9][0-9]*$ ]] || code=2 die "--jobs must be $whole, not '$jobs'"
-[[ ${nproc:-1} =~ ^[1-9][0-9]*$ ]] || code=2 die "--nproc must be $whole, not '$nproc'"
+for flag in steps jobs nproc; do
+  [[ ${!flag:-1} =~ ^[1-9][0-9]*$ ]] ||
+    code=2 die "--$flag must be a positive whole number, not '${!flag}'"
+done
 per_run=${nproc:-1}
-[[ -z $gpus || $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
+[[ $gpus =~ ^([0-9]+(,[0-9]+)*)?$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
 for s in $seeds $pareto_seeds; do
   [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers, not '$s'"
 done
@@ -218,7 +204,7 @@ for s in $seeds; do
         [ "$part" = table1 ] && d=$l
         for m in $modes; do
           add "$l-$m-s$s" "$d" $(mode_flags "$m" "$l") --seed "$s"
-          [ "$part" = languages ] && [ "$m" != none ] && add "$l-$m-flops-s$s" "$d" \
+          [[ $part == languages && $m != none ]] && add "$l-$m-flops-s$s" "$d" \
             $(mode_flags "$m" "$l") --seed "$s" --flop-budget "vanilla:$steps"
         done
       done ;;
@@ -238,7 +224,7 @@ for s in $seeds; do
       done ;;
   esac
 done
-if [ "$part" = pareto ] || [ "$part" = all ]; then
+if [[ $part =~ ^(pareto|all)$ ]]; then
   for s in $pareto_seeds; do
     for l in $langs; do
       # the text8 slice's runs keep their names of part seeds
@@ -272,34 +258,28 @@ plain='^[-A-Za-z0-9_./:=,@%+]+$'
 quoted() {
   local word line=
   for word in "$@"; do
-    if [[ $word =~ $plain ]]; then
-      line+=" $word"
-    else
-      line+=" '${word//\'/\'\\\'\'}'"
-    fi
+    [[ $word =~ $plain ]] || word="'${word//\'/\'\\\'\'}'"
+    line+=" $word"
   done
   echo "${line# }"
-}
-# The Unigram V of a language (the paper's): 200 for Finnish and Hebrew, else 10000.
-unigram_of() {
-  case $1 in
-    *fi|*he) echo 200 ;;
-    *) echo 10000 ;;
-  esac
 }
 # prepare_data.py's command for a dataset ($1: its name), in cmd. One dataset per Unigram
 # size (name-uV): the same text, only the boundary labels differ.
 prep_cmd() {
-  local name=$1 lang=${1%%-u*}
+  local name=$1 lang=${1%%-u*} v=${1##*-u}
+  # without -uV the paper's V: 200 for Finnish and Hebrew, else 10000
+  if [ "$v" = "$name" ]; then
+    v=10000
+    [[ $name =~ (fi|he)$ ]] && v=200
+  fi
   case $name in
-    text8-head-u*) cmd=(--input "$input" --dataset text8 --unigram "${name##*-u}") ;;
-    text8) cmd=(--dataset text8 --unigram 10000) ;;    # the whole text8, downloaded
-    wiki40b-*|cc100-*)
-      cmd=(--dataset "${name%%-*}" --lang "${name#*-}" --unigram "$(unigram_of "$name")") ;;
-    *-u*) cmd=(--input "$raw_dir/$lang.txt" --lang "$lang" --unigram "${name##*-u}") ;;
-    *) cmd=(--input "$raw_dir/$name.txt" --lang "$name" --unigram "$(unigram_of "$name")") ;;
+    text8-head-u*) cmd=(--input "$input" --dataset text8) ;;
+    text8) cmd=(--dataset text8) ;;    # the whole text8, downloaded
+    wiki40b-*|cc100-*) cmd=(--dataset "${name%%-*}" --lang "${name#*-}") ;;
+    *) cmd=(--input "$raw_dir/$lang.txt" --lang "$lang") ;;
   esac
-  cmd=(python "${at}prepare_data.py" "${cmd[@]}" --out-dir "$data_dir" --name "$name")
+  cmd=(python "${at}prepare_data.py" "${cmd[@]}" --unigram "$v" --out-dir "$data_dir"
+       --name "$name")
 }
 # train.py's command for a plan entry ($@: run, dataset, flags), in cmd: both --dry-run
 # and the runner use it, so what is printed is what runs.
@@ -307,9 +287,7 @@ train_cmd() {
   local run=$1 data=$2
   shift 2
   cmd=(python "${at}train.py")
-  if [ -n "$nproc" ]; then
-    cmd=(torchrun --standalone "--nproc_per_node=$nproc" "${at}train.py")
-  fi
+  [ -n "$nproc" ] && cmd=(torchrun --standalone "--nproc_per_node=$nproc" "${at}train.py")
   cmd+=(--data "$data_dir/$data" "$@" --device "$device")
   # a run with a FLOP budget ends there, not at --max-steps
   [[ " $* " == *" --flop-budget "* ]] || cmd+=(--max-steps "$steps")
@@ -322,13 +300,13 @@ header() {
   local p n=${#plan[@]} n_done=0 n_resume=0
   for p in "${plan[@]}"; do
     if finished "$out/${p%% *}"; then
-      n_done=$((n_done + 1))
+      ((++n_done))
     elif [ -f "$out/${p%% *}/ckpt.pt" ]; then
-      n_resume=$((n_resume + 1))
+      ((++n_resume))
     fi
   done
-  echo "# study: part $part, $n runs x $steps steps in $out ($n_done finished and" \
-       "skipped, $n_resume to resume, $((n - n_done - n_resume)) to start)"
+  echo "# study: part $part, $n runs x $steps steps in $out: $n_done finished," \
+       "$n_resume to resume, $((n - n_done - n_resume)) to start"
 }
 # Every command of the study in order, data first; what is done already as a comment.
 commands() {
@@ -355,7 +333,6 @@ commands() {
 # Reads the commands: checks every train.py command with train.py's own parser (exit 2,
 # one line) and counts its FLOPs; with --dry-run prints them all, the total and its cost.
 plan_py=$(cat <<'PY'
-import dataclasses
 import json
 import shlex
 import sys
@@ -364,7 +341,8 @@ import torch
 
 import common
 import presets
-from dynpool import Config, step_flops
+from checkpoint import config_from_dict
+from dynpool import step_flops
 
 
 def run_flops(argv, preset, assume_sf):
@@ -372,18 +350,10 @@ def run_flops(argv, preset, assume_sf):
     args = presets.parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
-    layers = presets.layer_counts(a['layers'])
-    fields = {f.name for f in dataclasses.fields(Config)}
-    model = {k: v for k, v in a.items() if k in fields}
-    model.update(vocab_size=27, whitespace_id=0, layers=layers)
-    cfg = Config(**model)
-    if args.flop_budget is not None:  # the budget, not the steps, ends such a run
+    cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
+    if args.flop_budget:  # the budget, not the steps, ends such a run
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])
-    sf = assume_sf
-    if cfg.boundary == 'none':
-        sf = 1
-    elif cfg.boundary == 'fixed':
-        sf = cfg.fixed_factor
+    sf = {'none': 1, 'fixed': cfg.fixed_factor}.get(cfg.boundary, assume_sf)
     kept = 1 + a['seq_len'] / sf
     return a['max_steps'] * step_flops(cfg, a['batch_size'], a['seq_len'], kept)
 
@@ -406,8 +376,8 @@ def cost(total, device, mfu, peak, bench):
         unit = 'GPU-hours'
     if speed:
         hours = total / speed / 3600
-        how = f"measured by bench.py --preset paper, {measured.get('date')}"
-        return f'; about {hours:,.1f} {unit} on {name} at {speed:.3g} FLOP/s ({how})'
+        return (f'; about {hours:,.1f} {unit} on {name} at {speed:.3g} FLOP/s (measured by '
+                f"bench.py --preset paper, {measured.get('date')})")
     if not device.startswith('cuda'):
         return ''
     hours = total / (mfu * peak * 1e12) / 3600
@@ -455,13 +425,11 @@ header
 interrupted() {
   # background runs ignore SIGINT (bash starts them so): stop them, train.py saves first
   trap '' INT TERM
-  local pid
   for pid in $(jobs -rp); do
     pkill -TERM -P "$pid" 2>/dev/null
   done
   wait
-  echo "error: interrupted; finished runs and checkpoints in $out are kept," \
-       "run the same command to resume" >&2
+  echo "error: interrupted; run the same command to resume" >&2
   exit "$1"
 }
 trap 'interrupted 130' INT
@@ -483,7 +451,7 @@ if [ -n "$emit" ]; then
     train_cmd $p
     echo "cd $(quoted "$PWD") && $(quoted "${cmd[@]}")"
   done > "$emit.tmp" && mv "$emit.tmp" "$emit" || die "cannot write $emit"
-  echo "$(wc -l < "$emit") runs in $emit, one command a line"
+  echo "$(wc -l < "$emit") runs in $emit"
   exit 0
 fi
 
@@ -525,16 +493,12 @@ for p in "${plan[@]}"; do
   slot_of[$!]=$slot
 done
 wait
-failed=()
-stopped=()
-for f in "$out"/.failed-* "$out"/.stopped-*; do
-  [ -e "$f" ] || continue
-  rm -f "$f"
-  case $f in
-    */.failed-*) failed+=("${f##*/.failed-}") ;;
-    *) stopped+=("${f##*/.stopped-}") ;;
-  esac
-done
+shopt -s nullglob
+failed=("$out"/.failed-*)
+stopped=("$out"/.stopped-*)
+rm -f "${failed[@]}" "${stopped[@]}"
+failed=("${failed[@]##*/.failed-}")
+stopped=("${stopped[@]##*/.stopped-}")
 
 # report.py's Markdown (its flags after the name) in <out>/<name>.md, written whole or
 # not at all.
@@ -551,22 +515,19 @@ write_md() {
 # report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md
 # with the plots in <out>/<name>.png.
 report() {
-  local name=$1 budgets=(--at-chars min)
+  local name=$1 budgets=(--at-chars min --at-flops min)
   shift
-  # Equal budgets: characters always; FLOPs where train.py logs them (older logs lack
-  # them).
-  grep -q '"train_flops": [0-9]' "$1/log.jsonl" && budgets+=(--at-flops min)
-  if ! python "${at}report.py" "$@" "${budgets[@]}"; then
+  if python "${at}report.py" "$@" "${budgets[@]}"; then
+    write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
+  else
     failed+=(report.py)
-    return
   fi
-  write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
 }
 dirs=()
 for p in "${plan[@]}"; do
   [ -f "$out/${p%% *}/log.jsonl" ] && dirs+=("$out/${p%% *}")
 done
-if [[ $part == languages || $part == table1 || ( $part == pareto && $langs != text8 ) ]]; then
+if [[ $part =~ ^(languages|table1)$ || ( $part == pareto && $langs != text8 ) ]]; then
   # one table and one plot per language, then all side by side
   for l in $langs; do
     ldirs=()
@@ -577,13 +538,11 @@ if [[ $part == languages || $part == table1 || ( $part == pareto && $langs != te
       [[ " $langs " == *" $r "* ]] || r=text8
       [ "$r" = "$l" ] && ldirs+=("$d")
     done
-    [ ${#ldirs[@]} -gt 0 ] && report "$part-$l" "${ldirs[@]}"
+    ((${#ldirs[@]})) && report "$part-$l" "${ldirs[@]}"
   done
   # all of them: the last table has a column per language, the plot a panel each
-  if [ ${#dirs[@]} -gt 0 ]; then
-    write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
-  fi
-elif [ ${#dirs[@]} -gt 0 ]; then
+  ((${#dirs[@]})) && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
+elif ((${#dirs[@]})); then
   report "$part" "${dirs[@]}"
   # the paper's scaling figure: test BPC against the total number of layers, a line per
   # source
@@ -593,11 +552,10 @@ elif [ ${#dirs[@]} -gt 0 ]; then
   fi
 fi
 # A failure first; runs stopped to be resumed are no failure, but the study is unfinished.
-if [ ${#failed[@]} -gt 0 ]; then
-  die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see the" \
-      "output above, or <run>.log in $out); run the same command again to retry"
+if ((${#failed[@]})); then
+  die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see" \
+      "above or <run>.log in $out); run the same command again to retry"
 fi
-if [ ${#stopped[@]} -gt 0 ]; then
-  code=75 die "stopped to be resumed (train.py's exit 75): ${stopped[*]}; run the same" \
-              "command again to resume them"
+if ((${#stopped[@]})); then
+  code=75 die "stopped to be resumed: ${stopped[*]}; run the same command again"
 fi
