@@ -1180,6 +1180,14 @@ def test_train_refuses_a_source_that_cannot_pool(tmp_path, capsys, boundary, ext
     assert not (tmp_path / 'o').exists()
 
 
+def test_train_a_source_that_pools_rarely_is_not_refused():
+    """Whitespace where only every other sequence of --seq-len 4 holds a space pools rarely, but
+    pools: the check refuses only a source that closes no segment at all."""
+    cfg = Config(vocab_size=27, boundary='whitespace', whitespace_id=0)
+    tokens = np.array(([1] * 7 + [0]) * 100)   # a space every 8 characters
+    train.check_pooling(cfg, tokens, 4, 'data/sparse')   # mean 0.5 segments a sequence
+
+
 def test_train_out_as_a_dangling_link_says_so(synth, tmp_path, capsys):
     """--out a link to a folder that does not exist (an unmounted disk): one line naming the link
     and its missing target, where the folder is made; nothing is created through it."""

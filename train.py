@@ -60,13 +60,13 @@ def segment_counts(cfg, x):
 
 
 def check_pooling(cfg, tokens, seq_len, data):
-    """Refuse a source that the text alone decides (fixed, whitespace) where it closes
-    less than a segment a training sequence: the model would never pool (whitespace on a
-    DNA sequence)."""
+    """Refuse a source that the text alone decides (fixed, whitespace) where it closes no
+    segment in any training sequence: the model would never pool (whitespace on a DNA
+    sequence; fixed k > --seq-len). One that pools rarely (short sequences) still trains."""
     tokens = tokens[:1 << 24]  # (a sample of 16M characters: read fast, in little memory)
     rows = len(tokens) // seq_len
     counts = segment_counts(cfg, tokens[:rows * seq_len].reshape(rows, seq_len))
-    if counts is not None and rows and counts.mean() < 1:
+    if counts is not None and rows and counts.sum() == 0:
         raise UserError(f'--boundary {cfg.boundary} closes {counts.mean():.2g} segments '
                         f'in a sequence of --seq-len {seq_len} of {data}/train.bin: the '
                         'model would never pool; choose another --boundary (or '
