@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import presets
+from conftest import random_words, write_dataset
 
 ROOT = Path(__file__).parent
 STUDY = str(ROOT / 'study.sh')
@@ -24,41 +24,6 @@ TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16',
         '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '4', '--eval-window', '32',
         '--eval-step', '8', '--eval-batch-size', '32', '--eval-subset-chars', '400',
         '--eval-max-chars', '400', '--log-interval', '1', '--warmup', '2', '--lr', '3e-3']
-
-
-def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
-    """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space
-    closes its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    alphabet = sorted(set(text))
-    ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
-    ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
-    n_va, n_te = int(len(ids) * valid), int(len(ids) * test)
-    parts = dict(train=ids[:len(ids) - n_va - n_te],
-                 valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
-                 test=ids[len(ids) - n_te:])
-    space = alphabet.index(' ') if ' ' in alphabet else None
-    for name, arr in parts.items():
-        arr.tofile(root / f'{name}.bin')
-        if unigram:
-            (arr == space).astype(np.uint8).tofile(root / f'{name}.unigram-1000.bin')
-    meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space,
-                newline_id=alphabet.index('\n') if '\n' in alphabet else None, dtype='uint8',
-                sizes={k: len(v) for k, v in parts.items()},
-                mean_word_length=len(text) / max(1, text.count(' ')),
-                unigram={'vocab_size': 1000, 'model': None,
-                         'shortening_factor': {}} if unigram else None)
-    (root / 'meta.json').write_text(json.dumps(meta))
-    return root
-
-
-def random_words(n_chars, seed=0, letters='abcdefgh'):
-    """Random 'words' from a small alphabet: text that needs no shared data."""
-    rng = np.random.default_rng(seed)
-    words = [''.join(rng.choice(list(letters),
-                                size=rng.integers(1, 7))) for _ in range(n_chars // 3)]
-    return ' '.join(words)[:n_chars]
 
 
 def read_log(out):
