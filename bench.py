@@ -27,8 +27,7 @@ import dynpool
 from common import UserError
 from dynpool import Config, DynamicPoolingLM, step_flops
 from presets import layer_counts
-from runtime import pick_device, require_memory, setup_precision, use_tf32
-from sample import generation_bytes
+from runtime import generation_bytes, pick_device, require_memory, setup_precision, use_tf32
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'

@@ -112,6 +112,22 @@ def require_memory(need, what, device, fix):
                         f'{free / 2**30:.3g} GiB free on {device}: {fix}', code=2)
 
 
+def generation_bytes(cfg, batch, prompt_len, new):
+    """An upper bound of the memory, in bytes, that generating `new` characters after a
+    prompt of prompt_len takes for `batch` rows, beyond the weights (4 bytes a number):
+    every layer's keys, values and position keys for all positions; the prompt's pass
+    with all its attention scores (several tensors of them), the pooling's boundary
+    matrix (at most a segment per character) and the activations."""
+    length = prompt_len + new
+    caches = (2 * batch + 1) * sum(cfg.layers) * cfg.n_head * cfg.d_head * length
+    scores = 4 * batch * cfg.n_head * prompt_len ** 2
+    pooling = 0
+    if cfg.boundary != 'none':
+        pooling = 4 * batch * prompt_len ** 2
+    activations = 4 * batch * length * (cfg.d_inner + 4 * cfg.d_model + cfg.vocab_size)
+    return 4 * (caches + scores + pooling + activations)
+
+
 def use_tf32(device):
     """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
     the model)."""

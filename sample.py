@@ -20,7 +20,7 @@ from checkpoint import load_checkpoint
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
 from dynpool import entropy_spikes
-from runtime import pick_device, require_memory
+from runtime import generation_bytes, pick_device, require_memory
 
 # --color: two colours, then the reset
 ANSI = ('\033[48;5;153m\033[38;5;16m', '\033[48;5;223m\033[38;5;16m', '\033[0m')
@@ -217,22 +217,6 @@ def parse_args(argv=None):
         p.error("argument --entropy-plot: needs a file of its own, not - nor --entropy-trace's")
     args.device = pick_device(args.device)
     return args
-
-
-def generation_bytes(cfg, batch, prompt_len, new):
-    """An upper bound of the memory, in bytes, that generating `new` characters after a
-    prompt of prompt_len takes for `batch` rows, beyond the weights (4 bytes a number):
-    every layer's keys, values and position keys for all positions; the prompt's pass
-    with all its attention scores (several tensors of them), the pooling's boundary
-    matrix (at most a segment per character) and the activations."""
-    length = prompt_len + new
-    caches = (2 * batch + 1) * sum(cfg.layers) * cfg.n_head * cfg.d_head * length
-    scores = 4 * batch * cfg.n_head * prompt_len ** 2
-    pooling = 0
-    if cfg.boundary != 'none':
-        pooling = 4 * batch * prompt_len ** 2
-    activations = 4 * batch * length * (cfg.d_inner + 4 * cfg.d_model + cfg.vocab_size)
-    return 4 * (caches + scores + pooling + activations)
 
 
 def prompt_ids(args, ckpt):

@@ -27,6 +27,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import checkpoint
+import runtime
 import sample
 import train
 from conftest import (ALPHABET, HYPOTHESIS_FIXTURES, MODES, ROOT, assert_cli_contract,
@@ -600,9 +601,9 @@ def test_generation_bytes_bound_what_generating_takes(ckpts):
     with profile(profile_memory=True) as prof:
         model.generate(x, 50)
     peak = max(e.cpu_memory_usage for e in prof.key_averages())
-    need = sample.generation_bytes(model.cfg, 3, 300, 50)
+    need = runtime.generation_bytes(model.cfg, 3, 300, 50)
     assert 0 < peak < need
-    assert sample.generation_bytes(model.cfg, 3, 600, 50) > 3 * need
+    assert runtime.generation_bytes(model.cfg, 3, 600, 50) > 3 * need
 
 
 def test_a_prompt_longer_than_the_training_sequences_keeps_its_end(ckpts, tmp_path, capsys):
