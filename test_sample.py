@@ -52,29 +52,26 @@ def test_sample_segment_display_reassembles(data):
     ends = [i for i, bi in enumerate(b) if bi]
     starts = [0] + [e + 1 for e in ends]
     assert pieces == [text[s:e + 1] for s, e in zip(starts, ends)] + [text[starts[-1]:]]
-    coloured = sample.show_segments(text, b, colour=True)
-    assert re.sub(r'\033\[[0-9;]*m', '', coloured) == text
     assert sample.show_segments(text, None) == text
     # the prompt's end: one mark, after the prompt's last character and its separator
     n = data.draw(st.integers(1, max(1, len(text))))
-    for colour in (False, True):
-        marked = sample.show_segments(text, b, '|', colour, prompt_len=n)
-        plain = re.sub(r'\033\[[0-9;]*m', '', marked)
-        assert plain.replace('|', '').replace(sample.PROMPT_MARK, '') == text
-        if text:
-            assert plain.count(sample.PROMPT_MARK) == 1
-            before = plain.split(sample.PROMPT_MARK)[0]
-            assert before.replace('|', '') == text[:n]
-            assert not colour and before.endswith('|') == b[n - 1] or colour
+    marked = sample.show_segments(text, b, '|', prompt_len=n)
+    assert marked.replace('|', '').replace(sample.PROMPT_MARK, '') == text
+    if text:
+        assert marked.count(sample.PROMPT_MARK) == 1
+        before = marked.split(sample.PROMPT_MARK)[0]
+        assert before.replace('|', '') == text[:n]
+        assert before.endswith('|') == b[n - 1]
     want = text[:n] + (sample.PROMPT_MARK if text else '') + text[n:]
     assert sample.show_segments(text, None, prompt_len=n) == want
 
 
 def test_sample_segment_summary_counts_closed_segments():
-    line = sample.segment_summary('the cat sat', [c == ' ' for c in 'the cat sat'], 4)
+    line = sample.segment_summary(11, [c == ' ' for c in 'the cat sat'], 4)
     assert line == ('11 characters (4 of the prompt), 2 segments closed (1 in the prompt) and '
                     '1 still open; shortening factor 5.50')
-    assert 'no segment closed yet' in sample.segment_summary('abc', [False] * 3, 1)
+    assert 'no segment closed yet' in sample.segment_summary(3, [False] * 3, 1)
+    assert sample.segment_summary(3, [True] * 3, 1, 'byte').startswith('3 bytes (1 of')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,16 +83,17 @@ def test_prompt_is_cleaned_as_the_training_text_was():
     assert sample.clean_prompt('Line one.\nLine 2 ', text8)[0] == 'line one line two '  # no \n
     how = sample.clean_prompt('x', text8)[1]
     assert 'en' in how and "text8's alphabet" in how
-    fi = dict(alphabet=['\n', ' '] + list(LANGS['fi']['letters']))
+    fi = dict(alphabet=['\n', ' '] + list(LANGS['fi']['letters']),
+              cleaning=dict(lang='fi', fold_accents=False))
     assert sample.clean_prompt('Äiti 5\n', fi)[0] == 'äiti viisi\n'
     assert sample.clean_prompt('Éclair',
                                fi)[0] == 'clair'                   # é is no Finnish letter
     recorded = dict(fi, cleaning=dict(lang='fi', fold_accents=True))
     text, how = sample.clean_prompt('Éclair', recorded)
     assert text == 'eclair' and 'recorded in the checkpoint' in how and 'accents folded' in how
-    other = dict(alphabet=list(' abcdefghijklmnopqrs'))   # no language's alphabet
+    other = dict(alphabet=list(' abcdefghijklmnopqrs'))   # no language recorded
     text, how = sample.clean_prompt('Née 1999!', other)
-    assert text == 'née 1999!' and 'lower-cased only' in how
+    assert text == 'Née 1999!' and 'not cleaned' in how
 
 
 def _write_ckpt(state, path, sealed=True):
@@ -112,10 +110,11 @@ def _write_ckpt(state, path, sealed=True):
 
 
 def _save_ckpt(path, mode, vocab_size=27, alphabet=None, rate=0.3, nan=False, scale=None,
-               model=None):
+               model=None, **vocab):
     """A checkpoint with train.py's keys: model, optimizer, scaler, step, epoch, pos, config
     (asdict), vocab (alphabet, vocab_size, space_id), args, schedule, rng (numpy's state
-    included); of `model` where given, else of conftest's calibrated tiny model."""
+    included); of `model` where given, else of conftest's calibrated tiny model; `vocab`: more
+    of the vocab dict (encoding, cleaning)."""
     alphabet = alphabet or ALPHABET[:vocab_size]
     model = model or tiny_model(mode, vocab=vocab_size, seed=1, rate=rate,
                                 whitespace_id=alphabet.index(' '))
@@ -130,7 +129,8 @@ def _save_ckpt(path, mode, vocab_size=27, alphabet=None, rate=0.3, nan=False, sc
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     state = dict(model=state_dict, optimizer=opt.state_dict(), scaler={}, step=0, epoch=0, pos=0,
                  config=dataclasses.asdict(model.cfg),
-                 vocab=dict(alphabet=alphabet, vocab_size=vocab_size, space_id=alphabet.index(' ')),
+                 vocab=dict(alphabet=alphabet, vocab_size=vocab_size,
+                            space_id=alphabet.index(' '), **vocab),
                  args=dict(boundary=mode, data='data/text8', layers='1,1,1', seed=1337),
                  schedule=dict(lr=1e-3, warmup=2, max_steps=10),
                  rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
@@ -178,7 +178,7 @@ def test_sample_cli_cleans_the_prompt_and_says_how(ckpts, capsys):
 def test_sample_cli_cleans_a_finnish_prompt(tmp_path, capsys):
     alphabet = ['\n', ' '] + list(LANGS['fi']['letters'])
     ckpt = _save_ckpt(tmp_path / 'fi' / 'ckpt.pt', 'whitespace', vocab_size=len(alphabet),
-                      alphabet=alphabet)
+                      alphabet=alphabet, cleaning=dict(lang='fi', fold_accents=False))
     rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'Äiti 5', '--chars', 3, '--show-segments'],
                          capsys)
     assert rc == 0, err
@@ -186,16 +186,16 @@ def test_sample_cli_cleans_a_finnish_prompt(tmp_path, capsys):
 
 
 def test_sample_cli_characters_outside_an_unknown_alphabet_are_one_line_error(tmp_path, capsys):
-    """An alphabet of no language is only lower-cased: the rest outside it is refused in one
-    line."""
+    """A checkpoint with no language recorded: the prompt is not cleaned, and the characters
+    outside its alphabet are refused in one line."""
     alphabet = ALPHABET[:20]
     ckpt = _save_ckpt(tmp_path / 'custom' / 'ckpt.pt', 'whitespace', vocab_size=20,
                       alphabet=alphabet)
     rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'Née 1999!'], capsys)
     assert rc == 1 and out == '' and _one_error_line(err)
-    for c in ("'é'", "'1'", "'9'", "'!'"):
+    for c in ("'N'", "'é'", "'1'", "'9'", "'!'"):
         assert c in err.splitlines()[-1]
-    assert "'N'" not in err and "'n'" not in err  # lower-cased first: the alphabet is lower-case
+    assert "'e'" not in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,44 +272,29 @@ def _spikes_by_loop(H, k):
     return [all(H[t] > H[i] for i in range(max(0, t - k), t)) for t in range(len(H))]
 
 
-def _trace_rows(tsv):
-    """--entropy-trace's TSV → {column: [values of every row]} (one sample)."""
-    header, *rows = [line.split('\t') for line in tsv.rstrip('\n').split('\n')]
-    return {name: [r[i] for r in rows] for i, name in enumerate(header)}
-
-
-@pytest.mark.parametrize('mode, window', [('entropy', None), ('none', 4), ('gumbel', 1)])
-def test_sample_cli_entropy_trace_marks_the_spike_rule_and_the_models_boundaries(
+@pytest.mark.parametrize('mode, window', [('entropy', 3), ('none', 4), ('gumbel', 1)])
+def test_sample_entropy_marks_the_spike_rule_and_the_models_boundaries(
         ckpts, tmp_path, capsys, mode, window):
-    """Figure 2 for any model, as TSV: pos, the text, entropies in bits, the spike column the rule
-    on the trace's own entropies (k = the checkpoint's entropy_window, or --spike-window), the
-    boundary column the model's b_t (empty for vanilla); to a file, the text is printed as well."""
+    """Figure 2's data for any model: entropies in bits, the spikes the rule on them (k = the
+    checkpoint's entropy_window), the boundaries the model's b_t (None for vanilla); the text is
+    printed."""
     good = torch.load(ckpts[mode], weights_only=False)
-    ckpt = _write_ckpt(dict(good, config=dict(good['config'], entropy_window=3)),
-                       tmp_path / 'w3.pt')
+    ckpt = _write_ckpt(dict(good, config=dict(good['config'], entropy_window=window)),
+                       tmp_path / 'w.pt')
     argv = ['--ckpt', ckpt, '--prompt', 'the cat sat', '--chars', 40, '--seed', 5, '--device',
-            'cpu'] + ([] if window is None else ['--spike-window', window])
-    k = window or 3
-    out = sample.run(sample.parse_args([str(a) for a in argv + ['--entropy-trace']]))
-    tsv = capsys.readouterr().out
-    assert out.k == k and out.spikes[0] == _spikes_by_loop(out.entropy[0], k)
-    assert 0 < sum(out.spikes[0]) < len(out.texts[0])
-    assert tsv.split('\n')[0].split('\t') == ['pos', 'char', 'entropy_bits', 'boundary', 'spike']
-    cols = _trace_rows(tsv)
-    assert cols['pos'] == [str(t) for t in range(51)] and ''.join(cols['char']) == out.texts[0]
-    assert all(0.0 <= float(h) <= math.log2(27) + 1e-3 for h in cols['entropy_bits'])
-    assert [s == '1' for s in cols['spike']] == out.spikes[0]
+            'cpu']
+    out = sample.run(sample.parse_args([str(a) for a in argv]))
+    text = ''.join(out.pieces[0])
+    assert capsys.readouterr().out == text + '\n' and len(text) == 51
+    assert out.k == window and out.spikes[0] == _spikes_by_loop(out.entropy[0], window)
+    assert 0 < sum(out.spikes[0]) < len(text)
+    assert all(0.0 <= h <= math.log2(27) + 1e-3 for h in out.entropy[0])
     if mode == 'none':
-        assert set(cols['boundary']) == {''}
+        assert out.boundaries is None
     else:
-        assert [b == '1' for b in cols['boundary']] == out.boundaries[0]
         _, b, _ = full_forward(tiny_model(mode, vocab=27, seed=1, rate=0.3),
-                               torch.tensor([[ALPHABET.index(c) for c in out.texts[0]]]))
+                               torch.tensor([[ALPHABET.index(c) for c in text]]))
         assert out.boundaries[0] == b[0].bool().tolist()
-    if mode == 'entropy':
-        rc, printed, err = _main(argv + ['--entropy-trace', tmp_path / 't.tsv'], capsys)
-        assert rc == 0 and (tmp_path / 't.tsv').read_text() == tsv, err
-        assert printed == out.texts[0] + '\n'
 
 
 @pytest.mark.plots
@@ -349,7 +334,7 @@ def test_sample_cli_entropy_plot_draws_spikes_and_the_models_boundaries_apart(
 
 def test_sample_cli_model_without_pre_or_post_layers_generates(tmp_path, capsys):
     """layers (0, 1, 0), degenerate but valid: cached generation runs, its segments are the full
-    forward's (dynpool's Stage with no layers), the trace is whole."""
+    forward's (dynpool's Stage with no layers)."""
     from dynpool import DynamicPoolingLM
     torch.manual_seed(0)
     model = DynamicPoolingLM(tiny_config('entropy', vocab=27, layers=(0, 1, 0))).eval()
@@ -361,8 +346,6 @@ def test_sample_cli_model_without_pre_or_post_layers_generates(tmp_path, capsys)
     assert len(text) == 37 and text.startswith('the cat')
     _, b, _ = full_forward(model, torch.tensor([[ALPHABET.index(c) for c in text]]))
     assert sample.show_segments(text, b[0].tolist(), prompt_len=7) == shown.rstrip('\n')
-    rc, tsv, err = _main(argv + ['--entropy-trace'], capsys)
-    assert rc == 0 and ''.join(_trace_rows(tsv)['char']) == text, err
 
 
 def test_sample_cli_checkpoint_errors_are_one_line(ckpts, capsys, tmp_path):
@@ -441,19 +424,16 @@ _ODD_OUTPUTS = {'too-long': 'too long', 'too-deep': 'no such file',
                 'dir': 'not a regular file'}
 
 
-@pytest.mark.parametrize('flag', ['--entropy-trace',
-                                  pytest.param('--entropy-plot', marks=pytest.mark.plots)])
-def test_sample_cli_odd_output_paths_are_one_line(ckpts, tmp_path, capsys, flag):
-    """An output that cannot be written whole (a missing folder, a FIFO, ...): the operating
+@pytest.mark.plots
+def test_sample_cli_odd_output_paths_are_one_line(ckpts, tmp_path, capsys):
+    """A plot that cannot be written whole (a missing folder, a FIFO, ...): the operating
     system's word (common.main) naming it, exit 1, nothing left behind; a FIFO is never written
-    through nor replaced. (The plot goes the trace's way, common.write_atomic: two cases.)"""
-    if flag == '--entropy-plot':
-        pytest.importorskip('matplotlib')
+    through nor replaced (common.write_atomic)."""
+    pytest.importorskip('matplotlib')
+    flag = '--entropy-plot'
     paths = _odd_paths(tmp_path)
     before = sorted(os.listdir(tmp_path))
     for case, words in _ODD_OUTPUTS.items():
-        if flag == '--entropy-plot' and case not in ('too-deep', 'fifo'):
-            continue
         with no_hang():
             rc, out, err = _main(['--ckpt', ckpts['fixed'], '--chars', 3, flag, paths[case]],
                                  capsys)
@@ -464,21 +444,21 @@ def test_sample_cli_odd_output_paths_are_one_line(ckpts, tmp_path, capsys, flag)
 
 
 def test_sample_as_a_process(ckpts, tmp_path, capsys):
-    """`python sample.py` as README runs it: the same --seed gives in a fresh process the trace it
+    """`python sample.py` as README runs it: the same --seed gives in a fresh process the text it
     gives in this one; a reader that leaves (here before the first line, as a pipe's buffer may
     hold all that follows one) is one `error:` line through common.main, exit 1, never a
-    traceback, and the finished trace is kept whole."""
+    traceback."""
     argv = ['--ckpt', ckpts['entropy'], '--prompt', 'anarchism', '--chars', 60, '--seed', 9,
             '--num-samples', 2, '--temperature', 1.0, '--device', 'cpu']
-    trace = tmp_path / 't.tsv'
-    p = subprocess.Popen([sys.executable, 'sample.py'] + [str(a) for a in argv] +
-                         ['--entropy-trace', str(trace)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=_env())
+    command = [sys.executable, 'sample.py'] + [str(a) for a in argv]
+    p = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=_env())
     p.stdout.close()   # long before torch is imported
-    rc, want, _ = _main(argv + ['--entropy-trace'], capsys)
+    rc, want, _ = _main(argv, capsys)
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 1 and _one_error_line(err) and 'broken pipe' in err, err
-    assert rc == 0 and want.startswith('# sample 0\n') and trace.read_text() == want
+    fresh = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_env())
+    assert rc == 0 and fresh.returncode == 0 and fresh.stdout == want and '-' * 40 in want
 
 
 def test_sample_cli_full_stdout_is_one_line(ckpts, capsys, monkeypatch):
@@ -569,9 +549,7 @@ def test_sample_cli_bad_flags_are_one_line(ckpts, capsys):
     for extra in (['--top-k', '0'], ['--chars', '-3'], ['--temperature', '-1'],
                   ['--temperature', 'nan'], ['--temperature', 'inf'], ['--temperature', '1e400'],
                   ['--num-samples', 'x'], ['--seed', str(10 ** 23)], ['--threads', '100000'],
-                  ['--chars', '1e3'], ['--separator', ''], ['--separator', 'a\nb'],
-                  ['--device', 'nonsense'], ['--device', 'meta'],
-                  ['--entropy-plot', 'same.out', '--entropy-trace', 'same.out'],
+                  ['--chars', '1e3'], ['--device', 'nonsense'], ['--device', 'meta'],
                   ['--entropy-plot', '-']):
         rc, out, err = _main(['--ckpt', ckpts['fixed']] + extra, capsys)
         assert rc == 2 and out == '' and _one_error_line(err) and extra[0] in err, (extra, err)
@@ -608,7 +586,7 @@ def test_generation_bytes_bound_what_generating_takes(ckpts):
 
 def test_a_prompt_longer_than_the_training_sequences_keeps_its_end(ckpts, tmp_path, capsys):
     """A prompt longer than the checkpoint's training seq_len is cut to its last seq_len
-    characters, with a note: the sample continues the prompt's end."""
+    tokens, with a note: the sample continues the prompt's end."""
     state = checkpoint.read_checkpoint(ckpts['whitespace'])
     del state['path']
     state['args']['seq_len'] = 8
@@ -616,16 +594,16 @@ def test_a_prompt_longer_than_the_training_sequences_keeps_its_end(ckpts, tmp_pa
     rc, out, err = _main(['--ckpt', path, '--prompt', 'abc defgh ijklmnop', '--chars', 3,
                           '--greedy'], capsys)
     assert rc == 0 and out.startswith('ijklmnop') and len(out) == 8 + 3 + 1, (out, err)
-    assert 'cut to its last 8 characters (of 18)' in err
+    assert 'cut to its last 8 tokens (of 18)' in err
 
 
 def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(ckpts, tmp_path, capsys,
                                                                 monkeypatch):
-    """Ctrl-C while generating: exit 130, one line, no file. Ctrl-C while the plot is drawn: the
-    finished trace is kept whole, no plot and no temporary file. (The plot itself is stood in for:
-    matplotlib, the optional extra, is not needed.)"""
+    """Ctrl-C while generating: exit 130, one line, no file. Ctrl-C while the plot is drawn: no
+    plot and no temporary file. (The plot itself is stood in for: matplotlib, the optional extra,
+    is not needed.)"""
     argv = ['--ckpt', ckpts['entropy'], '--prompt', 'the', '--chars', 20, '--seed', 1,
-            '--entropy-trace', 't.tsv', '--entropy-plot', 'fig.png']
+            '--entropy-plot', 'fig.png']
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -653,9 +631,7 @@ def test_sample_cli_ctrl_c_exits_130_keeping_only_finished_files(ckpts, tmp_path
     monkeypatch.setattr(sample, 'entropy_figure', lambda *a, **kw: HalfPlot())
     rc, out, err = main(argv)
     assert rc == 130 and _one_error_line(err) and 'interrupted' in err.splitlines()[-1], err
-    assert os.listdir(tmp_path) == ['t.tsv']
-    rows = (tmp_path / 't.tsv').read_text().splitlines()
-    assert rows[0].startswith('pos\tchar\tentropy_bits\t') and len(rows) == 1 + 3 + 20
+    assert os.listdir(tmp_path) == []
 
 
 def test_sample_cli_plot_without_matplotlib_is_one_line(ckpts, tmp_path, capsys, monkeypatch):
@@ -706,12 +682,11 @@ _FLAG_VALUES = {
                       ['nan', 'inf', '-inf', '-1', '1e400', 'abc']),
     '--top-k': (['1', '5', '100000'], ['0', '-1', 'nan']),
     '--seed': (['0', '1', str(2 ** 63 - 1)], [str(2 ** 63), '-1', 'nan', str(10 ** 30)]),
-    '--separator': (['|', sample.PROMPT_MARK, 'a', '||'], ['', '\n']),
     '--device': (['cpu'], ['cuda:7', 'nonsense', 'meta', 'mps']),
     '--threads': (['1'], ['0', str(10 ** 6), '1.5']),
 }
-_OUTPUTS = (['out.tsv', 'fig.png', '-'], ['fig.xyz', ''])
-_SWITCHES = ['--greedy', '--show-segments', '--color', '--trust-ckpt']
+_OUTPUTS = (['fig.png'], ['fig.xyz', '', '-'])
+_SWITCHES = ['--greedy', '--show-segments', '--trust-ckpt']
 
 
 def _damaged_checkpoint(data, good, root, odd):
@@ -763,7 +738,7 @@ def test_sample_fuzz_keeps_the_contract(ckpts, data, capsys, monkeypatch):
             refused = data.draw(st.integers(0, 3), label=f'{flag} refused') == 0
             argv += [flag, data.draw(st.sampled_from(bad if refused else good), label=flag)]
         outputs = {}
-        for flag in ('--entropy-trace', '--entropy-plot'):
+        for flag in ['--entropy-plot']:
             if data.draw(st.booleans(), label=f'use {flag}'):
                 refused = data.draw(st.integers(0, 3), label=f'{flag} refused') == 0
                 names = _OUTPUTS[1] + sorted(odd) if refused else _OUTPUTS[0]
@@ -782,11 +757,9 @@ def test_sample_fuzz_keeps_the_contract(ckpts, data, capsys, monkeypatch):
         assert rc or 'error:' not in err, (argv, err)
         left = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if '.tmp' in f]
         assert not left, (argv, left)
-        whole = {'--entropy-trace': lambda b: b.startswith((b'pos\t',
-                                                            b'# sample')) and b.endswith(b'\n'),
-                 '--entropy-plot': lambda b: b.startswith(b'\x89PNG')}
+        whole = {'--entropy-plot': lambda b: b.startswith(b'\x89PNG')}
         for flag, path in outputs.items():
-            if path.startswith(str(root / 'fig')) or path.startswith(str(root / 'out')):
+            if path.startswith(str(root / 'fig')):
                 ok = not os.path.exists(path) or whole[flag](Path(path).read_bytes())
                 assert ok, (argv, flag)
 
@@ -795,7 +768,7 @@ def test_sample_shows_progress_on_a_terminal_only(ckpts, capsys, monkeypatch):
     """Generating shows a progress bar (tqdm) where stderr is a terminal, and none in a file."""
     argv = ['--ckpt', ckpts['whitespace'], '--prompt', 'the', '--chars', 30]
     rc, out, err = _main(argv, capsys)
-    assert rc == 0 and 'char/s' not in err, err
+    assert rc == 0 and 'token/s' not in err, err
     monkeypatch.setattr(sys.stderr, 'isatty', lambda: True)
     rc, out, err = _main(argv, capsys)
-    assert rc == 0 and '/31 [' in err and 'char/s' in err, err
+    assert rc == 0 and '/31 [' in err and 'token/s' in err, err
