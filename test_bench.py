@@ -1,11 +1,12 @@
-"""Tests of bench.py: its flags and errors, each configuration's tiny step, the FLOP formula, the
-child's measurement (peak memory after the warm-up), the real child processes, the table, the
-generation benchmark, an --import'ed source as a configuration, a fuzz test of the command line's contract, and (with CUDA) the
-GPU path.
+"""Tests of bench.py: its flags and errors, each configuration's tiny step (a registered
+source's too), the FLOP formula, the child's measurement (peak memory after the warm-up), the
+real child processes, the table, the generation benchmark, a fuzz test of the command line's
+contract, and (with CUDA) the GPU path.
 
 Run:   python -m pytest -q test_bench.py
 """
 import contextlib
+import copy
 import io
 import json
 import os
@@ -20,7 +21,9 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 import bench
-from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, odd_paths, run_main
+import dynpool
+import presets
+from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, run_main
 
 TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
@@ -149,6 +152,49 @@ def test_flop_formula_matches_counted_matmuls(name):
     rec = dict(times=[1.0], peak=1, step_mem=1, sf=sf)
     flops = bench.summarise(args, {name: [rec]})[name]['flops']
     assert flops == pytest.approx(counter.get_total_flops(), rel=0.03)
+
+
+class _Punctuation(dynpool.ExternalBoundaries):
+    """A source from outside: a segment ends at token id 1 (a stand-in for punctuation)."""
+    def derive(self, x, offset):
+        return x == 1
+
+
+@pytest.fixture
+def punctuation_source(monkeypatch):
+    """_Punctuation registered as 'punct', as an --import'ed file would, undone afterwards."""
+    for name in ('SOURCES', 'BOUNDARY_MODES', 'PREDICTOR_MODES', 'EXTERNAL_MODES'):
+        monkeypatch.setattr(dynpool, name, copy.copy(getattr(dynpool, name)))
+    dynpool.register_source('punct', _Punctuation)
+
+
+def test_a_registered_source_is_a_configuration(punctuation_source, capsys):
+    """A source registered after bench.py was imported (--import) is a configuration by its
+    name, listed in --configs' help; it takes no K; its child measures a pooled step."""
+    args = bench.parse_args(TINY + ['--configs', 'vanilla,punct'])
+    assert bench.model_config(args, 'punct')[0].boundary == 'punct' and 'punct' in bench.forms()
+    rc, _, err = run_main(bench.main, TINY + ['--configs', 'punct4'], capsys)
+    assert rc == 2 and "'punct4'" in err and 'punct,' in err, err
+    bench.run_one(bench.parse_args(TINY + ['--one', 'punct', '--steps', '1']), 'punct')
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec['name'] == 'punct' and 1 < rec['sf'] < 64, rec
+
+
+@pytest.mark.skipif(not hasattr(presets, 'import_sources'),
+                    reason='presets.import_sources lands with the train branch')
+def test_an_imported_source_benchmarks(tmp_path, capsys, monkeypatch):
+    """--import FILE: the file's source is a configuration (its step is timed in this process)."""
+    for name in ('SOURCES', 'BOUNDARY_MODES', 'PREDICTOR_MODES', 'EXTERNAL_MODES'):
+        monkeypatch.setattr(dynpool, name, copy.copy(getattr(dynpool, name)))
+    source = tmp_path / 'punct_source.py'
+    source.write_text('import dynpool\n\n\nclass Punct(dynpool.ExternalBoundaries):\n'
+                      '    def derive(self, x, offset):\n        return x == 1\n\n\n'
+                      "dynpool.register_source('punct', Punct)\n")
+    monkeypatch.setattr(bench, 'spawn', _in_process_spawn)
+    rc, out, err = run_main(bench.main, TINY + ['--import', source, '--configs', 'punct',
+                                                '--rounds', '1', '--steps', '1', '--peak-n', '8'],
+                            capsys)
+    assert rc == 0 and any(ln.startswith('punct ') for ln in out.splitlines()), err
 
 
 @pytest.mark.parametrize('name', ALL + ['ws4+blocked', 'ws4+sdpa'])
