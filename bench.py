@@ -146,8 +146,11 @@ def parse_args(argv=None):
     """The flags, with what the preset and the device decide filled in. Every
     configuration that will run is built once as a Config, so a bad one is one UserError
     (exit 2) before any run."""
+    if argv is None:
+        argv = sys.argv[1:]
     import_sources(argv)
     args = parser().parse_args(argv)
+    args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
     cuda = args.device.startswith('cuda')
     if args.device.startswith('mps'):
@@ -472,10 +475,7 @@ def bench_generate(args):
 
 # ----------------------------------------------------------------------------- main
 def run(argv):
-    if argv is None:
-        argv = sys.argv[1:]
     args = parse_args(argv)
-    args.argv = argv   # the children are started with the parent's own flags
     if args.device.startswith('cuda'):
         torch.cuda.set_device(torch.device(args.device))
     use_tf32(args.device)   # as train.py trains
