@@ -129,8 +129,6 @@ def measuring_flags(p):
                    help="autocast, as train.py's --amp (auto: bf16 or fp16 on a GPU)")
     p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1),
                    help='torch.set_num_threads')
-    p.add_argument('--compile', action='store_true',
-                   help='torch.compile every configuration (as +compile)')
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
     p.add_argument('--peak-flops', type=common.positive_float,
@@ -210,7 +208,7 @@ def model_config(args, name, **override):
         cfg = Config(**fields | override)
     except ValueError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
-    return cfg, k, args.compile or 'compile' in suffixes
+    return cfg, k, 'compile' in suffixes
 
 
 def prepared(args, name):

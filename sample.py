@@ -184,8 +184,7 @@ def segment_summary(n, boundaries, prompt_len, unit='character'):
             f'({in_prompt} in the prompt){still_open}; {sf}')
 
 
-def entropy_figure(pieces, entropy, spikes, boundaries, k, title='', per_row=80,
-                   prompt_len=0):
+def entropy_figure(pieces, entropy, spikes, boundaries, k, title, prompt_len, per_row=80):
     """The paper's Figure 2 → a Figure, a row of axes per `per_row`
     tokens: entropy (bits), red dashed lines after the rule's
     spikes, the model's segment ends in green, the prompt grey."""
@@ -196,25 +195,22 @@ def entropy_figure(pieces, entropy, spikes, boundaries, k, title='', per_row=80,
     width = max(8, 0.16 * min(per_row, n) + 1)
     fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(width, 1.9 * n_rows + 0.6))
     for r, ax in enumerate(axes[:, 0]):
-        lo = r * per_row
-        hi = min(n, (r + 1) * per_row)
-        xs = range(lo, hi)
-        if prompt_len > lo:
-            ax.axvspan(lo - 0.5, min(prompt_len, hi) - 0.5, color='0.9', lw=0)
-        ax.plot(xs, entropy[lo:hi], '-o', ms=2.5, lw=1, color='tab:blue', label='entropy H_t')
+        xs = range(r * per_row, min(n, (r + 1) * per_row))
+        # the prompt, cut to this row by its limits
+        ax.axvspan(-0.5, prompt_len - 0.5, color='0.9', lw=0)
+        ax.plot(xs, entropy[xs.start:xs.stop], '-o', ms=2.5, lw=1, color='tab:blue',
+                label='entropy H_t')
         ax.vlines([t + 0.5 for t in xs if spikes[t]], 0, top, colors='tab:red', linestyles='--',
                   lw=0.8, label=f'entropy spike (k={k})')
         if boundaries is not None:
             ends = [t + 0.5 for t in xs if boundaries[t]]
             ax.plot(ends, [0.94 * top] * len(ends), 'v', ms=4, color='tab:green', ls='',
                     label="the model's segment ends")
-        labels = ['␣' if c == ' ' else repr(c)[1:-1] for c in pieces[lo:hi]]
+        labels = ['␣' if pieces[t] == ' ' else repr(pieces[t])[1:-1] for t in xs]
         ax.set_xticks(xs, labels, fontsize=7, family='monospace')
         ax.tick_params(axis='x', length=0)
-        ax.set(xlim=(lo - 0.5, lo + per_row - 0.5), ylim=(0, top), ylabel='bits')
-    if prompt_len:
-        title += '  (grey: prompt)'
-    axes[0, 0].set_title(title, fontsize=9)
+        ax.set(xlim=(xs.start - 0.5, xs.start + per_row - 0.5), ylim=(0, top), ylabel='bits')
+    axes[0, 0].set_title(title + '  (grey: prompt)', fontsize=9)
     axes[0, 0].legend(loc='lower right', fontsize=7, ncol=3, bbox_to_anchor=(1, 1.02),
                       frameon=False)
     fig.tight_layout()
@@ -335,8 +331,7 @@ def run(args):
         run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
         title = f'{run_name}: boundary={model.cfg.boundary}, next-{unit} entropy'
         fig = entropy_figure(out.pieces[0], out.entropy[0], out.spikes[0],
-                             out.boundaries and out.boundaries[0], out.k, prompt_len=len(ids),
-                             title=title)
+                             out.boundaries and out.boundaries[0], out.k, title, len(ids))
         try:
             write_atomic(args.entropy_plot,
                          lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
