@@ -78,8 +78,9 @@ def encode_prompt(prompt, vocab):
     if encoding == 'bytes':
         # (surrogateescape: the bytes a terminal in another encoding passed, unchanged)
         return list(prompt.encode('utf-8', 'surrogateescape'))
-    text = unicodedata.normalize('NFC', prompt)
-    if encoding != 'chars':
+    if encoding == 'chars':
+        text = unicodedata.normalize('NFC', prompt)
+    else:
         text, how = clean_prompt(prompt, vocab)
         if prompt.strip() and not text:
             raise UserError(f'--prompt {quoted(prompt)} keeps none of its characters once '
