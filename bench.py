@@ -79,8 +79,9 @@ def parser():
     model_flags(p)
     p.add_argument('--configs',
                    help=f'comma-separated: {forms()} (K: see docs/performance.md, e.g. '
-                        f'ws5.5). Default: {DEFAULT_CONFIGS}; --preset paper: '
-                        f'{PAPER_CONFIGS} (GPU: {GPU_EXTRA[1:]})')
+                        "ws5.5; an --import'ed source: its name). Default: "
+                        f'{DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS} (GPU: '
+                        f'{GPU_EXTRA[1:]})')
     measuring_flags(p)
     p.add_argument('--generate', action='store_true',
                    help='time cached generation against recomputation')
