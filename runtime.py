@@ -93,13 +93,11 @@ def free_memory(device):
     where unknown)."""
     if 'cuda' in str(device):
         return torch.cuda.mem_get_info(device)[0]
-    m = None
-    if os.path.exists('/proc/meminfo'):
-        with open('/proc/meminfo') as f:
-            m = re.search(r'MemAvailable:\s*(\d+)', f.read())
-    if m is None:
-        return math.inf
-    return int(m.group(1)) * 1024
+    with suppress(OSError), open('/proc/meminfo') as f:
+        for line in f:
+            if line.startswith('MemAvailable:'):
+                return int(line.split()[1]) * 1024
+    return math.inf
 
 
 def require_memory(need, what, device, fix):
