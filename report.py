@@ -223,10 +223,10 @@ def mean_std(values):
     NaN where a value is not finite (a diverged run's)."""
     if None in values:
         return None
-    std = None
-    if len(values) > 1:
-        std = math.nan
-    if len(values) > 1 and all(math.isfinite(v) for v in values):
+    if len(values) == 1:
+        return values[0], None
+    std = math.nan
+    if all(math.isfinite(v) for v in values):
         std = statistics.stdev(values)
     return statistics.fmean(values), std
 
@@ -397,8 +397,7 @@ def by_data(groups, markdown):
         row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
-        star = ' *' if g['star'] else ''
-        result = f'{fmt(g["test_bpc"], "bpc")}{star} ({fmt(g["sf"], "sf")}, n={g["n"]})'
+        result = f'{cell(g, "test_bpc", "bpc")} ({fmt(g["sf"], "sf")}, n={g["n"]})'
         row.setdefault(text_of(g), []).append((variant(g), result))
     datasets = list(dict.fromkeys(text_of(g) for g in groups))
     for row in rows.values():
@@ -544,28 +543,6 @@ def save_plot(plt, flag, path, fig):
     plt.close(fig)
 
 
-def print_tables(rows, groups, bits, args):
-    """The tables of the runs of one unit (bits: BPC or BPB): runs, seeds, --by-data."""
-    title = ''
-    if args.markdown:
-        title = '### '
-    # a byte run's tables apart, so that no column holds BPB and BPC
-    where = ''
-    if bits == 'BPB':
-        where = ' on bytes'
-    print(f'{title}Runs{where}\n\n' + table(rows, columns(rows, bits), args.markdown))
-    baselines = sorted({b for g in groups for b in g['p']},
-                       key=lambda b: (RANK[b.split()[0]], len(b), b))
-    if any(g['n'] > 1 for g in groups):
-        seeds = table(groups, columns(groups, bits, baselines), args.markdown)
-        print(f'\n{title}Mean ± std over seeds{where}\n\n{seeds}')
-        if baselines:
-            print('\n' + SIGNIFICANCE)
-    done = [g for g in groups if g['test_bpc'] is not None]
-    if args.by_data:
-        print(f'\n{title}Test {bits} (SF, seeds) by dataset\n\n' + by_data(done, args.markdown))
-
-
 def run(argv):
     """Draw the plots (written whole or not at all), then print the tables: nothing on
     stdout from a plot that fails."""
@@ -580,16 +557,32 @@ def run(argv):
         if path:
             plt = common.import_pyplot(flag)
             save_plot(plt, flag, Path(path), draw(plt, flag, rows, done))
-            plots.append(path)
-    for bits in ('BPC', 'BPB'):
+            plots.append(f'plot: {path}')
+    head = ''
+    if args.markdown:
+        head = '### '
+    # each unit's tables apart, so that no column holds both BPC and BPB
+    sections = []
+    for bits, where in (('BPC', ''), ('BPB', ' on bytes')):
         of_unit = [r for r in rows if r['bits'] == bits]
-        if of_unit:
-            if bits == 'BPB' and len(of_unit) < len(rows):
-                print()
-            print_tables(of_unit, [g for g in groups if g['bits'] == bits], bits, args)
+        if not of_unit:
+            continue
+        sections.append(f'{head}Runs{where}\n\n' + table(of_unit, columns(of_unit, bits),
+                                                         args.markdown))
+        of_unit = [g for g in groups if g['bits'] == bits]
+        baselines = sorted({b for g in of_unit for b in g['p']},
+                           key=lambda b: (RANK[b.split()[0]], len(b), b))
+        if any(g['n'] > 1 for g in of_unit):
+            seeds = table(of_unit, columns(of_unit, bits, baselines), args.markdown)
+            sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
+            if baselines:
+                sections.append(SIGNIFICANCE)
+        if args.by_data:
+            by = by_data([g for g in of_unit if g['test_bpc'] is not None], args.markdown)
+            sections.append(f'{head}Test {bits} (SF, seeds) by dataset\n\n{by}')
     if not args.markdown:
-        for path in plots:
-            print(f'\nplot: {path}')
+        sections += plots
+    print('\n\n'.join(sections))
 
 
 def main(argv=None):
