@@ -33,12 +33,9 @@ SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'data', 'ratio_target', 'ratio_weight'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
-# what --plot draws validation against: (record field, words)
-BUDGETS = (('train_chars', 'characters'), ('train_flops', 'FLOPs'),
-           ('train_time', 'wall-clock seconds'))
 # the plot flags: what each draws
-PLOTS = {'--plot': 'also draw valid BPC against characters, FLOPs, seconds and SF',
-         '--plot-sf': 'also draw test BPC against SF alone, a panel per dataset'}
+PLOTS = {'--plot': 'also draw test BPC against SF (the Pareto figure), all runs in one panel',
+         '--plot-sf': 'also draw test BPC against SF, a panel per dataset'}
 # fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
 FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
 # (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std;
@@ -145,9 +142,9 @@ def run_state(run, recs, done):
 
 def summarize(run):
     """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
-    with the validation curve of each budget, its state (run_state), its unit (bits: BPC,
-    or BPB where the run's config record says 'byte') and its identity: the run_id of
-    its config record (older logs: its first config record)."""
+    with its state (run_state), its unit (bits: BPC, or BPB where the run's config record
+    says 'byte') and its identity: the run_id of its config record (older logs: its first
+    config record)."""
     cfg = {}
     first = None
     recs = []
@@ -172,13 +169,6 @@ def summarize(run):
     score = bits.lower()
     valid = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'valid']
     test = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'test']
-    # The curve: the validations during training; the final full-split one after subsets
-    # (--eval-subset-chars) measures other text, so it is only the table's valid BPC.
-    curve = [e for e in valid if e.get('subset')] or valid
-    curves = {}
-    for key, _ in BUDGETS:
-        curves[key] = sorted((e[key], e[score]) for e in curve
-                             if e.get(key) is not None and e.get(score) is not None)
     last = max(recs, key=lambda r: r['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
@@ -191,7 +181,7 @@ def summarize(run):
                 boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
                 done=bool(test), state=run_state(run, recs, bool(test)), bits=bits,
-                flop_budget=budget, budget=budget_words, curves=curves,
+                flop_budget=budget, budget=budget_words,
                 valid_bpc=(valid or [{}])[-1].get(score), test_bpc=(test or [{}])[-1].get(score),
                 sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s,
                 train_chars=last.get('train_chars'), train_flops=last.get('train_flops'),
@@ -423,10 +413,10 @@ def bits_of(rows, flag):
     return units.pop()
 
 
-def pareto(ax, done, title=''):
+def pareto(ax, done, title, flag):
     """The paper's Pareto figure: test BPC against SF, a line per
     source (a FLOP budget: hollow squares)."""
-    bits = bits_of(done, '--plot-sf')
+    bits = bits_of(done, flag)
     for mode in MODES:
         for at_flops in (False, True):
             pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
@@ -443,36 +433,17 @@ def pareto(ax, done, title=''):
            title=f'{title}test {bits} against SF')
 
 
-def draw(plt, flag, rows, done):
-    """The figure of a plot flag: --plot valid BPC against characters,
-    FLOPs and seconds and the Pareto panel; --plot-sf the Pareto panel
-    per dataset."""
-    if flag == '--plot-sf':
-        datasets = list(dict.fromkeys(text_of(g) for g in done)) or ['no runs']
-        fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.5),
-                                 squeeze=False)
-        for ax, d in zip(axes.flat, datasets):
-            pareto(ax, [g for g in done if text_of(g) == d], f'{d}: ')
-        return fig
-    bits = bits_of(rows, flag)
-    # a line per run, dashed while unfinished; the Pareto figure in the fourth panel
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    for ax, (key, unit) in zip(axes.flat, BUDGETS):
-        for r in sorted(rows, key=lambda r: RANK[r['boundary']]):
-            if not r['curves'][key]:
-                continue
-            # one legend entry a source ('_': none)
-            label = r['boundary']
-            if label in ax.get_legend_handles_labels()[1]:
-                label = '_' + label
-            style = '--'
-            if r['done']:
-                style = '-'
-            x, y = zip(*r['curves'][key])
-            ax.plot(x, y, style, marker='.', label=label, color=f'C{RANK[r["boundary"]]}')
-        ax.set(xlabel=f'training {unit}', ylabel=f'valid {bits}',
-               title=f'valid {bits} against {unit}')
-    pareto(axes[1, 1], done)
+def draw(plt, flag, done):
+    """The Pareto figure of a plot flag: --plot all finished runs in one panel, --plot-sf
+    a panel per dataset (its text, as in --by-data)."""
+    panels = {'': done}
+    if flag == '--plot-sf' and done:
+        panels = {}
+        for g in done:
+            panels.setdefault(f'{text_of(g)}: ', []).append(g)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, groups) in zip(axes.flat, panels.items()):
+        pareto(ax, groups, title, flag)
     return fig
 
 
@@ -556,7 +527,7 @@ def run(argv):
         path = getattr(args, flag[2:].replace('-', '_'))
         if path:
             plt = common.import_pyplot(flag)
-            save_plot(plt, flag, Path(path), draw(plt, flag, rows, done))
+            save_plot(plt, flag, Path(path), draw(plt, flag, done))
             plots.append(f'plot: {path}')
     head = ''
     if args.markdown:

@@ -126,17 +126,15 @@ def test_a_flag_only_some_logs_have_splits_experiments(tmp_path, capsys):
     assert any('newer_flag=-' in x for x in rows) and any('newer_flag=7' in x for x in rows)
 
 
-def test_final_full_split_validation_stays_out_of_the_curves(tmp_path):
+def test_final_full_split_validation_is_the_tables_valid_bpc(tmp_path):
     """train.py validates on a 20k-character subset during training and on the whole split at the
-    end: the end point is the table's valid BPC, but no point of the curves (--plot)."""
+    end: the end point is the table's valid BPC."""
     recs = evals_and_steps([4.0, 3.0, 2.5])
     full = dict(recs[-1], step=300, bpc=2.9, subset=False, eval_chars=200_000,
                 train_chars=300 * CHARS_PER_STEP, train_flops=3e11, train_time=150.0)
     write_run(tmp_path, 'ws', [config()] + recs + [full, dict(full, split='test', bpc=3.0)])
     rows, _ = rows_of(tmp_path)
     assert rows['ws']['valid_bpc'] == 2.9 and rows['ws']['test_bpc'] == 3.0
-    for key in ('train_chars', 'train_flops', 'train_time'):
-        assert [bpc for _, bpc in rows['ws']['curves'][key]] == [4.0, 3.0, 2.5]
 
 
 def test_resume_and_restart_drop_redone_records(tmp_path):
@@ -150,7 +148,7 @@ def test_resume_and_restart_drop_redone_records(tmp_path):
               + [config()] + evals_and_steps([4.0, 3.0, 2.5, 2.2], 2.1))
     for name in ('resumed', 'restarted'):
         row = report.summarize(tmp_path / name)
-        assert [bpc for _, bpc in row['curves']['train_chars']] == [4.0, 3.0, 2.5, 2.2], name
+        assert (row['valid_bpc'], row['test_bpc']) == (2.2, 2.1), name
         assert (row['steps'], row['train_chars']) == (300, 300 * CHARS_PER_STEP), name
 
 
@@ -493,10 +491,15 @@ def test_a_full_stdout_is_one_error_line(study):
     assert r.stderr.startswith('error: ') and 'No space left' in r.stderr
 
 @pytest.mark.plots
-def test_plot_writes_a_png(study, tmp_path, capsys):
+def test_plot_writes_a_png(study, tmp_path, capsys, monkeypatch):
+    """--plot: the Pareto figure of every finished experiment in one panel, a line per source."""
     pytest.importorskip('matplotlib')
+    seen = spy_on_figures(monkeypatch)
     png = tmp_path / 'study.png'
     assert report.main([str(study), '--plot', str(png)]) == 0
+    [ax] = seen['--plot'].axes
+    assert ax.get_title() == 'test BPC against SF'
+    assert sorted(xy for _, xy, _ in drawn(ax)) == [(1.0, 1.9), (5.0, 2.2), (5.0, 2.25)]
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp' or 'tmp' in p.name] == []
     assert f'plot: {png}' in capsys.readouterr().out
@@ -507,8 +510,8 @@ def spy_on_figures(monkeypatch):
     """{flag: figure} of the figures report.py draws (their axes read back after saving)."""
     seen, draw = {}, report.draw
 
-    def spy(plt, flag, rows, done):
-        seen[flag] = draw(plt, flag, rows, done)
+    def spy(plt, flag, done):
+        seen[flag] = draw(plt, flag, done)
         return seen[flag]
     monkeypatch.setattr(report, 'draw', spy)
     return seen
@@ -624,7 +627,7 @@ class StandInFigure:
 def stand_in_for_matplotlib(monkeypatch):
     monkeypatch.setattr(report.common, 'import_pyplot', lambda flag: types.SimpleNamespace(
         close=lambda fig: None))
-    monkeypatch.setattr(report, 'draw', lambda plt, flag, rows, done: StandInFigure())
+    monkeypatch.setattr(report, 'draw', lambda plt, flag, done: StandInFigure())
 
 
 def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch):
