@@ -38,8 +38,8 @@ PLOTS = {'--plot': 'also draw test BPC against SF (the Pareto figure), all runs 
          '--plot-sf': 'also draw test BPC against SF, a panel per dataset'}
 # fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
 FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
-# (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std;
-# BPC in a head reads BPB for a byte run's
+# (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std
+# (a byte run's heads say bytes and BPB)
 NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flops', 'flops'),
                   ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
                   ('test BPC', 'test_bpc', 'bpc'), ('SF', 'sf', 'sf'),
@@ -349,7 +349,11 @@ def columns(rows, bits, baselines=None):
     else:
         heads += ['seeds', 'n']
     cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps')]
-    cols += [(head.replace('BPC', bits), key, kind) for head, key, kind in NUMBER_COLUMNS]
+    for head, key, kind in NUMBER_COLUMNS:
+        # a byte run's tokens are bytes
+        if bits == 'BPB':
+            head = head.replace('BPC', 'BPB').replace('chars', 'bytes')
+        cols.append((head, key, kind))
     return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 

@@ -444,6 +444,8 @@ def test_byte_runs_are_tables_of_their_own_in_bpb(tmp_path, capsys):
     assert md_table(on_bytes, 'by dataset')['none']['en'].endswith(' (5.00, n=3)')
     runs = md_table(out, 'Runs on bytes')
     assert {r['valid BPB'] for r in runs.values()} == {'3.0000'}
+    assert {r['train bytes'] for r in runs.values()} == {f'{100 * CHARS_PER_STEP:,}'}
+    assert 'bytes/s' in next(iter(runs.values()))
 
 
 def test_a_plot_of_both_units_is_refused_per_axis():
