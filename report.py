@@ -1,8 +1,8 @@
-"""Tables of dynpool runs (train.py's log.jsonl in each run folder): BPC, SF, speed and
-cost, mean ± std over seeds with the paper's paired t-test; and plots. docs/results.md
-shows them.
+"""Tables of dynpool runs (train.py's log.jsonl in each run folder): bits per character (BPC)
+or per byte (BPB), SF, speed and cost, mean ± std over seeds with the paper's paired t-test;
+and plots. docs/results.md shows them.
 
-    python report.py runs/study runs/other --at-chars 2M --at-flops min --plot study.png
+    python report.py runs/study runs/other --by-data --markdown --plot study.png
 """
 import collections
 import json
@@ -19,47 +19,45 @@ import scipy.stats
 import common
 from common import UserError
 from dynpool import BOUNDARY_MODES as MODES
-from presets import layer_counts
 
 # a mode's colour is C<rank>; a mode no longer known comes last
 RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODES)})
 # Config fields that say nothing about the experiment: runs differing only in these are
-# its seeds.
+# its seeds. (The dataset decides the encoding and the unit.)
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
                       'params', 'torch', 'device_name', 'world', 'preset', 'tensorboard',
-                      'wandb', 'run_id'}
+                      'wandb', 'run_id', 'encoding', 'unit'}
 # The fields that choose the boundary source and its pooling (and hnet's): all others
 # (model shape, budget, training) and the dataset must match to pair a baseline's seeds.
 SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'data', 'ratio_target', 'ratio_weight'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
-BUDGETS = (('chars', 'train_chars', 'characters'), ('flops', 'train_flops', 'FLOPs'),
-           ('time', 'train_time', 'wall-clock seconds'))
 # the plot flags: what each draws
-PLOTS = {'--plot': 'also draw BPC against characters, FLOPs, seconds and SF',
-         '--plot-sf': 'also draw test BPC against SF alone, a panel per dataset',
-         '--plot-layers': 'also draw test BPC against the layers, a line per source'}
-UNITS = dict(chars='chars', flops='FLOPs', time='s')   # short: a column head
+PLOTS = {'--plot': 'also draw test BPC against SF (the Pareto figure), all runs in one panel',
+         '--plot-sf': 'also draw test BPC against SF, a panel per dataset'}
 # fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
 FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
 # (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std
+# (a byte run's heads say bytes and BPB)
 NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flops', 'flops'),
                   ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
                   ('test BPC', 'test_bpc', 'bpc'), ('SF', 'sf', 'sf'),
                   ('chars/s', 'chars_per_s', ''))
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
-NUMBERS = ('step', 'bpc', 'sf', 'train_chars', 'train_flops', 'train_time', 'resumed_from',
-           'seed', 'max_steps', 'flop_budget')
+NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
+           'resumed_from', 'seed', 'max_steps', 'flop_budget')
+# the records of steps (the others: config, a test's own)
+STEP_KINDS = ('train', 'eval', 'diverged', 'stopped')
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
 BASELINES = ('none', 'fixed')
-SIGNIFICANCE = ("p: two-sided paired t-test of test BPC, paired by seed with the baseline's "
-                'runs of the same dataset, budget and model shape (a run trained to a FLOP '
-                "budget: also with vanilla's runs of those FLOPs; a source pooled by its last "
-                "token: also with its mean-pooled runs); seeds on one side only left out; '-': "
-                "< 2 pairs; *: lower than vanilla and every fixed k at p < 0.05 (the paper's "
-                'Table 1)')
+SIGNIFICANCE = ("p: two-sided paired t-test of test BPC (BPB), paired by seed with the "
+                "baseline's runs of the same dataset, budget and model shape (a run trained "
+                "to a FLOP budget: also with vanilla's runs of those FLOPs; a source pooled by "
+                "its last token: also with its mean-pooled runs); seeds on one side only left "
+                "out; '-': < 2 pairs; *: lower than vanilla and every fixed k at p < 0.05 (the "
+                "paper's Table 1)")
 
 
 def mode_label(cfg):
@@ -85,8 +83,10 @@ def read_log(log):
     lines = log.read_bytes().decode('utf-8', errors='replace').split('\n')
     records = []
     for i, line in enumerate(lines, 1):
+        rec = {}
         try:
-            rec = json.loads(line) if line.strip() else {}
+            if line.strip():
+                rec = json.loads(line)
         except (ValueError, RecursionError):   # RecursionError: '[[[[...' too deep
             if i == len(lines):   # after the last line end: cut short
                 print(f'note: {log}: skipped its last line {i}, cut short', file=sys.stderr)
@@ -103,7 +103,7 @@ def read_log(log):
             number = type(v) in (int, float) and not v < 0
             if type(v) is int and v > sys.float_info.max:   # float(v) would overflow
                 number = False
-            needed = key == 'step' and kind in ('train', 'eval', 'diverged', 'stopped')
+            needed = key == 'step' and kind in STEP_KINDS
             if not number and (v is not None or needed):
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
         records.append((kind, rec))
@@ -142,8 +142,9 @@ def run_state(run, recs, done):
 
 def summarize(run):
     """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
-    with the validation curve of each budget, its state (run_state) and its identity:
-    the run_id of its config record (older logs: its first config record)."""
+    with its state (run_state), its unit (bits: BPC, or BPB where the run's config record
+    says 'byte') and its identity: the run_id of its config record (older logs: its first
+    config record)."""
     cfg = {}
     first = None
     recs = []
@@ -156,37 +157,35 @@ def summarize(run):
                     if r['step'] <= start and (start or r['kind'] == 'train')]
             cfg = rec
             first = first or rec
-        elif kind in ('train', 'eval', 'diverged', 'stopped'):
+        elif kind in STEP_KINDS:
             recs.append(dict(rec, kind=kind))
     identity = cfg.get('run_id')
     if not identity and first:
         identity = json.dumps(first, sort_keys=True)
+    # a byte run's records say bpb where a character run's say bpc
+    bits = 'BPC'
+    if cfg.get('unit') == 'byte':
+        bits = 'BPB'
+    score = bits.lower()
     valid = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'valid']
     test = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'test']
-    # The curve: the validations during training; the final full-split one after subsets
-    # (--eval-subset-chars) measures other text, so it is only the table's valid BPC.
-    curve = [e for e in valid if e.get('subset')] or valid
-    scored = [e for e in curve if e['bpc'] is not None]
-    curves = {}
-    for _, key, _ in BUDGETS:
-        curves[key] = sorted((e[key], e['bpc']) for e in scored if e.get(key) is not None)
     last = max(recs, key=lambda r: r['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
         chars_per_s = last['train_chars'] / last['train_time']
     budget = cfg.get('flop_budget')   # train.py --flop-budget: max_steps out of reach
+    budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
         budget_words = f'{fmt(budget, "flops")} FLOPs'
-    else:
-        budget_words = f'{cfg.get("max_steps")} steps'
     return dict(run=run, id=identity or str(run), config=cfg, mode=mode_label(cfg),
                 boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
-                done=bool(test), state=run_state(run, recs, bool(test)), flop_budget=budget,
-                budget=budget_words, curves=curves, valid_bpc=(valid or [{}])[-1].get('bpc'),
-                test_bpc=(test or [{}])[-1].get('bpc'), sf=(test or valid or [{}])[-1].get('sf'),
-                chars_per_s=chars_per_s,
-                **{key: last.get(key) for _, key, _ in BUDGETS})   # cumulative totals
+                done=bool(test), state=run_state(run, recs, bool(test)), bits=bits,
+                flop_budget=budget, budget=budget_words,
+                valid_bpc=(valid or [{}])[-1].get(score), test_bpc=(test or [{}])[-1].get(score),
+                sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s,
+                train_chars=last.get('train_chars'), train_flops=last.get('train_flops'),
+                train_time=last.get('train_time'))
 
 
 def one_per_run(rows):
@@ -199,29 +198,14 @@ def one_per_run(rows):
     for same in copies.values():
         best = max(same, key=lambda r: (r['done'], r['steps']))
         kept.append(best)
-        if len(same) == 1:
-            continue
-        names = ' and '.join(str(r['run']) for r in same)
         what = 'run_id'
         if 'run_id' not in best['config']:
             what = 'first config record'
-        print(f'note: {names} are one run (same {what}): counted once, as {best["run"]}',
-              file=sys.stderr)
+        names = ' and '.join(str(r['run']) for r in same)
+        if len(same) > 1:
+            print(f'note: {names} are one run (same {what}): counted once, as {best["run"]}',
+                  file=sys.stderr)
     return kept
-
-
-def value_at(pts, budget, interp):
-    """Valid BPC at a budget from sorted (budget, BPC) points: interpolated between the
-    two around it (or the last at or before it); None where the run never got there."""
-    before = [p for p in pts if p[0] <= budget]
-    after = [p for p in pts if p[0] >= budget]
-    if not before or not after:
-        return None
-    x0, y0 = before[-1]
-    x1, y1 = after[0]
-    if not interp or x1 == x0:
-        return y0
-    return y0 + (budget - x0) / (x1 - x0) * (y1 - y0)
 
 
 def mean_std(values):
@@ -229,15 +213,15 @@ def mean_std(values):
     NaN where a value is not finite (a diverged run's)."""
     if None in values:
         return None
-    std = None
-    if len(values) > 1 and all(math.isfinite(v) for v in values):
+    if len(values) == 1:
+        return values[0], None
+    std = math.nan
+    if all(math.isfinite(v) for v in values):
         std = statistics.stdev(values)
-    elif len(values) > 1:
-        std = math.nan
     return statistics.fmean(values), std
 
 
-def group_seeds(rows, budgets):
+def group_seeds(rows):
     """One group per experiment (all that defines it but the seed): the first seed's row
     with n, members, the furthest steps, the seeds, the states, its shape (model,
     budget, data: what a baseline must share) and (mean, std) of every number."""
@@ -254,8 +238,8 @@ def group_seeds(rows, budgets):
                  steps=max(m['steps'] for m in members),
                  seeds=','.join(str(m['seed']) for m in members),
                  state='/'.join(sorted({m['state'] for m in members})))
-        for k in [k for _, k, _ in NUMBER_COLUMNS] + [f'at_{name}' for name, _ in budgets]:
-            g[k] = mean_std([m.get(k) for m in members])
+        for _, key, _ in NUMBER_COLUMNS:
+            g[key] = mean_std([m[key] for m in members])
         out.append(g)
     return out
 
@@ -265,32 +249,30 @@ def unscheduled(g):
     return [kv for kv in g['shape'] if kv[0] not in ('max_steps', 'flop_budget')]
 
 
-def experiments(rows, budgets):
+def experiments(rows):
     """One row per experiment (group_seeds) with p {baseline: p} of its test BPC paired
     by seed with vanilla's and each fixed k's of its shape (Table 1), trained to a FLOP
     budget also with the vanilla runs that spent it, and, pooled by the last token, with
     its mean-pooled twin's (Table 2)."""
-    out = group_seeds(rows, budgets)
+    out = group_seeds(rows)
     done = [g for g in out if g['test_bpc'] is not None]
-    bases = collections.defaultdict(list)
     for g in done:
-        if g['boundary'] in BASELINES:
-            bases[g['shape']].append(g)
-    for g in done:
+        bases = [b for b in done if b['boundary'] in BASELINES and b['shape'] == g['shape']]
         # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
         # shape that spent as much
-        spent = [v for v in done if g['flop_budget'] and v['boundary'] == 'none'
-                 and not v['flop_budget'] and v['train_flops']
-                 and unscheduled(v) == unscheduled(g)
-                 and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)]
-        # (older logs: no pooling)
-        twin = tuple(kv for kv in g['key'] if kv[0] != 'pooling')
+        for v in done:
+            if (g['flop_budget'] and v['boundary'] == 'none' and not v['flop_budget']
+                    and v['train_flops'] and unscheduled(v) == unscheduled(g)
+                    and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
+                bases.append(v)
+        # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
+        twin = [kv for kv in g['key'] if kv[0] != 'pooling']
         twins = [t for t in done if ('pooling', '"last"') in g['key']
-                 and tuple(kv for kv in t['key'] if kv != ('pooling', '"mean"')) == twin]
+                 and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
         mine = {m['seed']: m['test_bpc'] for m in g['members']}
-        for base in [b for b in bases[g['shape']] + spent if b is not g] + twins:
+        for base in [b for b in bases if b is not g] + twins:
             theirs = {m['seed']: m['test_bpc'] for m in base['members']}
             seeds = sorted(mine.keys() & theirs.keys() - {None})
             with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
@@ -353,22 +335,26 @@ def table(rows, cols, markdown):
     return '\n'.join(lines)
 
 
-def columns(rows, budgets, grouped, baselines=()):
-    """The columns of the runs table, or of the seeds table (a p column per baseline):
-    'flags' where they differ, 'budget' where a FLOP budget is."""
+def columns(rows, bits, baselines=None):
+    """The columns of the runs table, or of the seeds table (baselines given: a p column
+    each): 'flags' where they differ, 'budget' where a FLOP budget is."""
     heads = ['mode', 'data']
     if any(r['flags'] for r in rows):
         heads.append('flags')
     if any(r['flop_budget'] for r in rows):
         heads.append('budget')
-    if grouped:
-        heads += ['seeds', 'n']
-    else:
+    if baselines is None:
         heads = ['run'] + heads + ['seed']
-    cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps'), *NUMBER_COLUMNS]
-    cols += [(f'p vs {b}', b, 'p') for b in baselines]
-    return cols + [(f'valid BPC @ {fmt(budget, name)} {UNITS[name]}', f'at_{name}', 'bpc')
-                   for name, budget in budgets]
+        baselines = []
+    else:
+        heads += ['seeds', 'n']
+    cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps')]
+    for head, key, kind in NUMBER_COLUMNS:
+        # a byte run's tokens are bytes
+        if bits == 'BPB':
+            head = head.replace('BPC', 'BPB').replace('chars', 'bytes')
+        cols.append((head, key, kind))
+    return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 
 def text_of(g):
@@ -405,8 +391,7 @@ def by_data(groups, markdown):
         row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
-        star = ' *' if g['star'] else ''
-        result = f'{fmt(g["test_bpc"], "bpc")}{star} ({fmt(g["sf"], "sf")}, n={g["n"]})'
+        result = f'{cell(g, "test_bpc", "bpc")} ({fmt(g["sf"], "sf")}, n={g["n"]})'
         row.setdefault(text_of(g), []).append((variant(g), result))
     datasets = list(dict.fromkeys(text_of(g) for g in groups))
     for row in rows.values():
@@ -424,9 +409,18 @@ def by_data(groups, markdown):
     return table(list(rows.values()), cols, markdown)
 
 
-def pareto(ax, done, title=''):
+def bits_of(rows, flag):
+    """The one unit of a plot's runs: BPC and BPB never share an axis."""
+    units = {r['bits'] for r in rows} or {'BPC'}
+    if len(units) > 1:
+        raise UserError(f'{flag}: runs in BPC and in BPB; plot the runs of each unit apart')
+    return units.pop()
+
+
+def pareto(ax, done, title, flag):
     """The paper's Pareto figure: test BPC against SF, a line per
     source (a FLOP budget: hollow squares)."""
+    bits = bits_of(done, flag)
     for mode in MODES:
         for at_flops in (False, True):
             pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
@@ -434,69 +428,27 @@ def pareto(ax, done, title=''):
                          and bool(g['flop_budget']) == at_flops)
             if not pts:
                 continue
-            x, bpc, x_std, bpc_std = zip(*pts)
+            x, y, x_std, y_std = zip(*pts)
             style = dict(fmt='o-', label=mode)
             if at_flops:
                 style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
-            ax.errorbar(x, bpc, bpc_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
-    ax.set(xlabel='shortening factor (test)', ylabel='test BPC',
-           title=f'{title}test BPC against SF')
+            ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
+    ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
+           title=f'{title}test {bits} against SF')
 
 
-def draw(plt, flag, rows, done):
-    """The figure of a plot flag: --plot valid BPC against characters,
-    FLOPs and seconds and the Pareto panel; --plot-sf the Pareto panel
-    per dataset; --plot-layers the paper's scaling: test BPC against the
-    number of layers, a line per source."""
-    if flag == '--plot-layers':
-        fig, ax = plt.subplots(figsize=(7, 5))
-        lines = collections.defaultdict(list)
+def draw(plt, flag, done):
+    """The Pareto figure of a plot flag: --plot all finished runs in one panel, --plot-sf
+    a panel per dataset (its text, as in --by-data)."""
+    panels = {'': done}
+    if flag == '--plot-sf' and done:
+        panels = {}
         for g in done:
-            # a list in today's logs, '2,8,2' in older ones
-            depth = sum(layer_counts(g['config']['layers']))
-            label = g['mode'] + (', FLOP budget' if g['flop_budget'] else '')
-            lines[label].append((depth, g['test_bpc'][0], g['test_bpc'][1] or 0))
-        for label in sorted(lines, key=lambda m: (RANK[m.split()[0]], m)):
-            depth, bpc, std = zip(*sorted(lines[label]))
-            ax.errorbar(depth, bpc, yerr=std, fmt='o-', capsize=3, label=label)
-        ax.set(xlabel='layers (pre + shortened + post)', ylabel='test BPC',
-               title='test BPC against the number of layers')
-        return fig
-    if flag == '--plot-sf':
-        datasets = list(dict.fromkeys(text_of(g) for g in done)) or ['no runs']
-        fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.5),
-                                 squeeze=False)
-        for ax, d in zip(axes.flat, datasets):
-            pareto(ax, [g for g in done if text_of(g) == d], f'{d}: ')
-        return fig
-    # a line per run, dashed while unfinished; the Pareto figure in the fourth panel
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    for ax, (_, key, unit) in zip(axes.flat, BUDGETS):
-        for r in sorted(rows, key=lambda r: RANK[r['boundary']]):
-            named = r['boundary'] in ax.get_legend_handles_labels()[1]
-            label = None if named or not r['curves'][key] else r['boundary']
-            points = r['curves'][key] or [([], [])]
-            ax.plot(*zip(*points), '-' if r['done'] else '--', marker='.', label=label,
-                    color=f'C{RANK[r["boundary"]]}')
-        ax.set(xlabel=f'training {unit}', ylabel='valid BPC', title=f'valid BPC against {unit}')
-    pareto(axes[1, 1], done)
+            panels.setdefault(f'{text_of(g)}: ', []).append(g)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, groups) in zip(axes.flat, panels.items()):
+        pareto(ax, groups, title, flag)
     return fig
-
-
-def parse_budget(s):
-    """Argument type: 'min' or a number >= 0 with an optional k/M/G/T
-    suffix (2M = 2e6). """
-    if s == 'min':
-        return s
-    scale = {'k': 1e3, 'M': 1e6, 'G': 1e9, 'T': 1e12}.get(s[-1:])
-    if scale is None:
-        return common.non_negative_float(s)
-    return common.non_negative_float(s[:-1]) * scale
-
-
-def plot_path(s):
-    """Argument type: a plot's path."""
-    return Path(common.nonblank(s))
 
 
 def parse_args(argv):
@@ -506,14 +458,7 @@ def parse_args(argv):
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
     for flag, what in PLOTS.items():
-        p.add_argument(flag, type=plot_path, metavar='OUT.png', help=what)
-    for name, _, unit in BUDGETS:
-        p.add_argument(f'--at-{name}', type=parse_budget, metavar='N',
-                       help=f'valid BPC at this many training {unit} (2M = 2e6; min: the most '
-                            'every run reached)')
-    p.add_argument('--no-interp', action='store_true',
-                   help='at a budget, the last validation at or before it (no '
-                        'interpolation)')
+        p.add_argument(flag, type=common.nonblank, metavar='OUT.png', help=what)
     p.add_argument('--by-data', action='store_true',
                    help='also a table of test BPC (SF, seeds), a column per dataset')
     return p.parse_args(argv)
@@ -534,32 +479,28 @@ def find_runs(paths):
     return runs
 
 
-def results(args):
-    """(runs, experiments, [(budget name, value)]): the rows of the tables."""
-    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
-    budgets = []
-    for name, key, unit in BUDGETS:
-        b = getattr(args, f'at_{name}')
-        if b == 'min':   # the largest budget every run reached
-            reach = [r['curves'][key][-1][0] for r in rows if r['curves'][key]]
-            if not reach:
-                raise UserError(f'--at-{name} min: no run logged training {unit} with a validation')
-            b = min(reach)
-        if b is None:
-            continue
-        for r in rows:
-            r[f'at_{name}'] = value_at(r['curves'][key], b, not args.no_interp)
-        budgets.append((name, b))
-    # 'flags': the others that differ between the runs (so between the experiments too)
+def add_flags(rows):
+    """Each row's 'flags': the config fields that differ between the rows (so between
+    their experiments too), '-' where a log lacks one."""
     configs = [r['config'] for r in rows]
     own = OWN_COLUMNS | NOT_THE_EXPERIMENT
     if any(r['flop_budget'] for r in rows):
         own = own | {'flop_budget', 'max_steps'}
     keys = [k for k in sorted(set().union(*configs) - own)
             if len({json.dumps(c.get(k, '-'), sort_keys=True) for c in configs}) > 1]
-    for r in rows:   # '-' where a log lacks one
+    for r in rows:
         r['flags'] = ' '.join(f'{k}={r["config"].get(k, "-")}' for k in keys)
-    return rows, experiments(rows, budgets), budgets
+
+
+def results(args):
+    """(runs, experiments): the rows of the tables, each unit's flags and pairs its own."""
+    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
+    groups = []
+    for bits in ('BPC', 'BPB'):
+        of_unit = [r for r in rows if r['bits'] == bits]
+        add_flags(of_unit)
+        groups += experiments(of_unit)
+    return rows, groups
 
 
 def save_plot(plt, flag, path, fig):
@@ -583,27 +524,40 @@ def run(argv):
     args = parse_args(argv)
     if hasattr(sys.stdout, 'reconfigure'):
         sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
-    rows, groups, budgets = results(args)
+    rows, groups = results(args)
     done = [g for g in groups if g['test_bpc'] is not None]
-    plots = [(flag, getattr(args, flag[2:].replace('-', '_'))) for flag in PLOTS]
-    plots = [(flag, path) for flag, path in plots if path]
-    for flag, path in plots:
-        plt = common.import_pyplot(flag)
-        save_plot(plt, flag, path, draw(plt, flag, rows, done))
-    baselines = sorted({b for g in groups for b in g['p']},
-                       key=lambda b: (RANK[b.split()[0]], len(b), b))
-    title = '### ' if args.markdown else ''
-    print(f'{title}Runs\n\n' + table(rows, columns(rows, budgets, False), args.markdown))
-    if any(g['n'] > 1 for g in groups):
-        seeds = table(groups, columns(groups, budgets, True, baselines), args.markdown)
-        print(f'\n{title}Mean ± std over seeds\n\n{seeds}')
-        if baselines:
-            print('\n' + SIGNIFICANCE)
-    if args.by_data:
-        print(f'\n{title}Test BPC (SF, seeds) by dataset\n\n' + by_data(done, args.markdown))
+    plots = []
+    for flag in PLOTS:
+        path = getattr(args, flag[2:].replace('-', '_'))
+        if path:
+            plt = common.import_pyplot(flag)
+            save_plot(plt, flag, Path(path), draw(plt, flag, done))
+            plots.append(f'plot: {path}')
+    head = ''
+    if args.markdown:
+        head = '### '
+    # each unit's tables apart, so that no column holds both BPC and BPB
+    sections = []
+    for bits, where in (('BPC', ''), ('BPB', ' on bytes')):
+        of_unit = [r for r in rows if r['bits'] == bits]
+        if not of_unit:
+            continue
+        sections.append(f'{head}Runs{where}\n\n' + table(of_unit, columns(of_unit, bits),
+                                                         args.markdown))
+        of_unit = [g for g in groups if g['bits'] == bits]
+        baselines = sorted({b for g in of_unit for b in g['p']},
+                           key=lambda b: (RANK[b.split()[0]], len(b), b))
+        if any(g['n'] > 1 for g in of_unit):
+            seeds = table(of_unit, columns(of_unit, bits, baselines), args.markdown)
+            sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
+            if baselines:
+                sections.append(SIGNIFICANCE)
+        if args.by_data:
+            by = by_data([g for g in of_unit if g['test_bpc'] is not None], args.markdown)
+            sections.append(f'{head}Test {bits} (SF, seeds) by dataset\n\n{by}')
     if not args.markdown:
-        for _, path in plots:
-            print(f'\nplot: {path}')
+        sections += plots
+    print('\n\n'.join(sections))
 
 
 def main(argv=None):

@@ -28,7 +28,7 @@
 #   table2     the paper's Table 2: fixed2, entropy, whitespace, each pooled by the
 #              segment mean and by its last token (--pooling last, sub-sampling), on the
 #              text8 slice
-#   scaling    test BPC against total layers (--scaling-layers, default 8 12 16 20):
+#   scaling    total layers (--scaling-layers, default 8 12 16 20), a row each:
 #              2 + 2 outer layers and the shortened stage grown, for --modes (default
 #              none whitespace)
 #   (table2 and scaling with a GPU --device: the whole text8 and --steps 200000)
@@ -52,7 +52,7 @@
 # the end, and the study exits 75: run the same command again to resume it.
 # At the end: report.py over the part's runs, the tables in <out>/<part>.md, the plots
 # in <out>/<part>.png (languages, table1 and pareto: one of each per language too,
-# <out>/<part>-<lang>.*; scaling: also <out>/scaling-layers.png, BPC against layers).
+# <out>/<part>-<lang>.*).
 # --dry-run prints every command that would run, data preparation first, each run with
 # its FLOPs (dynpool.step_flops at the preset's shape; fixed k at SF k, the other
 # sources at --assume-sf) and their cost: at the speed that bench.py --preset paper
@@ -515,10 +515,10 @@ write_md() {
 # report.py over some of the runs: the tables printed, and as Markdown in <out>/<name>.md
 # with the plots in <out>/<name>.png.
 report() {
-  local name=$1 budgets=(--at-chars min --at-flops min)
+  local name=$1
   shift
-  if python "${at}report.py" "$@" "${budgets[@]}"; then
-    write_md "$name" "$@" "${budgets[@]}" --plot "$out/$name.png"
+  if python "${at}report.py" "$@"; then
+    write_md "$name" "$@" --plot "$out/$name.png"
   else
     failed+=(report.py)
   fi
@@ -544,12 +544,6 @@ if [[ $part =~ ^(languages|table1)$ || ( $part == pareto && $langs != text8 ) ]]
   ((${#dirs[@]})) && write_md "$part" "${dirs[@]}" --by-data --plot-sf "$out/$part.png"
 elif ((${#dirs[@]})); then
   report "$part" "${dirs[@]}"
-  # the paper's scaling figure: test BPC against the total number of layers, a line per
-  # source
-  if [ "$part" = scaling ]; then
-    python "${at}report.py" "${dirs[@]}" --plot-layers "$out/scaling-layers.png" \
-      > /dev/null || failed+=(report.py)
-  fi
 fi
 # A failure first; runs stopped to be resumed are no failure, but the study is unfinished.
 if ((${#failed[@]})); then

@@ -185,16 +185,36 @@ def gold_for(mode, x, gen):
     return (torch.rand(x.shape, generator=gen) < 0.3) if mode.startswith('unigram') else None
 
 
+# The alphabets the properties run on: (vocab size, space id) of the tiny characters, and of
+# bytes (prepare_data.py --bytes: vocab 256, whitespace pooling at the space byte 32).
+ALPHABETS = {'chars': (V, SPACE), 'bytes': (256, 32)}
+
+
+def tiny_on(tiny, mode, alphabet):
+    """The tiny model of a mode on an alphabet."""
+    vocab, space = ALPHABETS[alphabet]
+    return tiny(mode, vocab=vocab, whitespace_id=space)
+
+
+def tokens_on(alphabet, gen, n, L, p_space):
+    """random_tokens on an alphabet: on bytes, ids XOR 32 move its space (id 0) to the byte 32
+    and spread the others over every byte but 32."""
+    if alphabet == 'chars':
+        return random_tokens(gen, n, L, p_space=p_space)
+    return random_tokens(gen, n, L, 256, p_space) ^ 32
+
+
 @st.composite
 def leak_cases(draw, max_len=300):
-    """(batch, length, seed, space probability, per-row cut t): row i's tokens after cuts[i]
-    change."""
+    """(alphabet, batch, length, seed, space probability, per-row cut t): row i's tokens after
+    cuts[i] change."""
+    alphabet = draw(st.sampled_from(sorted(ALPHABETS)))
     n = draw(st.integers(1, 3))
     L = draw(st.integers(1, max_len))
     seed = draw(st.integers(0, 2**31 - 1))
     p_space = draw(st.sampled_from([0.0, 0.15, 0.3, 0.6, 1.0]))
     cuts = draw(st.lists(st.integers(0, L - 1), min_size=n, max_size=n))
-    return n, L, seed, p_space, cuts
+    return alphabet, n, L, seed, p_space, cuts
 
 
 # =============================================================================================
@@ -224,18 +244,19 @@ def test_no_leakage_with_sub_sampling(tiny, mode, training, case):
 
 
 def check_no_leakage(tiny, mode, training, case):
-    n, L, seed, p_space, cuts = case
-    model = tiny(mode)
+    alphabet, n, L, seed, p_space, cuts = case
+    model = tiny_on(tiny, mode, alphabet)
     gen = torch.Generator().manual_seed(seed)
-    x = random_tokens(gen, n, L, p_space=p_space)
+    x = tokens_on(alphabet, gen, n, L, p_space)
     x2 = x.clone()
     for i, t in enumerate(cuts):
-        x2[i, t + 1:] = random_tokens(gen, 1, L - t - 1, p_space=p_space)[0]
+        x2[i, t + 1:] = tokens_on(alphabet, gen, 1, L - t - 1, p_space)[0]
     out1, out2 = forward(model, x, training), forward(model, x2, training)
-    assert out1.logits.shape == (n, L, V)
+    assert out1.logits.shape == (n, L, ALPHABETS[alphabet][0])
     for i, t in enumerate(cuts):
         assert_close(out1.logits[i, :t + 1], out2.logits[i, :t + 1], atol=1e-5,
-                     msg=f'[{mode} training={training}] row {i}, logits up to t={t} of L={L}:')
+                     msg=f'[{mode} {alphabet} training={training}] row {i}, logits up to t={t} '
+                         f'of L={L}:')
         if out1.boundaries is not None:     # hard decisions equal; straight-through values close
             # hnet's b_t (a chunk starts at t+1) is decided by x_{t+1}; token t never reads it.
             upto = t if mode == 'hnet' else t + 1
@@ -252,14 +273,14 @@ def check_no_leakage(tiny, mode, training, case):
 def test_no_leakage_from_future_external_boundaries(tiny, mode, training, case, density):
     """External boundaries are an input too: changing b (and x) after t leaves logits up to t
     alone."""
-    n, L, seed, p_space, cuts = case
-    model = tiny(mode)
+    alphabet, n, L, seed, p_space, cuts = case
+    model = tiny_on(tiny, mode, alphabet)
     gen = torch.Generator().manual_seed(seed)
-    x = random_tokens(gen, n, L, p_space=p_space)
+    x = tokens_on(alphabet, gen, n, L, p_space)
     b = torch.rand(n, L, generator=gen) < density
     x2, b2 = x.clone(), b.clone()
     for i, t in enumerate(cuts):
-        x2[i, t + 1:] = random_tokens(gen, 1, L - t - 1, p_space=p_space)[0]
+        x2[i, t + 1:] = tokens_on(alphabet, gen, 1, L - t - 1, p_space)[0]
         b2[i, t + 1:] = torch.rand(L - t - 1, generator=gen) < 0.5
     out1 = forward(model, x, training, boundaries=b)
     out2 = forward(model, x2, training, boundaries=b2)
@@ -621,10 +642,11 @@ def test_every_parameter_gets_a_gradient(mode):
 @settings(**HYPOTHESIS_FIXTURES)
 @given(case=leak_cases(max_len=80))
 def test_whitespace_boundaries_are_the_spaces(tiny, case):
-    n, L, seed, p_space, _ = case
-    x = random_tokens(torch.Generator().manual_seed(seed), n, L, p_space=p_space)
-    out = forward(tiny('whitespace'), x, training=False)
-    assert torch.equal(out.boundaries.bool(), x == SPACE), f'x={x.tolist()}'
+    alphabet, n, L, seed, p_space, _ = case
+    x = tokens_on(alphabet, torch.Generator().manual_seed(seed), n, L, p_space)
+    out = forward(tiny_on(tiny, 'whitespace', alphabet), x, training=False)
+    space = ALPHABETS[alphabet][1]
+    assert torch.equal(out.boundaries.bool(), x == space), f'x={x.tolist()}'
 
 
 @pytest.mark.parametrize('k', [1, 2, 3, 5])
@@ -1059,20 +1081,23 @@ def check_cache_parity(model, x, L, skip_ties=assume, atol=1e-5):
 
 @st.composite
 def parity_cases(draw):
+    alphabet = draw(st.sampled_from(sorted(ALPHABETS)))
+    vocab, space = ALPHABETS[alphabet]
     B = draw(st.integers(1, 3))
     L = draw(st.integers(1, 20))
     n = draw(st.integers(1, 60))
-    tok = st.integers(0, V + 2).map(lambda t: 0 if t >= V else t)   # spaces ~ 4 / 11
+    # spaces about 4 in 11: the ids past the vocabulary are spaces too
+    tok = st.integers(0, vocab * 11 // 8 - 1).map(lambda t: space if t >= vocab else t)
     rows = draw(st.lists(st.lists(tok, min_size=L + n, max_size=L + n), min_size=B, max_size=B))
-    return torch.tensor(rows, dtype=torch.long), L
+    return alphabet, torch.tensor(rows, dtype=torch.long), L
 
 
 @pytest.mark.parametrize('mode', MODES + POOLED_LAST[:2])   # sub-sampling: the short test below
 @settings(max_examples=examples(5, 10), **HYPOTHESIS_FIXTURES)
 @given(case=parity_cases())
 def test_cache_parity_with_full_forward(tiny, mode, case):
-    x, L = case
-    check_cache_parity(tiny(mode), x, L)
+    alphabet, x, L = case
+    check_cache_parity(tiny_on(tiny, mode, alphabet), x, L)
 
 
 @pytest.mark.parametrize('mode', MODE_VARIANTS)
