@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
@@ -40,10 +41,14 @@ CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
 # the flags whose default an existing dataset's recorded value replaces
 DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
+# how each encoding reads a file: bytes as Latin-1, a character per byte
+_DECODING = {'paper': 'utf-8', 'chars': 'utf-8', 'bytes': 'latin-1'}
 AGENT = {'User-Agent': 'dynpool-prepare-data'}
 # the end of a giant line's last character that cleaning makes a space in every language
 # (whitespace, ASCII punctuation): a cut there neither splits nor joins words
 _LAST_BREAK = re.compile(r'.*[\s!-/:-@\[-`{-~]', re.DOTALL)
+# what ends a word for Unigram labels
+_SEPARATOR = re.compile('[\t\n\v\f\r ]')
 # the temporary files a killed run can leave in a dataset folder (remove_leftovers)
 LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram-\d+)?'
                       r'|unigram-\d+|text8\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
@@ -140,12 +145,13 @@ def download(url, dest, retries=5, backoff=2.0):
     return dest
 
 
-def text_pieces(f, label):
+def text_pieces(f, label, encoding):
     """A binary file of UTF-8 → (text, separator) pieces of about CHUNK characters, cut at
     line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
-    space), inside a word only where it has none. A NUL byte means binary: refused
+    space), inside a word only where it has none; text and separators are the file's own.
+    Bytes are read as Latin-1, a character per byte. A NUL byte means binary: refused
     (file_pieces refuses non-UTF-8)."""
-    decoder = codecs.getincrementaldecoder('utf-8')()
+    decoder = codecs.getincrementaldecoder(_DECODING[encoding])()
     buf = ''
     total = 0
     for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
@@ -161,8 +167,8 @@ def text_pieces(f, label):
         if cut >= 0:
             yield buf[:cut], '\n'
             buf = buf[cut + 1:]
-        elif last_break:   # the break character itself becomes the space between the pieces
-            yield buf[:last_break.end() - 1], ' '
+        elif last_break:   # the break character itself is the separator
+            yield buf[:last_break.end() - 1], buf[last_break.end() - 1]
             buf = buf[last_break.end():]
         elif len(buf) > CHUNK:   # a giant word: the pieces are joined with nothing between
             yield buf, ''
@@ -171,10 +177,10 @@ def text_pieces(f, label):
         yield buf, ''
 
 
-def file_pieces(path, downloaded=False, stream=None):
+def file_pieces(path, encoding, downloaded=False, stream=None):
     """(text, separator) pieces of a .txt/.zip/.xz/.parquet file, or of `stream` named
-    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches
-    it."""
+    `path` (cc-100's response), read for encoding (text_pieces). A corrupt download is
+    removed, so that a re-run fetches it."""
     import lzma
     import zipfile
     label = str(path)
@@ -184,16 +190,18 @@ def file_pieces(path, downloaded=False, stream=None):
         if suffix == '.parquet':
             import pyarrow.parquet as pq
             for batch in pq.ParquetFile(path).iter_batches(columns=['text'], batch_size=256):
-                yield from ((t, '\n') for t in batch.column(0).to_pylist() if t)
+                for text in batch.column(0).to_pylist():
+                    if text:
+                        yield text.encode().decode(_DECODING[encoding]), '\n'
         elif suffix == '.zip':
             with zipfile.ZipFile(path) as z:
                 for member in sorted(n for n in z.namelist() if not n.endswith('/')):
                     with z.open(member) as fb:
-                        yield from text_pieces(fb, f'{label}:{member}')
+                        yield from text_pieces(fb, f'{label}:{member}', encoding)
         else:
             opener = lzma.open if suffix == '.xz' else open
             with opener(stream or path, 'rb') as fb:
-                yield from text_pieces(fb, label)
+                yield from text_pieces(fb, label, encoding)
     except Exception as e:   # bad data or a cut stream; the OS's own errors, UserErrors pass on
         said_by_os = getattr(e, 'errno', None) and stream is None   # (common.main says it)
         damaged = isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError,
@@ -210,13 +218,16 @@ def file_pieces(path, downloaded=False, stream=None):
                         f'({first_line(e)}){fix}') from None
 
 
-def encode(path, pieces, cap, alphabet, dtype, lang, fold):
-    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path,
-    up to `cap` characters; every cleaned line, the last one too, ends with a newline.
-    Returns the count. Text whose letters mostly fall outside lang's alphabet is refused
-    (cleaning.foreign_letters, on its first MiB of characters)."""
-    lut = np.full(0x110000, -1, dtype=np.int32)
-    lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
+def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
+    """Writes the token ids of (text, separator) pieces to path, up to `cap` of them →
+    their count. lang: cleaned for it, every cleaned line, the last one too, ending with a
+    newline; text whose letters mostly fall outside lang's alphabet is refused
+    (cleaning.foreign_letters, on its first MiB of characters). Otherwise the text as it
+    is (NFC for "chars", whose ids are code points until index_chars)."""
+    lut = np.arange(0x110000, dtype=np.int32)
+    if alphabet:
+        lut = np.full(0x110000, -1, dtype=np.int32)
+        lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
     n = 0
     pending = ''
     sample = '' if lang else None   # raw text until its letters are checked
@@ -243,6 +254,10 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold):
                 sample = None
             if lang:
                 text = clean(text, lang, fold)
+            if lang and sep not in ('', '\n'):   # what cleaning makes of the break
+                sep = ' '
+            if encoding == 'chars':
+                text = unicodedata.normalize('NFC', text)
             if text:
                 if n or not lang:
                     text = pending + text
@@ -256,6 +271,8 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold):
         else:
             if lang and n:
                 put('\n')
+            elif encoding != 'paper':   # the input's last separator, as it is
+                put(pending)
     if sample:
         _refuse_foreign(sample, lang, fold)
     return n
@@ -345,7 +362,7 @@ def _wiki40b(args, out, caps, codec):
                                        cache_dir=args.hf_cache, endpoint=args.hf_base)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
         path = _retrying(endpoint, fetch, args.retries, args.backoff, what=name)
-        return file_pieces(path, downloaded=True)
+        return file_pieces(path, args.encoding, downloaded=True)
 
     shards = _retrying(endpoint, listing, args.retries, args.backoff,
                        what=f'{endpoint}: {WIKI40B}/{args.lang}')
@@ -362,18 +379,19 @@ def _make_splits(args, out, codec):
     train_cap = args.max_train_chars
     eval_cap = args.max_eval_chars
     caps = (train_cap, eval_cap, eval_cap)
+    encoding = args.encoding
     if args.roles:
-        groups = [map(file_pieces, files) for files in args.roles]
+        groups = [[file_pieces(f, encoding) for f in files] for files in args.roles]
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
     if args.input:
         cap = None if args.dataset == 'text8' else int(train_cap / 0.9)
-        _one_stream(out, file_pieces(args.input[0]), cap, eval_cap, codec)
+        _one_stream(out, file_pieces(args.input[0], encoding), cap, eval_cap, codec)
         return args.input, '90% train / 5% valid / 5% test, in order'
     if args.dataset == 'text8':
         zpath = download(args.text8_url, out / 'download' / 'text8.zip', args.retries,
                          args.backoff)
-        _one_stream(out, file_pieces(zpath, downloaded=True), None, eval_cap, codec)
+        _one_stream(out, file_pieces(zpath, encoding, downloaded=True), None, eval_cap, codec)
         return [args.text8_url], 'first 90M train / next 5M valid / last 5M test'
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
@@ -383,9 +401,28 @@ def _make_splits(args, out, codec):
     def connect():
         return urlopen(Request(url, headers=AGENT), timeout=60)
     with _retrying(url, connect, args.retries, args.backoff) as resp:
-        pieces = file_pieces(url, stream=resp)
+        pieces = file_pieces(url, encoding, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
     return [url], f'first {eval_cap} chars valid, next {eval_cap} test, then train (cleaned chars)'
+
+
+def index_chars(out):
+    """"chars": the splits' code points → ids of the alphabet ['\ufffd'] + the train split's
+    sorted characters; characters train lacks → 0 → (alphabet, dtype)."""
+    chars = np.unique(_ids(out / 'train.bin', 'uint32'))
+    chars = chars[chars != 0xFFFD]   # the unknown character's own id is 0
+    dtype = 'uint8'
+    if len(chars) >= 256:
+        dtype = 'uint16'
+    if len(chars) >= 1 << 16:
+        raise UserError(f'{len(chars)} distinct characters in the train split: too many for '
+                        'uint16 ids; use --bytes')
+    for split in SPLITS:
+        points = np.fromfile(out / f'{split}.bin', dtype='uint32')
+        ids = np.searchsorted(chars, points) + 1
+        ids = np.where(np.isin(points, chars), ids, 0).astype(dtype)
+        write_atomic(out / f'{split}.bin', ids.tofile)
+    return ['\ufffd'] + [chr(c) for c in chars], dtype
 
 
 def _write_json(path, obj):
@@ -399,12 +436,12 @@ def splits(args, out, codec, key, inputs):
     .splits.json. The three are a set: a run that fails or is stopped while making them
     keeps none."""
     path = out / '.splits.json'
-    item = np.dtype(codec['dtype']).itemsize
     stamp = None
     done = False
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
+        item = np.dtype(stamp['dtype']).itemsize
         done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
                             for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
@@ -418,16 +455,22 @@ def splits(args, out, codec, key, inputs):
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
         sources, rule = _make_splits(args, out, codec)
+        item = np.dtype(codec['dtype']).itemsize
         sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
         if min(sizes.values()) == 0:
             read = ', '.join(map(str, sources)) or WIKI40B
             raise UserError(f'{read}: too little text for three non-empty splits '
                             f'({sum(sizes.values())} characters cleaned)')
+        alphabet = codec['alphabet']
+        dtype = codec['dtype']
+        if alphabet is None:
+            alphabet, dtype = index_chars(out)
     except BaseException:
         for s in SPLITS:
             (out / f'{s}.bin').unlink(missing_ok=True)
         raise
-    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule)
+    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule,
+                 alphabet=alphabet, dtype=dtype)
     _write_json(path, stamp)
     return stamp
 
@@ -460,34 +503,47 @@ sys.stdout.buffer.write(model.getvalue())
 
 
 def split_words(path, meta, block=1 << 21):
-    """A split's words ('' between two separators) by blocks: (words, closed); not
-    closed: the split's last word, where no separator follows."""
+    """A split's words ('' between two separators: ASCII whitespace, the only
+    whitespace bytes that UTF-8 has) by blocks: (words, closed); not closed: the split's
+    last word, where no separator follows."""
     data = _ids(path, meta['dtype'])
     chars = np.array([ord(c) for c in meta['alphabet']], '<u4')
     carry = ''
     for i in range(0, len(data), block):
         text = carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')
-        words = text.replace('\n', ' ').split(' ')
+        words = _SEPARATOR.split(text)
         carry = words.pop()  # maybe cut by the block's end: it goes on in the next block
         yield words, True
     if carry:
         yield [carry], False
 
 
-def word_labels(sp, words):
-    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the
+def as_text(word, encoding):
+    """A word as SentencePiece sees it, and where each of its characters ends in the
+    word's units (bytes of "bytes": the last byte of the character; a byte that is not
+    UTF-8 is a character U+FFFD of its own)."""
+    if encoding != 'bytes':
+        return word, range(1, len(word) + 1)
+    text = word.encode('latin-1').decode('utf-8', 'surrogateescape')
+    sizes = [len(c.encode('utf-8', 'surrogateescape')) for c in text]
+    return re.sub('[\udc80-\udcff]', '\ufffd', text), list(itertools.accumulate(sizes))
+
+
+def word_labels(sp, words, encoding='paper'):
+    """{word: in-word labels}, a byte per unit: 1 at the last unit of every piece but the
     last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
     dropped."""
     words = list(words)
     out = {}
-    encoded = sp.encode(words, out_type=str) if words else []
-    for w, pieces in zip(words, encoded):
+    shown = [as_text(w, encoding) for w in words]
+    encoded = sp.encode([text for text, _ in shown], out_type=str) if words else []
+    for w, (text, ends), pieces in zip(words, shown, encoded):
         if w:   # the dummy prefix's ▁ dropped
             pieces[0] = pieces[0].removeprefix('\u2581')
         pieces = [p for p in pieces if p and w]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
-            lab[end - 1] = 1
+            lab[ends[end - 1] - 1] = 1
         out[w] = bytes(lab)
     return out
 
@@ -558,10 +614,15 @@ def make_unigram(args, out, meta, V, settings):
     for s in SPLITS:
         chunks = split_words(out / f'{s}.bin', meta)
         words[s] = Counter(w for ws, _ in chunks for w in ws if w)
-    common_words = words['train'].most_common(args.unigram_max_words or None)
-    rows = [f'{w}\t{n}' for w, n in common_words]
+    encoding = meta['encoding']
+    counts = Counter()
+    for w, n in words['train'].most_common(args.unigram_max_words or None):
+        counts[as_text(w, encoding)[0]] += n
+    rows = [f'{w}\t{n}' for w, n in counts.items()]
     print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
-    letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
+    letters = ''   # the paper's: every letter of the alphabet gets a piece
+    if encoding == 'paper':
+        letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
     proto, failed, err = _fit(V, rows, letters)
     if failed:   # a size too large for the text, or too small for the alphabet: the fix
         said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
@@ -572,7 +633,7 @@ def make_unigram(args, out, meta, V, settings):
                    'Unigram boundaries')
         raise UserError(f'--unigram {V}: {said} (SentencePiece){fix}')
     model = spm.SentencePieceProcessor(model_proto=proto)
-    labels = word_labels(model, set().union(*words.values(), ['']))
+    labels = word_labels(model, set().union(*words.values(), ['']), encoding)
     ones = _write_labels(out, V, labels, meta)
     c = left_context_ceiling(words['train'], words['valid'], labels)
     ceiling = ones['valid'] - c['in_word_ends'] + c['in_word_predicted']
@@ -636,58 +697,68 @@ def unigram(args, out, meta):
 
 
 def cleaning_key(args, lang, inputs):
-    """Everything that decides the cleaned text: recorded in .splits.json, compared by
-    re-runs."""
-    key = {'dataset': args.dataset, 'lang': lang, 'pipeline': 'text8 as is (a-z and space)',
-           'fold_accents': False, 'max_train_chars': args.max_train_chars,
-           'max_eval_chars': args.max_eval_chars,
-           'input': [f['path'] for f in inputs] if inputs else None}
-    if lang:
-        import importlib.metadata as md
-        homoglyphs = None
-        if lang != 'he':
-            homoglyphs = ('Unicode confusables via confusable-homoglyphs '
-                          + md.version('confusable-homoglyphs'))
-        fixes = ['NFC first', 'İ -> i']
-        if lang == 'he':
-            fixes.append('digit words without niqqud')
-        key.update(pipeline='paper (wiki40b markers, homoglyphs, lower case, digits, alphabet)',
-                   homoglyphs=homoglyphs, fold_accents=args.fold_accents,
-                   alphabet=LANGS[lang]['letters'], fixes=fixes)
-    return key
+    """Everything that decides the text of the splits: recorded in .splits.json, compared
+    by re-runs. lang: the --lang given (the one cleaned for is in meta.json's
+    "cleaning")."""
+    homoglyphs = None
+    if lang:   # its data decides what cleaning makes of a look-alike letter
+        import importlib.metadata
+        homoglyphs = importlib.metadata.version('confusable-homoglyphs')
+    return {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
+            'fold_accents': bool(lang and args.fold_accents), 'homoglyphs': homoglyphs,
+            'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
+            'input': [f['path'] for f in inputs] if inputs else None}
 
 
 def prepare(args, out, lang, inputs):
     """The dataset in out: splits (kept when done), Unigram labels, meta.json last."""
     alphabet = TEXT8_ALPHABET
-    if lang:
+    dtype = 'uint8'
+    if args.encoding == 'bytes':
+        alphabet = [chr(i) for i in range(256)]
+    elif args.encoding == 'chars':
+        alphabet = None   # index_chars makes it from the train split
+        dtype = 'uint32'
+    elif lang:
         alphabet = ['\n', ' '] + list(LANGS[lang]['letters'])
-    dtype = 'uint8' if len(alphabet) <= 256 else 'uint16'
-    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents)
+    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents,
+                 encoding=args.encoding)
     key = cleaning_key(args, lang, inputs)
     stamp = splits(args, out, codec, key, inputs)
     sizes = stamp['sizes']
     n = sum(sizes.values())
+    alphabet = stamp['alphabet']
+    dtype = stamp['dtype']
     ids = _ids(out / 'train.bin', dtype)
-    space = alphabet.index(' ')
+    space = _index(alphabet, ' ')
     n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
     mwl = None
     if n_space:
         mwl = round(sizes['train'] / n_space, 4)
+    defaults = {}
+    if args.lang:
+        defaults = {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}
     part = None
     if args.dataset == 'text8' and n < 100_000_000:
         part = {'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
-    meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang, 'alphabet': alphabet,
-            'vocab_size': len(alphabet), 'space_id': space,
-            'newline_id': alphabet.index('\n') if '\n' in alphabet else None, 'dtype': dtype,
+    meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang,
+            'encoding': args.encoding, 'alphabet': alphabet, 'vocab_size': len(alphabet),
+            'space_id': space, 'newline_id': _index(alphabet, '\n'), 'dtype': dtype,
             'sizes': sizes, 'source': stamp['source'], 'slice': part,
-            'cleaning': {**key, 'split': stamp['rule']}, 'inputs': inputs,
+            'cleaning': {**key, 'lang': lang, 'split': stamp['rule']}, 'inputs': inputs,
             'mean_word_length': mwl,
-            'defaults': {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}}
+            'defaults': defaults}
     meta.update(unigram(args, out, meta))
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
     return meta
+
+
+def _index(alphabet, c):
+    """c's id in the alphabet, or None."""
+    if c in alphabet:
+        return alphabet.index(c)
+    return None
 
 
 def _report(out, meta, rule):
@@ -728,7 +799,7 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'wiki40b', 'cc100', 'input'],
+    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100', 'input'],
                    help='source (default text8; wiki40b with --lang; input with --input and '
                    '--lang)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
@@ -737,6 +808,11 @@ def parser():
                    help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
                    '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
                    '*test*; all three), else are refused')
+    p.add_argument('--bytes', action='store_true',
+                   help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 always)')
+    p.add_argument('--chars', action='store_true',
+                   help="the text as it is (NFC): its train split's characters, no cleaning "
+                   '(default off)')
     p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
                                             'not . or ..)'),
                    help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
@@ -794,42 +870,62 @@ def _rerun(args, flags):
 
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
-    source, language, input and options where none of --dataset, --lang, --input is
-    given; else the defaults) and checks them together → (dataset folder, language
-    cleaned with: None for text8)."""
+    source, language, encoding, input and options where none of --dataset, --lang,
+    --input, --bytes, --chars is given; else the defaults) and checks them together →
+    (dataset folder, language cleaned with: None for text8 and text as it is)."""
+    if args.bytes and args.chars:
+        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
+    encoding = 'paper'
+    if args.bytes or args.dataset == 'enwik8':
+        encoding = 'bytes'
+    elif args.chars:
+        encoding = 'chars'
     if args.dataset:
         dataset = args.dataset
-    elif args.input and args.lang:
+    elif args.input and (args.lang or encoding != 'paper'):
         dataset = 'input'
     elif args.lang:
         dataset = 'wiki40b'
     else:
         dataset = 'text8'
-    name = args.name or ('text8' if dataset == 'text8' else f'{dataset}-{args.lang}')
-    out = args.out_dir / name
+    name = dataset
+    if args.lang and dataset not in ('text8', 'enwik8'):
+        name += f'-{args.lang}'
+    if encoding != 'paper' and dataset != 'enwik8':
+        name += f'-{encoding}'
+    out = args.out_dir / (args.name or name)
     try:
         old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
-        if not (args.dataset or args.lang or args.input):
+        if not (args.dataset or args.lang or args.input or args.bytes or args.chars):
             dataset = old['dataset']
-            args.lang = old['lang'] or 'en'
+            encoding = old['encoding']
+            args.lang = old['lang']
             args.input = old['input'] and [Path(p) for p in old['input']]
     except (OSError, ValueError, TypeError, KeyError):
         old = {}
     for flag, default in DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset == 'text8':
+    if dataset == 'enwik8' and args.chars:
+        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    if dataset in ('text8', 'enwik8'):
         if args.lang not in (None, 'en'):
-            raise UserError(f'text8 is English; got --lang {args.lang}', 2)
+            raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
-    if args.lang is None or (dataset == 'input' and not args.input):
-        needs = '--lang and --input' if not args.input else '--lang'
-        raise UserError(f'--dataset {dataset} needs {needs}', 2)
+    if dataset == 'input' and not args.input:
+        raise UserError('--dataset input needs --input', 2)
+    if args.lang is None and (dataset != 'input' or encoding == 'paper'):
+        raise UserError(f'--dataset {dataset} needs --lang', 2)
     args.dataset = dataset
+    args.encoding = encoding
     if args.unigram is None:
-        args.unigram = LANGS[args.lang]['unigram']
+        args.unigram = 0
+        if args.lang:
+            args.unigram = LANGS[args.lang]['unigram']
     args.roles = input_roles(args.input or [])
-    return out, None if dataset == 'text8' else args.lang
+    if dataset == 'text8' or encoding != 'paper':
+        return out, None
+    return out, args.lang
 
 
 def describe_inputs(paths):
