@@ -31,6 +31,14 @@ def prepare_command(*words, data=None):
     return shlex.join(['python', 'prepare_data.py', *map(str, flags + list(words))])
 
 
+def unit(meta):
+    """What a token is: 'byte' for raw UTF-8 bytes, else 'char' (meta.json, or a
+    checkpoint's vocab dict: the same keys)."""
+    if meta.get('encoding') == 'bytes':
+        return 'byte'
+    return 'char'
+
+
 def is_number(v, lo=0.0):
     """A finite int or float >= lo (a bool is not a number here)."""
     return type(v) in (int, float) and math.isfinite(v) and v >= lo
@@ -55,6 +63,8 @@ def _label_set(u):
 def _field_ok(name, v, m):
     """Whether meta.json's field `name` holds v as it must (earlier fields of m checked).
     """
+    if name == 'encoding':
+        return v in ('paper', 'chars', 'bytes')
     if name == 'dtype':
         return v in ('uint8', 'uint16')
     if name == 'vocab_size':
@@ -82,6 +92,7 @@ def _field_ok(name, v, m):
 # meta.json's fields, in the order they are checked (_field_ok may read earlier ones),
 # and what each must be
 META_RULES = (
+    ('encoding', '"paper" (the default), "chars" or "bytes"'),
     ('dtype', '"uint8" or "uint16"'),
     ('vocab_size', 'a count of characters that fits dtype'),
     ('alphabet', 'vocab_size distinct single characters'),
@@ -91,7 +102,7 @@ META_RULES = (
     ('unigram_sets', '{"<V>": label set of vocab_size V} or null'),
     ('unigram', 'null or a label set (of "unigram_sets", where there are several)'),
 )
-OPTIONAL = dict(space_id=None, sizes={}, defaults={}, unigram=None, unigram_sets=None)
+OPTIONAL = dict(encoding='paper', space_id=None, sizes={}, defaults={}, unigram=None, unigram_sets=None)
 def meta_problem(meta, fields=None):
     """What is wrong with a meta.json dict (only `fields`, where given), in words, or
     None."""
@@ -143,9 +154,8 @@ def open_ids(path, dtype, n, limit, what, remake):
 def label_set(meta, vocab_size=None):
     """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or
     None."""
-    default = meta.get('unigram')
-    if vocab_size is None or (default and default['vocab_size'] == vocab_size):
-        return default  # (a dataset from before "unigram_sets" has only this one)
+    if vocab_size is None:
+        return meta.get('unigram')
     return (meta.get('unigram_sets') or {}).get(str(vocab_size))
 
 

@@ -1,9 +1,11 @@
-"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md
-tells all).
+"""Download, clean, split and encode character- or byte-level LM data for dynpool
+(docs/data.md tells all).
 
     python prepare_data.py                          # text8 -> data/text8 (90M/5M/5M)
+    python prepare_data.py --dataset enwik8         # enwik8 bytes -> data/enwik8 (90M/5M/5M)
     python prepare_data.py --lang he                # wiki40b Hebrew -> data/wiki40b-he
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
+    python prepare_data.py --input he.txt --bytes --name he-bytes       # its raw UTF-8 bytes
     python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
 data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made
@@ -35,23 +37,26 @@ from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import SPLITS, meta_problem, prepare_command
+from dataset import SPLITS, meta_problem, prepare_command, unit
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
 # the flags whose default an existing dataset's recorded value replaces
 DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
+AGENT = {'User-Agent': 'dynpool-prepare-data'}
+# retries per download request, the first waiting BACKOFF s, each next one twice as long
+RETRIES = 5
+BACKOFF = 2.0
 # how each encoding reads a file: bytes as Latin-1, a character per byte
 _DECODING = {'paper': 'utf-8', 'chars': 'utf-8', 'bytes': 'latin-1'}
-AGENT = {'User-Agent': 'dynpool-prepare-data'}
 # the end of a giant line's last character that cleaning makes a space in every language
 # (whitespace, ASCII punctuation): a cut there neither splits nor joins words
 _LAST_BREAK = re.compile(r'.*[\s!-/:-@\[-`{-~]', re.DOTALL)
-# what ends a word for Unigram labels
+# what ends a word for Unigram labels: ASCII whitespace, the only whitespace bytes of UTF-8
 _SEPARATOR = re.compile('[\t\n\v\f\r ]')
 # the temporary files a killed run can leave in a dataset folder (remove_leftovers)
 LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram-\d+)?'
-                      r'|unigram-\d+|text8\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
+                      r'|unigram-\d+|\w+\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
 class DownloadError(UserError):   # run() adds the commands that work without network
@@ -73,17 +78,17 @@ def _reach(url):
         raise DownloadError(f'{url}: {e.strerror or first_line(e)}') from None
 
 
-def _retrying(url, fn, retries, backoff, what=None):
+def _retrying(url, fn, what=None):
     """fn() once url's host answers (_reach), tried again after a network error while
-    tries are left (waiting backoff * 2^try s); not after an HTTP error that waiting
-    cannot mend (4xx)."""
+    tries are left (RETRIES, BACKOFF); not after an HTTP error that waiting cannot mend
+    (4xx)."""
     _reach(url)
+    what = what or url
+    network = (URLError, http.client.HTTPException, ConnectionError, TimeoutError)
     for attempt in itertools.count():
         try:
             return fn()
         except Exception as e:
-            network = (URLError, http.client.HTTPException, ConnectionError,
-                       TimeoutError)
             from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
             if not (isinstance(e, network) or from_hub):
                 raise
@@ -91,13 +96,13 @@ def _retrying(url, fn, retries, backoff, what=None):
             code = getattr(e, 'code', getattr(response, 'status_code', None))
             said = getattr(getattr(e, 'reason', None), 'strerror', None) or first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
-            if attempt >= retries or final or type(e).__name__ == 'OfflineModeIsEnabled':
-                raise DownloadError(f'{what or url}: {said}') from None
-            print(f'{what or url}: {said}; retry {attempt + 1}/{retries}', file=sys.stderr)
-            time.sleep(backoff * 2 ** attempt)
+            if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
+                raise DownloadError(f'{what}: {said}') from None
+            print(f'{what}: {said}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
+            time.sleep(BACKOFF * 2 ** attempt)
 
 
-def download(url, dest, retries=5, backoff=2.0):
+def download(url, dest):
     """url → dest through dest.part, resumed after a cut (in this run or an earlier one)
     by a Range request with If-Range: the file's version (strong ETag or Last-Modified)
     in dest.part.json. A file that changed or has no version, or a server that ignores
@@ -139,7 +144,7 @@ def download(url, dest, retries=5, backoff=2.0):
     if not dest.exists():
         common.make_folder(dest.parent)
         print(f'download {url} -> {dest}')
-        _retrying(url, fetch, retries, backoff)
+        _retrying(url, fetch)
         os.replace(part, dest)
         info.unlink(missing_ok=True)
     return dest
@@ -358,14 +363,12 @@ def _wiki40b(args, out, caps, codec):
 
     def shard(name):
         def fetch():
-            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset',
-                                       cache_dir=args.hf_cache, endpoint=args.hf_base)
+            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset', endpoint=args.hf_base)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
-        path = _retrying(endpoint, fetch, args.retries, args.backoff, what=name)
+        path = _retrying(endpoint, fetch, what=name)
         return file_pieces(path, args.encoding, downloaded=True)
 
-    shards = _retrying(endpoint, listing, args.retries, args.backoff,
-                       what=f'{endpoint}: {WIKI40B}/{args.lang}')
+    shards = _retrying(endpoint, listing, what=f'{endpoint}: {WIKI40B}/{args.lang}')
     groups = []
     for split in ('train', 'validation', 'test'):
         names = [p for p in shards if Path(p).name.startswith(split + '-')]
@@ -380,30 +383,42 @@ def _make_splits(args, out, codec):
     eval_cap = args.max_eval_chars
     caps = (train_cap, eval_cap, eval_cap)
     encoding = args.encoding
+    in_order = '90% train / 5% valid / 5% test, in order'
     if args.roles:
         groups = [[file_pieces(f, encoding) for f in files] for files in args.roles]
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
+    # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
+    whole = args.dataset in ('text8', 'enwik8')
     if args.input:
-        cap = None if args.dataset == 'text8' else int(train_cap / 0.9)
+        cap = None
+        if not whole:
+            cap = int(train_cap / 0.9)
         _one_stream(out, file_pieces(args.input[0], encoding), cap, eval_cap, codec)
-        return args.input, '90% train / 5% valid / 5% test, in order'
-    if args.dataset == 'text8':
-        zpath = download(args.text8_url, out / 'download' / 'text8.zip', args.retries,
-                         args.backoff)
+        return args.input, in_order
+    if whole:
+        url = _url(args)
+        zpath = download(url, out / 'download' / f'{args.dataset}.zip')
         _one_stream(out, file_pieces(zpath, encoding, downloaded=True), None, eval_cap, codec)
-        return [args.text8_url], 'first 90M train / next 5M valid / last 5M test'
+        return [url], in_order
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
-    url = f'{args.cc100_base}/{args.lang}.txt.xz'
+    url = _url(args)
 
     def connect():
         return urlopen(Request(url, headers=AGENT), timeout=60)
-    with _retrying(url, connect, args.retries, args.backoff) as resp:
+    with _retrying(url, connect) as resp:
         pieces = file_pieces(url, encoding, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
-    return [url], f'first {eval_cap} chars valid, next {eval_cap} test, then train (cleaned chars)'
+    return [url], f'first {eval_cap} valid, next {eval_cap} test, then train'
+
+
+def _url(args):
+    """The download of text8, enwik8 or cc-100 (for --lang)."""
+    if args.dataset == 'cc100':
+        return f'{args.cc100_base}/{args.lang}.txt.xz'
+    return getattr(args, f'{args.dataset}_url')
 
 
 def index_chars(out):
@@ -548,26 +563,6 @@ def word_labels(sp, words, encoding='paper'):
     return out
 
 
-def left_context_ceiling(train_words, valid_words, labels):
-    """The best a causal boundary predictor can do from the word's prefix up to t: the
-    Bayes decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word:
-    count}; 0 for a prefix train lacks), on valid_words: in-word label ends, decisions of
-    1, both, and recall."""
-    total = Counter()
-    ones = Counter()
-    c = Counter()
-    for w, n in train_words.items():
-        for k, b in enumerate(labels[w]):
-            total[w[:k + 1]] += n
-            ones[w[:k + 1]] += n * b
-    for w, n in valid_words.items():
-        for k, b in enumerate(labels[w]):
-            d = 2 * ones[w[:k + 1]] > total[w[:k + 1]]
-            c.update(in_word_ends=n * b, in_word_predicted=n * d, in_word_hits=n * (d and b))
-    e = c['in_word_ends']
-    return {**c, 'in_word_recall': round(c['in_word_hits'] / e, 4) if e else None}
-
-
 def _write_labels(out, V, labels, meta):
     """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a
     word closes it) → the count of ones per split."""
@@ -605,22 +600,22 @@ def _fit(V, rows, letters):
 
 def make_unigram(args, out, meta, V, settings):
     """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece
-    ends; a space or newline closes the word before it), the model last → its set's
-    meta.json entry."""
+    ends; whitespace closes the word before it), the model last → its set's meta.json
+    entry."""
     import sentencepiece as spm
     sizes = meta['sizes']
+    encoding = meta['encoding']
     t0 = time.time()
     words = {}
     for s in SPLITS:
         chunks = split_words(out / f'{s}.bin', meta)
         words[s] = Counter(w for ws, _ in chunks for w in ws if w)
-    encoding = meta['encoding']
     counts = Counter()
-    for w, n in words['train'].most_common(args.unigram_max_words or None):
+    for w, n in words['train'].items():
         counts[as_text(w, encoding)[0]] += n
-    rows = [f'{w}\t{n}' for w, n in counts.items()]
+    rows = [f'{w}\t{n}' for w, n in counts.most_common()]
     print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
-    letters = ''   # the paper's: every letter of the alphabet gets a piece
+    letters = ''   # the paper's alphabet: each letter gets a piece, seen in train or not
     if encoding == 'paper':
         letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
     proto, failed, err = _fit(V, rows, letters)
@@ -635,65 +630,51 @@ def make_unigram(args, out, meta, V, settings):
     model = spm.SentencePieceProcessor(model_proto=proto)
     labels = word_labels(model, set().union(*words.values(), ['']), encoding)
     ones = _write_labels(out, V, labels, meta)
-    c = left_context_ceiling(words['train'], words['valid'], labels)
-    ceiling = ones['valid'] - c['in_word_ends'] + c['in_word_predicted']
     write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
     print(f'unigram-{V}: trained and labelled in {time.time() - t0:.1f}s')
     sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
-    rule = 'b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5'
-    ceiling_sf = round(sizes['valid'] / ceiling, 4) if ceiling else None
     return {'vocab_size': V, 'model': f'unigram-{V}.model',
             'labels': {s: f'{s}.unigram-{V}.bin' for s in SPLITS}, 'settings': settings,
-            'shortening_factor': sf,
-            'left_context_ceiling': {'split': 'valid', 'estimated_on': 'train', **c,
-                                     'rule': rule, 'shortening_factor': ceiling_sf}}
+            'shortening_factor': sf}
 
 
-def _label_sets(path):
-    """The Unigram label sets of the meta.json at path ({V: set}, older single "unigram"
-    entry included) and its default V; none where there is no meta.json."""
-    if not path.exists():
-        return {}, None
-    try:
-        old = json.loads(path.read_text(encoding='utf-8'))
-        why = meta_problem(old, ('unigram_sets', 'unigram'))
-    except ValueError as e:
-        why = f'unreadable ({e})'
-    if why:
-        raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
-                        'kept, the labels made again)')
-    default = old.get('unigram')
-    listed = old.get('unigram_sets')
-    if not listed and default:
-        listed = {str(default['vocab_size']): {'settings': None, **default}}
-    sets = {u['vocab_size']: u for u in (listed or {}).values()}
-    return sets, default and default['vocab_size']
+def _label_meta(sets, default):
+    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}; a default that
+    is gone gives way to the largest V."""
+    if default not in sets:
+        default = max(sets, default=None)
+    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
 
 
 def unigram(args, out, meta):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the
-    meta.json there, and Unigram-V unless made with these settings; the last made is the
-    default."""
-    sets, default = _label_sets(out / 'meta.json')
-
-    def label_meta(default):   # the last made, or the one made earlier, is the default
-        if default not in sets:
-            default = max(sets, default=None)
-        return {'unigram': sets[default] if default else None,
-                'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
+    """The label sets of the meta.json there, and Unigram-V unless made with these
+    settings; the last made is the default → _label_meta."""
+    sets = {}
+    default = None
+    path = out / 'meta.json'
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding='utf-8'))
+            why = meta_problem(old, ('unigram_sets', 'unigram'))
+        except ValueError as e:
+            why = f'unreadable ({e})'
+        if why:
+            raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
+                            'kept, the labels made again)')
+        sets = {u['vocab_size']: u for u in (old.get('unigram_sets') or {}).values()}
+        default = old.get('unigram') and old['unigram']['vocab_size']
     V = args.unigram
     settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
-                'max_words': args.unigram_max_words or None,
-                'label_rule': 'piece ends; the space closes its word'}
+                'label_rule': 'piece ends; whitespace closes its word'}
     if V in sets and sets[V].get('settings') == settings:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
     elif V:
         if sets.pop(V, None):   # it leaves meta.json before its files are replaced
             print(f'unigram-{V}: made with other settings; replacing it', file=sys.stderr)
-            _write_json(out / 'meta.json', {**meta, **label_meta(default)})
+            _write_json(path, {**meta, **_label_meta(sets, default)})
         sets[V] = make_unigram(args, out, meta, V, settings)
         default = V
-    return label_meta(default)
+    return _label_meta(sets, default)
 
 
 def cleaning_key(args, lang, inputs):
@@ -726,28 +707,24 @@ def prepare(args, out, lang, inputs):
     key = cleaning_key(args, lang, inputs)
     stamp = splits(args, out, codec, key, inputs)
     sizes = stamp['sizes']
-    n = sum(sizes.values())
     alphabet = stamp['alphabet']
-    dtype = stamp['dtype']
-    ids = _ids(out / 'train.bin', dtype)
+    ids = _ids(out / 'train.bin', stamp['dtype'])
     space = _index(alphabet, ' ')
-    n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
+    n_space = 0
+    for i in range(0, len(ids), 1 << 24):
+        n_space += int(np.count_nonzero(ids[i:i + (1 << 24)] == space))
     mwl = None
     if n_space:
         mwl = round(sizes['train'] / n_space, 4)
     defaults = {}
     if args.lang:
         defaults = {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}
-    part = None
-    if args.dataset == 'text8' and n < 100_000_000:
-        part = {'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
     meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang,
             'encoding': args.encoding, 'alphabet': alphabet, 'vocab_size': len(alphabet),
-            'space_id': space, 'newline_id': _index(alphabet, '\n'), 'dtype': dtype,
-            'sizes': sizes, 'source': stamp['source'], 'slice': part,
+            'space_id': space, 'newline_id': _index(alphabet, '\n'), 'dtype': stamp['dtype'],
+            'sizes': sizes, 'source': stamp['source'],
             'cleaning': {**key, 'lang': lang, 'split': stamp['rule']}, 'inputs': inputs,
-            'mean_word_length': mwl,
-            'defaults': defaults}
+            'mean_word_length': mwl, 'defaults': defaults}
     meta.update(unigram(args, out, meta))
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
@@ -763,21 +740,15 @@ def _index(alphabet, c):
 
 def _report(out, meta, rule):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
-    sizes = meta['sizes']
-    print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, vocab "
-          f"{meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    if meta['slice']:
-        print(f"note: a {meta['slice']['chars']:,}-character slice of text8 "
-              f"({', '.join(meta['source'])}), not the full 100,000,000")
-    print('chars: ' + ', '.join(f'{s} {sizes[s]:,}' for s in SPLITS))
-    mwl = meta['mean_word_length'] or 0
-    print(f'mean word length (whitespace shortening factor, train): {mwl:.3f}')
+    sizes = ', '.join(f'{s} {n:,}' for s, n in meta['sizes'].items())
+    print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
+          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
+    print('read: ' + ', '.join(meta['source']))
+    print(f'{unit(meta)}s: {sizes}')
+    print(f"mean word length (whitespace shortening factor, train): {meta['mean_word_length']}")
     for u in meta['unigram_sets'].values():
         sf = ', '.join(f'{s} {v}' for s, v in u['shortening_factor'].items())
         line = f"unigram-{u['vocab_size']} shortening factor: {sf}"
-        ceiling = u.get('left_context_ceiling')
-        if ceiling:
-            line += f"; left-context ceiling on valid: SF {ceiling['shortening_factor']}"
         if meta['unigram'] is u:
             line += ' [default for train.py]'
         print(line)
@@ -830,25 +801,19 @@ def parser():
                    help='SentencePiece Unigram size V of the boundary labels; sizes already made '
                    'are kept, the same V with other settings replaced (default '
                    f'{unigram_defaults}; 0: none made, those present kept)')
-    p.add_argument('--unigram-max-words', type=int_range(0, 10 ** 9), default=0,
-                   help='fit Unigram on the N most frequent train words (default 0: all)')
     p.add_argument('--force', action='store_true',
                    help='redo finished steps, not downloads (default off)')
     p.add_argument('--hf-base', type=url,
                    help='Hugging Face hub (default HF_ENDPOINT, else huggingface.co)')
-    p.add_argument('--hf-cache', type=Path, help='huggingface_hub cache (default HF_HUB_CACHE, '
-                   'else ~/.cache/huggingface/hub)')
     p.add_argument('--text8-url', type=url,
                    default='http://mattmahoney.net/dc/text8.zip',
                    help='(default http://mattmahoney.net/dc/text8.zip)')
+    p.add_argument('--enwik8-url', type=url,
+                   default='http://mattmahoney.net/dc/enwik8.zip',
+                   help='(default http://mattmahoney.net/dc/enwik8.zip)')
     p.add_argument('--cc100-base', type=url,
                    default='https://data.statmt.org/cc-100',
                    help='holds <lang>.txt.xz (default https://data.statmt.org/cc-100)')
-    p.add_argument('--retries', type=int_range(0, 100), default=5,
-                   help='retries per download request (default 5; none for a host that cannot '
-                   'be reached)')
-    p.add_argument('--backoff', type=common.float_range(0, 3600), default=2.0,
-                   help='first retry delay in seconds, doubled each retry (default 2)')
     return p
 
 
@@ -868,18 +833,25 @@ def _rerun(args, flags):
     return prepare_command(*words)
 
 
+def _encoding(args):
+    """The encoding the flags ask for: bytes (--bytes, enwik8), chars or paper."""
+    if args.bytes and args.chars:
+        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
+    if args.dataset == 'enwik8' and args.chars:
+        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    if args.bytes or args.dataset == 'enwik8':
+        return 'bytes'
+    if args.chars:
+        return 'chars'
+    return 'paper'
+
+
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
     source, language, encoding, input and options where none of --dataset, --lang,
     --input, --bytes, --chars is given; else the defaults) and checks them together →
     (dataset folder, language cleaned with: None for text8 and text as it is)."""
-    if args.bytes and args.chars:
-        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
-    encoding = 'paper'
-    if args.bytes or args.dataset == 'enwik8':
-        encoding = 'bytes'
-    elif args.chars:
-        encoding = 'chars'
+    encoding = _encoding(args)
     if args.dataset:
         dataset = args.dataset
     elif args.input and (args.lang or encoding != 'paper'):
@@ -906,8 +878,6 @@ def resolve(args):
     for flag, default in DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset == 'enwik8' and args.chars:
-        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
     if dataset in ('text8', 'enwik8'):
         if args.lang not in (None, 'en'):
             raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
@@ -960,12 +930,9 @@ def offline_howto(args, lang, error):
     if args.dataset == 'wiki40b':
         what = f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
-    elif args.dataset == 'cc100':
-        what = f'{args.cc100_base}/{lang}.txt.xz'
-        files = f'{lang}.txt.xz'
     else:
-        what = args.text8_url
-        files = Path(args.text8_url).name or 'text8.zip'
+        what = _url(args)
+        files = Path(what).name
     by_hand = {'--dataset': [args.dataset]}
     if lang:
         by_hand['--lang'] = [lang]
@@ -973,6 +940,8 @@ def offline_howto(args, lang, error):
     # (the file names last and unquoted: shell-safe names, the shards a pattern for the
     # shell)
     own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
+    if args.encoding != 'paper':
+        own_text[f'--{args.encoding}'] = []
     return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
             f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
             f'{_rerun(args, own_text)}')
