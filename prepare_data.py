@@ -743,7 +743,6 @@ def _report(out, meta, rule):
     sizes = ', '.join(f'{s} {n:,}' for s, n in meta['sizes'].items())
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
           f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    print('read: ' + ', '.join(meta['source']))
     print(f'{unit(meta)}s: {sizes}')
     print(f"mean word length (whitespace shortening factor, train): {meta['mean_word_length']}")
     for u in meta['unigram_sets'].values():
