@@ -102,7 +102,8 @@ META_RULES = (
     ('unigram_sets', '{"<V>": label set of vocab_size V} or null'),
     ('unigram', 'null or a label set (of "unigram_sets", where there are several)'),
 )
-OPTIONAL = dict(encoding='paper', space_id=None, sizes={}, defaults={}, unigram=None, unigram_sets=None)
+OPTIONAL = dict(encoding='paper', space_id=None, sizes={}, defaults={}, unigram=None,
+                unigram_sets=None)
 def meta_problem(meta, fields=None):
     """What is wrong with a meta.json dict (only `fields`, where given), in words, or
     None."""

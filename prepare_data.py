@@ -838,6 +838,8 @@ def _encoding(args):
         raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
     if args.dataset == 'enwik8' and args.chars:
         raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    if args.fold_accents and (args.bytes or args.chars or args.dataset == 'enwik8'):
+        raise UserError('--fold-accents is cleaning, and text as it is has none', 2)
     if args.bytes or args.dataset == 'enwik8':
         return 'bytes'
     if args.chars:

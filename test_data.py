@@ -1269,7 +1269,8 @@ def test_data_unigram_sets_added_kept_replaced(tmp_path, capsys):
     edited['unigram_sets']['80']['settings'] = {'model_type': 'bpe'}
     (d / 'meta.json').write_text(json.dumps(edited))
     r, meta = run('--unigram', '80')
-    assert 'replacing' in r.stderr and meta['unigram_sets']['80']['settings']['model_type'] == 'unigram'
+    assert 'replacing' in r.stderr
+    assert meta['unigram_sets']['80']['settings']['model_type'] == 'unigram'
     assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
 
 
@@ -1593,3 +1594,139 @@ def test_data_file_name_not_utf8_round_trips(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     stored = json.loads((out / 'text8' / 'meta.json').read_bytes().decode('ascii'))
     assert os.fsencode(stored['source'][0]) == name
+
+
+# --- issue 33: raw UTF-8 bytes, text as it is, enwik8 ---------------------------------------------
+
+# letters of four scripts, 1 to 4 bytes each in UTF-8 (SentencePiece cuts words between scripts)
+_DATA_SCRIPTS = ('aéệ€', 'שלום', '中文字', '𝐁𝐂𝐃')
+
+
+def _data_mixed_text(rng, words, scripts=_DATA_SCRIPTS):
+    """Words of one script each (Zipf-like, over 200 made-up ones) between spaces, tabs and
+    line breaks (CRLF too)."""
+    vocab = []
+    for i in range(200):
+        letters = list(scripts[i % len(scripts)])
+        vocab.append(''.join(rng.choice(letters, rng.integers(1, 7))))
+    p = 1 / np.arange(1, 201)
+    seps = rng.choice([' ', ' ', ' ', '\n', '\t', '\r\n'], words)
+    return ''.join(w + s for w, s in zip(rng.choice(vocab, words, p=p / p.sum()), seps))
+
+
+def test_data_bytes_are_the_files_bytes(tmp_path, capsys, monkeypatch):
+    """--bytes: each split's ids are its file's bytes, untouched (BOM, CRLF, stray non-UTF-8
+    bytes, a last line break, a giant line cut at its punctuation); one file: 90/5/5 of them."""
+    monkeypatch.setattr(prepare_data, 'CHUNK', 500)   # giant lines: cut at '.', kept as they are
+    rng = np.random.default_rng(0)
+    files = {}
+    for split in ('train', 'valid', 'test'):
+        text = _data_mixed_text(rng, 300).replace('\n', '.')
+        files[split] = b'\xef\xbb\xbf' + text.encode() + b'\xff\xc3\n'
+        (tmp_path / f'{split}.txt').write_bytes(files[split])
+    inputs = [tmp_path / f'{s}.txt' for s in ('train', 'valid', 'test')]
+    meta = prepare_data.run(['--bytes', '--input', *inputs, '--name', 'b', '--out-dir',
+                             tmp_path / 'data', '--unigram', '0'])
+    for split, raw in files.items():
+        assert (tmp_path / 'data' / 'b' / f'{split}.bin').read_bytes() == raw
+    assert meta['encoding'] == 'bytes' and meta['alphabet'] == [chr(i) for i in range(256)]
+    assert (meta['vocab_size'], meta['space_id'], meta['newline_id']) == (256, 32, 10)
+    assert meta['sizes'] == {s: len(raw) for s, raw in files.items()} and meta['defaults'] == {}
+    assert dataset.unit(meta) == 'byte' and dataset.unit({'alphabet': ['a']}) == 'char'
+    one = prepare_data.run(['--bytes', '--input', inputs[0], '--lang', 'he', '--out-dir',
+                            tmp_path / 'data', '--unigram', '0'])
+    d = tmp_path / 'data' / 'input-he-bytes'
+    n = len(files['train'])
+    assert one['sizes'] == {'train': n - 2 * (n // 20), 'valid': n // 20, 'test': n // 20}
+    got = b''.join((d / f'{s}.bin').read_bytes() for s in ('train', 'valid', 'test'))
+    assert got == files['train'] and one['defaults'] == {'unigram': 200, 'prior': 0.2}
+
+
+def test_data_bytes_as_text_maps_characters_to_their_last_byte():
+    word = ('a\xff' + 'ש'.encode().decode('latin-1') + '𝐁'.encode().decode('latin-1'))
+    assert prepare_data.as_text(word, 'bytes') == ('a\ufffdש𝐁', [1, 2, 4, 8])
+    sp = _FakeSP({'a\ufffdש𝐁': ['\u2581a', '\ufffdש', '𝐁']})
+    # a ends at byte 0, ש at its 2nd byte (3); 𝐁, the last piece, is closed by what follows
+    assert prepare_data.word_labels(sp, [word], 'bytes') == {word: b'\x01\x00\x00\x01' + bytes(4)}
+
+
+@settings(max_examples=3, deadline=None, database=None, **HYPOTHESIS_FIXTURES)
+@given(seed=st.integers(0, 2**32 - 1), scripts=st.sets(st.sampled_from(_DATA_SCRIPTS), min_size=2))
+def test_data_unigram_on_bytes_ends_characters_as_on_chars(tmp_path, capsys, seed, scripts):
+    """The same (NFC, UTF-8) text as bytes and as characters: the same SentencePiece model,
+    and each byte label is the label of the character it is the last byte of (0 on the other
+    bytes): piece ends land on the last byte of a character, whitespace bytes close words."""
+    rng = np.random.default_rng(seed)
+    where = Path(tempfile.mkdtemp(dir=tmp_path))
+    inputs = []
+    for split, n in (('train', 3000), ('valid', 300), ('test', 300)):
+        inputs.append(where / f'{split}.txt')
+        inputs[-1].write_text(_data_mixed_text(rng, n, sorted(scripts)), encoding='utf-8')
+    base = ['--input', *inputs, '--out-dir', where, '--unigram', '30']
+    by_byte = prepare_data.run(['--bytes', '--name', 'b', *base])
+    by_char = prepare_data.run(['--chars', '--name', 'c', *base])
+    assert (where / 'b' / 'unigram-30.model').read_bytes() == \
+        (where / 'c' / 'unigram-30.model').read_bytes()
+    raw = (where / 'b' / 'train.bin').read_bytes()
+    byte_labels = np.fromfile(where / 'b' / 'train.unigram-30.bin', np.uint8)
+    char_labels = np.fromfile(where / 'c' / 'train.unigram-30.bin', np.uint8)
+    text = raw.decode('utf-8')
+    last_bytes = np.cumsum([len(c.encode()) for c in text]) - 1
+    assert len(char_labels) == len(text) == by_char['sizes']['train']
+    want = np.zeros(len(raw), np.uint8)
+    want[last_bytes] = char_labels
+    assert np.array_equal(byte_labels, want) and by_byte['sizes']['train'] == len(raw)
+    ws = np.isin(np.frombuffer(raw, np.uint8), list(b' \t\r\n'))
+    assert byte_labels[ws].all() and 0 < byte_labels[~ws].sum() < (~ws).sum()
+
+
+def test_data_chars_alphabet_from_train_unseen_is_unknown(tmp_path, capsys):
+    """--chars: NFC, no cleaning; the alphabet is U+FFFD then train's sorted characters; a
+    character train lacks is id 0 in valid and test; uint16 where the alphabet needs it."""
+    cjk = ''.join(chr(0x4E00 + i) for i in range(300))
+    (tmp_path / 'train.txt').write_text('Cafe\u0301 X!\n' + cjk + '\n', encoding='utf-8')
+    (tmp_path / 'valid.txt').write_text('Café Z', encoding='utf-8')
+    (tmp_path / 'test.txt').write_text('\ufffdX', encoding='utf-8')
+    inputs = [tmp_path / f'{s}.txt' for s in ('train', 'valid', 'test')]
+    meta = prepare_data.run(['--chars', '--input', *inputs, '--out-dir', tmp_path,
+                             '--unigram', '0'])
+    alphabet = meta['alphabet']
+    want = sorted(set(unicodedata.normalize('NFC', 'Cafe\u0301 X!\n' + cjk + '\n')))
+    assert alphabet == ['\ufffd'] + want and meta['dtype'] == 'uint16'
+    assert meta['encoding'] == 'chars' and meta['name'] == 'input-chars'
+    assert meta['space_id'] == alphabet.index(' ') and meta['newline_id'] == alphabet.index('\n')
+    d = tmp_path / 'input-chars'
+    assert _data_decode(d, 'train', meta) == 'Café X!\n' + cjk + '\n'
+    assert _data_decode(d, 'valid', meta) == 'Café \ufffd'       # Z: unseen
+    assert np.fromfile(d / 'test.bin', np.uint16).tolist() == [0, alphabet.index('X')]
+    dataset.read_meta(d)
+
+
+def test_data_enwik8_download_split_and_offline(_data_server, tmp_path, capsys, monkeypatch):
+    """--dataset enwik8: the zip's one file `enwik8` from --enwik8-url (text8's resumed
+    download), its bytes cut 90/5/5 in order (90M / 5M / 5M of the real 100M); offline, the
+    command printed runs on the zip fetched by hand."""
+    raw = _data_mixed_text(np.random.default_rng(3), 2000).encode() + b'<page>\xff</page>\n'
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, 'w') as z:
+        z.writestr('enwik8', raw)
+    _data_server.files['/enwik8.zip'] = buf.getvalue()
+    _data_server.flaky.add('/enwik8.zip')
+    argv = ['--dataset', 'enwik8', '--enwik8-url', _data_server.base + '/enwik8.zip',
+            '--out-dir', tmp_path, '--unigram', '0']
+    meta = prepare_data.run(argv)
+    d = tmp_path / 'enwik8'
+    n = len(raw)
+    assert meta['sizes'] == {'train': n - 2 * (n // 20), 'valid': n // 20, 'test': n // 20}
+    assert b''.join((d / f'{s}.bin').read_bytes() for s in ('train', 'valid', 'test')) == raw
+    assert meta['encoding'] == 'bytes' and meta['vocab_size'] == 256 and meta['lang'] == 'en'
+    assert meta['source'] == [_data_server.base + '/enwik8.zip']
+    assert (d / 'download' / 'enwik8.zip').exists() and not list(d.rglob('*.part*'))
+    capsys.readouterr()
+    r = _data_main(['--dataset', 'enwik8', '--enwik8-url', f'http://127.0.0.1:{_data_closed_port()}'
+                    '/enwik8.zip', '--out-dir', tmp_path / 'off', '--unigram', '0'], capsys)
+    msg = _data_one_line(r, 1, 'download failed', '--input enwik8.zip', '--bytes')
+    (tmp_path / 'enwik8.zip').write_bytes(buf.getvalue())
+    done = _data_run_printed(msg, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / 'off' / 'enwik8' / 'train.bin').read_bytes() == raw[:n - 2 * (n // 20)]
