@@ -21,11 +21,19 @@ def prepare_command(*words, data=None):
     directory, whose flags come first."""
     flags = []
     if data is not None:
-        kind, _, lang = data.name.partition('-')
+        name = data.name
+        # prepare_data.py's default names: text8, enwik8, <dataset>-<lang>[-bytes|-chars]
+        encoding = name.rpartition('-')[2]
+        if encoding in ('bytes', 'chars'):
+            name = name.removesuffix(f'-{encoding}')
+            flags = [f'--{encoding}']
+        kind, _, lang = name.partition('-')
         if lang and kind in ('wiki40b', 'cc100'):
-            flags = ['--dataset', kind, '--lang', lang]
-        elif data.name != 'text8':
-            flags = ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
+            flags += ['--dataset', kind, '--lang', lang]
+        elif name == 'enwik8':
+            flags = ['--dataset', 'enwik8']
+        elif name != 'text8':
+            flags += ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
         if data.parent != Path('data'):
             flags += ['--out-dir', data.parent]
     return shlex.join(['python', 'prepare_data.py', *map(str, flags + list(words))])
@@ -155,8 +163,9 @@ def open_ids(path, dtype, n, limit, what, remake):
 def label_set(meta, vocab_size=None):
     """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or
     None."""
-    if vocab_size is None:
-        return meta.get('unigram')
+    default = meta.get('unigram')
+    if vocab_size is None or (default and default['vocab_size'] == vocab_size):
+        return default
     return (meta.get('unigram_sets') or {}).get(str(vocab_size))
 
 

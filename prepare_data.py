@@ -580,10 +580,11 @@ def _write_labels(out, V, labels, meta):
     return ones
 
 
-def _fit(V, rows, letters):
+def _fit(V, rows, letters, coverage):
     """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
     model."""
     kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
+              character_coverage=coverage,
               bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
     command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
     child = subprocess.Popen(command, start_new_session=True,
@@ -618,7 +619,7 @@ def make_unigram(args, out, meta, V, settings):
     letters = ''   # the paper's alphabet: each letter gets a piece, seen in train or not
     if encoding == 'paper':
         letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
-    proto, failed, err = _fit(V, rows, letters)
+    proto, failed, err = _fit(V, rows, letters, settings['character_coverage'])
     if failed:   # a size too large for the text, or too small for the alphabet: the fix
         said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
         fit = re.search(r'(?:set it to a value <= |required_chars\. \d+ vs )(\d+)', said)
@@ -664,7 +665,12 @@ def unigram(args, out, meta):
         sets = {u['vocab_size']: u for u in (old.get('unigram_sets') or {}).values()}
         default = old.get('unigram') and old['unigram']['vocab_size']
     V = args.unigram
-    settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
+    # the paper's alphabet is small and every letter of it gets a piece; the characters of
+    # text as it is can outnumber V (SentencePiece's default coverage leaves the rarest out)
+    coverage = 1.0
+    if meta['encoding'] != 'paper':
+        coverage = 0.9995
+    settings = {**UNIGRAM_SETTINGS, 'character_coverage': coverage, 'fit_on': 'train word counts',
                 'label_rule': 'piece ends; whitespace closes its word'}
     if V in sets and sets[V].get('settings') == settings:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
@@ -900,19 +906,16 @@ def resolve(args):
 
 
 def describe_inputs(paths):
-    """Each --input file's path, size, mtime and SHA-256 (an edit in place is noticed),
-    or None."""
-    if not paths:
-        return None
+    """Each --input file's path, size and SHA-256 (an edit in place is noticed), or
+    None."""
     inputs = []
-    for path in map(Path.resolve, paths):
+    for path in map(Path.resolve, paths or []):
         if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO would block reading
             raise UserError(f'input file {path}: not a regular file (a pipe or device?)')
         with open(path, 'rb') as f:
-            st = os.fstat(f.fileno())
             sha = hashlib.file_digest(f, 'sha256').hexdigest()
-        inputs.append(dict(path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
-    return inputs
+        inputs.append(dict(path=str(path), size=path.stat().st_size, sha256=sha))
+    return inputs or None
 
 
 def remove_leftovers(out):
