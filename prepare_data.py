@@ -536,12 +536,14 @@ def split_words(path, meta, block=1 << 21):
 def as_text(word, encoding):
     """A word as SentencePiece sees it, and where each of its characters ends in the
     word's units (bytes of "bytes": the last byte of the character; a byte that is not
-    UTF-8 is a character U+FFFD of its own)."""
-    if encoding != 'bytes':
-        return word, range(1, len(word) + 1)
-    text = word.encode('latin-1').decode('utf-8', 'surrogateescape')
-    sizes = [len(c.encode('utf-8', 'surrogateescape')) for c in text]
-    return re.sub('[\udc80-\udcff]', '\ufffd', text), list(itertools.accumulate(sizes))
+    UTF-8 is a character of its own)."""
+    ends = range(1, len(word) + 1)
+    if encoding == 'bytes':
+        word = word.encode('latin-1').decode('utf-8', 'surrogateescape')
+        sizes = [len(c.encode('utf-8', 'surrogateescape')) for c in word]
+        ends = list(itertools.accumulate(sizes))
+    # SentencePiece's whitespace mark ▁ and a byte that is not UTF-8: U+FFFD, one for one
+    return re.sub('[\u2581\udc80-\udcff]', '\ufffd', word), ends
 
 
 def word_labels(sp, words, encoding='paper'):
@@ -553,7 +555,7 @@ def word_labels(sp, words, encoding='paper'):
     shown = [as_text(w, encoding) for w in words]
     encoded = sp.encode([text for text, _ in shown], out_type=str) if words else []
     for w, (text, ends), pieces in zip(words, shown, encoded):
-        if w:   # the dummy prefix's ▁ dropped
+        if pieces:   # the dummy prefix's ▁ dropped
             pieces[0] = pieces[0].removeprefix('\u2581')
         pieces = [p for p in pieces if p and w]
         lab = bytearray(len(w))

@@ -1728,3 +1728,17 @@ def test_data_enwik8_download_split_and_offline(_data_server, tmp_path, capsys, 
     done = _data_run_printed(msg, tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / 'off' / 'enwik8' / 'train.bin').read_bytes() == raw[:n - 2 * (n // 20)]
+
+
+def test_data_unigram_on_chars_survives_sentencepieces_own_marks(tmp_path, capsys):
+    """Text as it is may hold U+2581, SentencePiece's whitespace mark, even as a word of its own:
+    it is fitted and labelled as any other character."""
+    rng = np.random.default_rng(5)
+    text = _data_mixed_text(rng, 2000, ('ab\u2581', 'שלום')) + ' \u2581 \u2581\u2581 x\u2581\n'
+    (tmp_path / 'in.txt').write_text(text, encoding='utf-8')
+    meta = prepare_data.run(['--chars', '--input', tmp_path / 'in.txt', '--out-dir', tmp_path,
+                             '--unigram', '30'])
+    d = tmp_path / 'input-chars'
+    labels = np.fromfile(d / 'train.unigram-30.bin', np.uint8)
+    ids = np.fromfile(d / 'train.bin', meta['dtype'])
+    assert len(labels) == len(ids) and labels[ids == meta['space_id']].all()
