@@ -77,9 +77,6 @@ class _CharMap(dict):
     alphabet."""
 
     def __init__(self, lang, fold_accents):
-        if lang not in LANGS:
-            raise ValueError(f"unsupported language {lang!r}; "
-                             f"supported: {', '.join(sorted(LANGS))}")
         self.letters = set(LANGS[lang]['letters']) | {'\n'}
         self.fold = fold_accents
         words = LANGS[lang]['digits'].split()
@@ -120,10 +117,8 @@ class _CharMap(dict):
         return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
-@functools.cache
-def _table(lang, fold_accents):
-    """The language's _CharMap, made once."""
-    return _CharMap(lang, fold_accents)
+# the language's _CharMap, made once
+_table = functools.cache(_CharMap)
 
 
 def clean(text: str, lang: str, fold_accents: bool = False) -> str:

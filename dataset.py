@@ -21,14 +21,30 @@ def prepare_command(*words, data=None):
     directory, whose flags come first."""
     flags = []
     if data is not None:
-        kind, _, lang = data.name.partition('-')
+        name = data.name
+        # prepare_data.py's default names: text8, enwik8, <dataset>-<lang>[-bytes|-chars]
+        encoding = name.rpartition('-')[2]
+        if encoding in ('bytes', 'chars'):
+            name = name.removesuffix(f'-{encoding}')
+            flags = [f'--{encoding}']
+        kind, _, lang = name.partition('-')
         if lang and kind in ('wiki40b', 'cc100'):
-            flags = ['--dataset', kind, '--lang', lang]
-        elif data.name != 'text8':
-            flags = ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
+            flags += ['--dataset', kind, '--lang', lang]
+        elif name == 'enwik8':
+            flags = ['--dataset', 'enwik8']
+        elif name != 'text8':
+            flags += ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
         if data.parent != Path('data'):
             flags += ['--out-dir', data.parent]
     return shlex.join(['python', 'prepare_data.py', *map(str, flags + list(words))])
+
+
+def unit(meta):
+    """What a token is: 'byte' for raw UTF-8 bytes, else 'char' (meta.json, or a
+    checkpoint's vocab dict: the same keys)."""
+    if meta.get('encoding') == 'bytes':
+        return 'byte'
+    return 'char'
 
 
 def is_number(v, lo=0.0):
@@ -55,6 +71,8 @@ def _label_set(u):
 def _field_ok(name, v, m):
     """Whether meta.json's field `name` holds v as it must (earlier fields of m checked).
     """
+    if name == 'encoding':
+        return v in ('paper', 'chars', 'bytes')
     if name == 'dtype':
         return v in ('uint8', 'uint16')
     if name == 'vocab_size':
@@ -82,6 +100,7 @@ def _field_ok(name, v, m):
 # meta.json's fields, in the order they are checked (_field_ok may read earlier ones),
 # and what each must be
 META_RULES = (
+    ('encoding', '"paper" (the default), "chars" or "bytes"'),
     ('dtype', '"uint8" or "uint16"'),
     ('vocab_size', 'a count of characters that fits dtype'),
     ('alphabet', 'vocab_size distinct single characters'),
@@ -91,7 +110,8 @@ META_RULES = (
     ('unigram_sets', '{"<V>": label set of vocab_size V} or null'),
     ('unigram', 'null or a label set (of "unigram_sets", where there are several)'),
 )
-OPTIONAL = dict(space_id=None, sizes={}, defaults={}, unigram=None, unigram_sets=None)
+OPTIONAL = dict(encoding='paper', space_id=None, sizes={}, defaults={}, unigram=None,
+                unigram_sets=None)
 def meta_problem(meta, fields=None):
     """What is wrong with a meta.json dict (only `fields`, where given), in words, or
     None."""
@@ -145,7 +165,7 @@ def label_set(meta, vocab_size=None):
     None."""
     default = meta.get('unigram')
     if vocab_size is None or (default and default['vocab_size'] == vocab_size):
-        return default  # (a dataset from before "unigram_sets" has only this one)
+        return default
     return (meta.get('unigram_sets') or {}).get(str(vocab_size))
 
 

@@ -1,9 +1,11 @@
-"""Download, clean, split and encode character-level LM data for dynpool (docs/data.md
-tells all).
+"""Download, clean, split and encode character- or byte-level LM data for dynpool
+(docs/data.md tells all).
 
     python prepare_data.py                          # text8 -> data/text8 (90M/5M/5M)
+    python prepare_data.py --dataset enwik8         # enwik8 bytes -> data/enwik8 (90M/5M/5M)
     python prepare_data.py --lang he                # wiki40b Hebrew -> data/wiki40b-he
     python prepare_data.py --input he.txt --lang he --name he-small     # offline, own text
+    python prepare_data.py --input he.txt --bytes --name he-bytes       # its raw UTF-8 bytes
     python prepare_data.py --name he-small --unigram 1000               # more labels, same splits
 
 data/<name>/: {train,valid,test}.bin, meta.json, Unigram labels, .splits.json (what made
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
@@ -34,19 +37,26 @@ from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import SPLITS, meta_problem, prepare_command
+from dataset import SPLITS, meta_problem, prepare_command, unit
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
 # the flags whose default an existing dataset's recorded value replaces
 DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
 AGENT = {'User-Agent': 'dynpool-prepare-data'}
+# retries per download request, the first waiting BACKOFF s, each next one twice as long
+RETRIES = 5
+BACKOFF = 2.0
+# how each encoding reads a file: bytes as Latin-1, a character per byte
+_DECODING = {'paper': 'utf-8', 'chars': 'utf-8', 'bytes': 'latin-1'}
 # the end of a giant line's last character that cleaning makes a space in every language
 # (whitespace, ASCII punctuation): a cut there neither splits nor joins words
 _LAST_BREAK = re.compile(r'.*[\s!-/:-@\[-`{-~]', re.DOTALL)
+# what ends a word for Unigram labels: ASCII whitespace, the only whitespace bytes of UTF-8
+_SEPARATOR = re.compile('[\t\n\v\f\r ]')
 # the temporary files a killed run can leave in a dataset folder (remove_leftovers)
 LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram-\d+)?'
-                      r'|unigram-\d+|text8\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
+                      r'|unigram-\d+|\w+\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
 class DownloadError(UserError):   # run() adds the commands that work without network
@@ -68,17 +78,17 @@ def _reach(url):
         raise DownloadError(f'{url}: {e.strerror or first_line(e)}') from None
 
 
-def _retrying(url, fn, retries, backoff, what=None):
+def _retrying(url, fn, what=None):
     """fn() once url's host answers (_reach), tried again after a network error while
-    tries are left (waiting backoff * 2^try s); not after an HTTP error that waiting
-    cannot mend (4xx)."""
+    tries are left (RETRIES, BACKOFF); not after an HTTP error that waiting cannot mend
+    (4xx)."""
     _reach(url)
+    what = what or url
+    network = (URLError, http.client.HTTPException, ConnectionError, TimeoutError)
     for attempt in itertools.count():
         try:
             return fn()
         except Exception as e:
-            network = (URLError, http.client.HTTPException, ConnectionError,
-                       TimeoutError)
             from_hub = type(e).__module__.startswith(('huggingface_hub', 'httpx'))
             if not (isinstance(e, network) or from_hub):
                 raise
@@ -86,13 +96,13 @@ def _retrying(url, fn, retries, backoff, what=None):
             code = getattr(e, 'code', getattr(response, 'status_code', None))
             said = getattr(getattr(e, 'reason', None), 'strerror', None) or first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
-            if attempt >= retries or final or type(e).__name__ == 'OfflineModeIsEnabled':
-                raise DownloadError(f'{what or url}: {said}') from None
-            print(f'{what or url}: {said}; retry {attempt + 1}/{retries}', file=sys.stderr)
-            time.sleep(backoff * 2 ** attempt)
+            if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
+                raise DownloadError(f'{what}: {said}') from None
+            print(f'{what}: {said}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
+            time.sleep(BACKOFF * 2 ** attempt)
 
 
-def download(url, dest, retries=5, backoff=2.0):
+def download(url, dest):
     """url → dest through dest.part, resumed after a cut (in this run or an earlier one)
     by a Range request with If-Range: the file's version (strong ETag or Last-Modified)
     in dest.part.json. A file that changed or has no version, or a server that ignores
@@ -134,18 +144,19 @@ def download(url, dest, retries=5, backoff=2.0):
     if not dest.exists():
         common.make_folder(dest.parent)
         print(f'download {url} -> {dest}')
-        _retrying(url, fetch, retries, backoff)
+        _retrying(url, fetch)
         os.replace(part, dest)
         info.unlink(missing_ok=True)
     return dest
 
 
-def text_pieces(f, label):
+def text_pieces(f, label, encoding):
     """A binary file of UTF-8 → (text, separator) pieces of about CHUNK characters, cut at
     line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
-    space), inside a word only where it has none. A NUL byte means binary: refused
+    space), inside a word only where it has none; text and separators are the file's own.
+    Bytes are read as Latin-1, a character per byte. A NUL byte means binary: refused
     (file_pieces refuses non-UTF-8)."""
-    decoder = codecs.getincrementaldecoder('utf-8')()
+    decoder = codecs.getincrementaldecoder(_DECODING[encoding])()
     buf = ''
     total = 0
     for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
@@ -161,8 +172,8 @@ def text_pieces(f, label):
         if cut >= 0:
             yield buf[:cut], '\n'
             buf = buf[cut + 1:]
-        elif last_break:   # the break character itself becomes the space between the pieces
-            yield buf[:last_break.end() - 1], ' '
+        elif last_break:   # the break character itself is the separator
+            yield buf[:last_break.end() - 1], buf[last_break.end() - 1]
             buf = buf[last_break.end():]
         elif len(buf) > CHUNK:   # a giant word: the pieces are joined with nothing between
             yield buf, ''
@@ -171,10 +182,10 @@ def text_pieces(f, label):
         yield buf, ''
 
 
-def file_pieces(path, downloaded=False, stream=None):
+def file_pieces(path, encoding, downloaded=False, stream=None):
     """(text, separator) pieces of a .txt/.zip/.xz/.parquet file, or of `stream` named
-    `path` (cc-100's response). A corrupt download is removed, so that a re-run fetches
-    it."""
+    `path` (cc-100's response), read for encoding (text_pieces). A corrupt download is
+    removed, so that a re-run fetches it."""
     import lzma
     import zipfile
     label = str(path)
@@ -184,16 +195,18 @@ def file_pieces(path, downloaded=False, stream=None):
         if suffix == '.parquet':
             import pyarrow.parquet as pq
             for batch in pq.ParquetFile(path).iter_batches(columns=['text'], batch_size=256):
-                yield from ((t, '\n') for t in batch.column(0).to_pylist() if t)
+                for text in batch.column(0).to_pylist():
+                    if text:
+                        yield text.encode().decode(_DECODING[encoding]), '\n'
         elif suffix == '.zip':
             with zipfile.ZipFile(path) as z:
                 for member in sorted(n for n in z.namelist() if not n.endswith('/')):
                     with z.open(member) as fb:
-                        yield from text_pieces(fb, f'{label}:{member}')
+                        yield from text_pieces(fb, f'{label}:{member}', encoding)
         else:
             opener = lzma.open if suffix == '.xz' else open
             with opener(stream or path, 'rb') as fb:
-                yield from text_pieces(fb, label)
+                yield from text_pieces(fb, label, encoding)
     except Exception as e:   # bad data or a cut stream; the OS's own errors, UserErrors pass on
         said_by_os = getattr(e, 'errno', None) and stream is None   # (common.main says it)
         damaged = isinstance(e, (zipfile.BadZipFile, lzma.LZMAError, EOFError, OSError,
@@ -210,13 +223,16 @@ def file_pieces(path, downloaded=False, stream=None):
                         f'({first_line(e)}){fix}') from None
 
 
-def encode(path, pieces, cap, alphabet, dtype, lang, fold):
-    """Cleans (text, separator) pieces (not text8's) and writes their token ids to path,
-    up to `cap` characters; every cleaned line, the last one too, ends with a newline.
-    Returns the count. Text whose letters mostly fall outside lang's alphabet is refused
-    (cleaning.foreign_letters, on its first MiB of characters)."""
-    lut = np.full(0x110000, -1, dtype=np.int32)
-    lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
+def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
+    """Writes the token ids of (text, separator) pieces to path, up to `cap` of them →
+    their count. lang: cleaned for it, every cleaned line, the last one too, ending with a
+    newline; text whose letters mostly fall outside lang's alphabet is refused
+    (cleaning.foreign_letters, on its first MiB of characters). Otherwise the text as it
+    is (NFC for "chars", whose ids are code points until index_chars)."""
+    lut = np.arange(0x110000, dtype=np.int32)
+    if alphabet:
+        lut = np.full(0x110000, -1, dtype=np.int32)
+        lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
     n = 0
     pending = ''
     sample = '' if lang else None   # raw text until its letters are checked
@@ -243,6 +259,10 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold):
                 sample = None
             if lang:
                 text = clean(text, lang, fold)
+            if lang and sep not in ('', '\n'):   # what cleaning makes of the break
+                sep = ' '
+            if encoding == 'chars':
+                text = unicodedata.normalize('NFC', text)
             if text:
                 if n or not lang:
                     text = pending + text
@@ -256,6 +276,8 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold):
         else:
             if lang and n:
                 put('\n')
+            elif encoding != 'paper':   # the input's last separator, as it is
+                put(pending)
     if sample:
         _refuse_foreign(sample, lang, fold)
     return n
@@ -341,14 +363,12 @@ def _wiki40b(args, out, caps, codec):
 
     def shard(name):
         def fetch():
-            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset',
-                                       cache_dir=args.hf_cache, endpoint=args.hf_base)
+            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset', endpoint=args.hf_base)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
-        path = _retrying(endpoint, fetch, args.retries, args.backoff, what=name)
-        return file_pieces(path, downloaded=True)
+        path = _retrying(endpoint, fetch, what=name)
+        return file_pieces(path, args.encoding, downloaded=True)
 
-    shards = _retrying(endpoint, listing, args.retries, args.backoff,
-                       what=f'{endpoint}: {WIKI40B}/{args.lang}')
+    shards = _retrying(endpoint, listing, what=f'{endpoint}: {WIKI40B}/{args.lang}')
     groups = []
     for split in ('train', 'validation', 'test'):
         names = [p for p in shards if Path(p).name.startswith(split + '-')]
@@ -362,30 +382,62 @@ def _make_splits(args, out, codec):
     train_cap = args.max_train_chars
     eval_cap = args.max_eval_chars
     caps = (train_cap, eval_cap, eval_cap)
+    encoding = args.encoding
+    in_order = '90% train / 5% valid / 5% test, in order'
     if args.roles:
-        groups = [map(file_pieces, files) for files in args.roles]
+        groups = [[file_pieces(f, encoding) for f in files] for files in args.roles]
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
+    # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
+    whole = args.dataset in ('text8', 'enwik8')
     if args.input:
-        cap = None if args.dataset == 'text8' else int(train_cap / 0.9)
-        _one_stream(out, file_pieces(args.input[0]), cap, eval_cap, codec)
-        return args.input, '90% train / 5% valid / 5% test, in order'
-    if args.dataset == 'text8':
-        zpath = download(args.text8_url, out / 'download' / 'text8.zip', args.retries,
-                         args.backoff)
-        _one_stream(out, file_pieces(zpath, downloaded=True), None, eval_cap, codec)
-        return [args.text8_url], 'first 90M train / next 5M valid / last 5M test'
+        cap = None
+        if not whole:
+            cap = int(train_cap / 0.9)
+        _one_stream(out, file_pieces(args.input[0], encoding), cap, eval_cap, codec)
+        return args.input, in_order
+    if whole:
+        url = _url(args)
+        zpath = download(url, out / 'download' / f'{args.dataset}.zip')
+        _one_stream(out, file_pieces(zpath, encoding, downloaded=True), None, eval_cap, codec)
+        return [url], in_order
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
-    url = f'{args.cc100_base}/{args.lang}.txt.xz'
+    url = _url(args)
 
     def connect():
         return urlopen(Request(url, headers=AGENT), timeout=60)
-    with _retrying(url, connect, args.retries, args.backoff) as resp:
-        pieces = file_pieces(url, stream=resp)
+    with _retrying(url, connect) as resp:
+        pieces = file_pieces(url, encoding, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
-    return [url], f'first {eval_cap} chars valid, next {eval_cap} test, then train (cleaned chars)'
+    return [url], f'first {eval_cap} valid, next {eval_cap} test, then train'
+
+
+def _url(args):
+    """The download of text8, enwik8 or cc-100 (for --lang)."""
+    if args.dataset == 'cc100':
+        return f'{args.cc100_base}/{args.lang}.txt.xz'
+    return getattr(args, f'{args.dataset}_url')
+
+
+def index_chars(out):
+    """"chars": the splits' code points → ids of the alphabet ['\ufffd'] + the train split's
+    sorted characters; characters train lacks → 0 → (alphabet, dtype)."""
+    chars = np.unique(_ids(out / 'train.bin', 'uint32'))
+    chars = chars[chars != 0xFFFD]   # the unknown character's own id is 0
+    dtype = 'uint8'
+    if len(chars) >= 256:
+        dtype = 'uint16'
+    if len(chars) >= 1 << 16:
+        raise UserError(f'{len(chars)} distinct characters in the train split: too many for '
+                        'uint16 ids; use --bytes')
+    for split in SPLITS:
+        points = np.fromfile(out / f'{split}.bin', dtype='uint32')
+        ids = np.searchsorted(chars, points) + 1
+        ids = np.where(np.isin(points, chars), ids, 0).astype(dtype)
+        write_atomic(out / f'{split}.bin', ids.tofile)
+    return ['\ufffd'] + [chr(c) for c in chars], dtype
 
 
 def _write_json(path, obj):
@@ -399,12 +451,12 @@ def splits(args, out, codec, key, inputs):
     .splits.json. The three are a set: a run that fails or is stopped while making them
     keeps none."""
     path = out / '.splits.json'
-    item = np.dtype(codec['dtype']).itemsize
     stamp = None
     done = False
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
+        item = np.dtype(stamp['dtype']).itemsize
         done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
                             for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
@@ -418,16 +470,22 @@ def splits(args, out, codec, key, inputs):
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
         sources, rule = _make_splits(args, out, codec)
+        item = np.dtype(codec['dtype']).itemsize
         sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
         if min(sizes.values()) == 0:
             read = ', '.join(map(str, sources)) or WIKI40B
             raise UserError(f'{read}: too little text for three non-empty splits '
                             f'({sum(sizes.values())} characters cleaned)')
+        alphabet = codec['alphabet']
+        dtype = codec['dtype']
+        if alphabet is None:
+            alphabet, dtype = index_chars(out)
     except BaseException:
         for s in SPLITS:
             (out / f'{s}.bin').unlink(missing_ok=True)
         raise
-    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule)
+    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule,
+                 alphabet=alphabet, dtype=dtype)
     _write_json(path, stamp)
     return stamp
 
@@ -460,56 +518,51 @@ sys.stdout.buffer.write(model.getvalue())
 
 
 def split_words(path, meta, block=1 << 21):
-    """A split's words ('' between two separators) by blocks: (words, closed); not
-    closed: the split's last word, where no separator follows."""
+    """A split's words ('' between two separators: ASCII whitespace, the only
+    whitespace bytes that UTF-8 has) by blocks: (words, closed); not closed: the split's
+    last word, where no separator follows."""
     data = _ids(path, meta['dtype'])
     chars = np.array([ord(c) for c in meta['alphabet']], '<u4')
     carry = ''
     for i in range(0, len(data), block):
         text = carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')
-        words = text.replace('\n', ' ').split(' ')
+        words = _SEPARATOR.split(text)
         carry = words.pop()  # maybe cut by the block's end: it goes on in the next block
         yield words, True
     if carry:
         yield [carry], False
 
 
-def word_labels(sp, words):
-    """{word: in-word labels}, a byte per character: 1 at the end of every piece but the
+def as_text(word, encoding):
+    """A word as SentencePiece sees it, and where each of its characters ends in the
+    word's units (bytes of "bytes": the last byte of the character; a byte that is not
+    UTF-8 is a character of its own)."""
+    ends = range(1, len(word) + 1)
+    if encoding == 'bytes':
+        word = word.encode('latin-1').decode('utf-8', 'surrogateescape')
+        sizes = [len(c.encode('utf-8', 'surrogateescape')) for c in word]
+        ends = list(itertools.accumulate(sizes))
+    # SentencePiece's whitespace mark ▁ and a byte that is not UTF-8: U+FFFD, one for one
+    return re.sub('[\u2581\udc80-\udcff]', '\ufffd', word), ends
+
+
+def word_labels(sp, words, encoding='paper'):
+    """{word: in-word labels}, a byte per unit: 1 at the last unit of every piece but the
     last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
     dropped."""
     words = list(words)
     out = {}
-    encoded = sp.encode(words, out_type=str) if words else []
-    for w, pieces in zip(words, encoded):
-        if w:   # the dummy prefix's ▁ dropped
+    shown = [as_text(w, encoding) for w in words]
+    encoded = sp.encode([text for text, _ in shown], out_type=str) if words else []
+    for w, (text, ends), pieces in zip(words, shown, encoded):
+        if pieces:   # the dummy prefix's ▁ dropped
             pieces[0] = pieces[0].removeprefix('\u2581')
         pieces = [p for p in pieces if p and w]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
-            lab[end - 1] = 1
+            lab[ends[end - 1] - 1] = 1
         out[w] = bytes(lab)
     return out
-
-
-def left_context_ceiling(train_words, valid_words, labels):
-    """The best a causal boundary predictor can do from the word's prefix up to t: the
-    Bayes decision b_t = 1 iff P(b_t = 1 | prefix) > 0.5, counted on train_words ({word:
-    count}; 0 for a prefix train lacks), on valid_words: in-word label ends, decisions of
-    1, both, and recall."""
-    total = Counter()
-    ones = Counter()
-    c = Counter()
-    for w, n in train_words.items():
-        for k, b in enumerate(labels[w]):
-            total[w[:k + 1]] += n
-            ones[w[:k + 1]] += n * b
-    for w, n in valid_words.items():
-        for k, b in enumerate(labels[w]):
-            d = 2 * ones[w[:k + 1]] > total[w[:k + 1]]
-            c.update(in_word_ends=n * b, in_word_predicted=n * d, in_word_hits=n * (d and b))
-    e = c['in_word_ends']
-    return {**c, 'in_word_recall': round(c['in_word_hits'] / e, 4) if e else None}
 
 
 def _write_labels(out, V, labels, meta):
@@ -529,10 +582,11 @@ def _write_labels(out, V, labels, meta):
     return ones
 
 
-def _fit(V, rows, letters):
+def _fit(V, rows, letters, coverage):
     """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
     model."""
     kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
+              character_coverage=coverage,
               bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
     command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
     child = subprocess.Popen(command, start_new_session=True,
@@ -549,20 +603,25 @@ def _fit(V, rows, letters):
 
 def make_unigram(args, out, meta, V, settings):
     """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece
-    ends; a space or newline closes the word before it), the model last → its set's
-    meta.json entry."""
+    ends; whitespace closes the word before it), the model last → its set's meta.json
+    entry."""
     import sentencepiece as spm
     sizes = meta['sizes']
+    encoding = meta['encoding']
     t0 = time.time()
     words = {}
     for s in SPLITS:
         chunks = split_words(out / f'{s}.bin', meta)
         words[s] = Counter(w for ws, _ in chunks for w in ws if w)
-    common_words = words['train'].most_common(args.unigram_max_words or None)
-    rows = [f'{w}\t{n}' for w, n in common_words]
+    counts = Counter()
+    for w, n in words['train'].items():
+        counts[as_text(w, encoding)[0]] += n
+    rows = [f'{w}\t{n}' for w, n in counts.most_common()]
     print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
-    letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
-    proto, failed, err = _fit(V, rows, letters)
+    letters = ''   # the paper's alphabet: each letter gets a piece, seen in train or not
+    if encoding == 'paper':
+        letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
+    proto, failed, err = _fit(V, rows, letters, settings['character_coverage'])
     if failed:   # a size too large for the text, or too small for the alphabet: the fix
         said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
         fit = re.search(r'(?:set it to a value <= |required_chars\. \d+ vs )(\d+)', said)
@@ -572,141 +631,131 @@ def make_unigram(args, out, meta, V, settings):
                    'Unigram boundaries')
         raise UserError(f'--unigram {V}: {said} (SentencePiece){fix}')
     model = spm.SentencePieceProcessor(model_proto=proto)
-    labels = word_labels(model, set().union(*words.values(), ['']))
+    labels = word_labels(model, set().union(*words.values(), ['']), encoding)
     ones = _write_labels(out, V, labels, meta)
-    c = left_context_ceiling(words['train'], words['valid'], labels)
-    ceiling = ones['valid'] - c['in_word_ends'] + c['in_word_predicted']
     write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
     print(f'unigram-{V}: trained and labelled in {time.time() - t0:.1f}s')
     sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
-    rule = 'b_t = 1 iff P(b_t = 1 | word prefix up to t) > 0.5'
-    ceiling_sf = round(sizes['valid'] / ceiling, 4) if ceiling else None
     return {'vocab_size': V, 'model': f'unigram-{V}.model',
             'labels': {s: f'{s}.unigram-{V}.bin' for s in SPLITS}, 'settings': settings,
-            'shortening_factor': sf,
-            'left_context_ceiling': {'split': 'valid', 'estimated_on': 'train', **c,
-                                     'rule': rule, 'shortening_factor': ceiling_sf}}
+            'shortening_factor': sf}
 
 
-def _label_sets(path):
-    """The Unigram label sets of the meta.json at path ({V: set}, older single "unigram"
-    entry included) and its default V; none where there is no meta.json."""
-    if not path.exists():
-        return {}, None
-    try:
-        old = json.loads(path.read_text(encoding='utf-8'))
-        why = meta_problem(old, ('unigram_sets', 'unigram'))
-    except ValueError as e:
-        why = f'unreadable ({e})'
-    if why:
-        raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
-                        'kept, the labels made again)')
-    default = old.get('unigram')
-    listed = old.get('unigram_sets')
-    if not listed and default:
-        listed = {str(default['vocab_size']): {'settings': None, **default}}
-    sets = {u['vocab_size']: u for u in (listed or {}).values()}
-    return sets, default and default['vocab_size']
+def _label_meta(sets, default):
+    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}; a default that
+    is gone gives way to the largest V."""
+    if default not in sets:
+        default = max(sets, default=None)
+    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
 
 
 def unigram(args, out, meta):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}: those of the
-    meta.json there, and Unigram-V unless made with these settings; the last made is the
-    default."""
-    sets, default = _label_sets(out / 'meta.json')
-
-    def label_meta(default):   # the last made, or the one made earlier, is the default
-        if default not in sets:
-            default = max(sets, default=None)
-        return {'unigram': sets[default] if default else None,
-                'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
+    """The label sets of the meta.json there, and Unigram-V unless made with these
+    settings; the last made is the default → _label_meta."""
+    sets = {}
+    default = None
+    path = out / 'meta.json'
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding='utf-8'))
+            why = meta_problem(old, ('unigram_sets', 'unigram'))
+        except ValueError as e:
+            why = f'unreadable ({e})'
+        if why:
+            raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
+                            'kept, the labels made again)')
+        sets = {u['vocab_size']: u for u in (old.get('unigram_sets') or {}).values()}
+        default = old.get('unigram') and old['unigram']['vocab_size']
     V = args.unigram
-    settings = {**UNIGRAM_SETTINGS, 'fit_on': 'train word counts',
-                'max_words': args.unigram_max_words or None,
-                'label_rule': 'piece ends; the space closes its word'}
+    # the paper's alphabet is small and every letter of it gets a piece; the characters of
+    # text as it is can outnumber V (SentencePiece's default coverage leaves the rarest out)
+    coverage = 1.0
+    if meta['encoding'] != 'paper':
+        coverage = 0.9995
+    settings = {**UNIGRAM_SETTINGS, 'character_coverage': coverage, 'fit_on': 'train word counts',
+                'label_rule': 'piece ends; whitespace closes its word'}
     if V in sets and sets[V].get('settings') == settings:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
     elif V:
         if sets.pop(V, None):   # it leaves meta.json before its files are replaced
             print(f'unigram-{V}: made with other settings; replacing it', file=sys.stderr)
-            _write_json(out / 'meta.json', {**meta, **label_meta(default)})
+            _write_json(path, {**meta, **_label_meta(sets, default)})
         sets[V] = make_unigram(args, out, meta, V, settings)
         default = V
-    return label_meta(default)
+    return _label_meta(sets, default)
 
 
 def cleaning_key(args, lang, inputs):
-    """Everything that decides the cleaned text: recorded in .splits.json, compared by
-    re-runs."""
-    key = {'dataset': args.dataset, 'lang': lang, 'pipeline': 'text8 as is (a-z and space)',
-           'fold_accents': False, 'max_train_chars': args.max_train_chars,
-           'max_eval_chars': args.max_eval_chars,
-           'input': [f['path'] for f in inputs] if inputs else None}
-    if lang:
-        import importlib.metadata as md
-        homoglyphs = None
-        if lang != 'he':
-            homoglyphs = ('Unicode confusables via confusable-homoglyphs '
-                          + md.version('confusable-homoglyphs'))
-        fixes = ['NFC first', 'İ -> i']
-        if lang == 'he':
-            fixes.append('digit words without niqqud')
-        key.update(pipeline='paper (wiki40b markers, homoglyphs, lower case, digits, alphabet)',
-                   homoglyphs=homoglyphs, fold_accents=args.fold_accents,
-                   alphabet=LANGS[lang]['letters'], fixes=fixes)
-    return key
+    """Everything that decides the text of the splits: recorded in .splits.json, compared
+    by re-runs. lang: the --lang given (the one cleaned for is in meta.json's
+    "cleaning")."""
+    homoglyphs = None
+    if lang:   # its data decides what cleaning makes of a look-alike letter
+        import importlib.metadata
+        homoglyphs = importlib.metadata.version('confusable-homoglyphs')
+    return {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
+            'fold_accents': bool(lang and args.fold_accents), 'homoglyphs': homoglyphs,
+            'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
+            'input': [f['path'] for f in inputs] if inputs else None}
 
 
 def prepare(args, out, lang, inputs):
     """The dataset in out: splits (kept when done), Unigram labels, meta.json last."""
     alphabet = TEXT8_ALPHABET
-    if lang:
+    dtype = 'uint8'
+    if args.encoding == 'bytes':
+        alphabet = [chr(i) for i in range(256)]
+    elif args.encoding == 'chars':
+        alphabet = None   # index_chars makes it from the train split
+        dtype = 'uint32'
+    elif lang:
         alphabet = ['\n', ' '] + list(LANGS[lang]['letters'])
-    dtype = 'uint8' if len(alphabet) <= 256 else 'uint16'
-    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents)
+    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents,
+                 encoding=args.encoding)
     key = cleaning_key(args, lang, inputs)
     stamp = splits(args, out, codec, key, inputs)
     sizes = stamp['sizes']
-    n = sum(sizes.values())
-    ids = _ids(out / 'train.bin', dtype)
-    space = alphabet.index(' ')
-    n_space = sum(int((ids[i:i + (1 << 24)] == space).sum()) for i in range(0, len(ids), 1 << 24))
+    alphabet = stamp['alphabet']
+    ids = _ids(out / 'train.bin', stamp['dtype'])
+    space = _index(alphabet, ' ')
+    n_space = 0
+    for i in range(0, len(ids), 1 << 24):
+        n_space += int(np.count_nonzero(ids[i:i + (1 << 24)] == space))
     mwl = None
     if n_space:
         mwl = round(sizes['train'] / n_space, 4)
-    part = None
-    if args.dataset == 'text8' and n < 100_000_000:
-        part = {'of': 'text8', 'chars': n, 'full_chars': 100_000_000}
-    meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang, 'alphabet': alphabet,
-            'vocab_size': len(alphabet), 'space_id': space,
-            'newline_id': alphabet.index('\n') if '\n' in alphabet else None, 'dtype': dtype,
-            'sizes': sizes, 'source': stamp['source'], 'slice': part,
-            'cleaning': {**key, 'split': stamp['rule']}, 'inputs': inputs,
-            'mean_word_length': mwl,
-            'defaults': {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}}
+    defaults = {}
+    if args.lang:
+        defaults = {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}
+    meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang,
+            'encoding': args.encoding, 'alphabet': alphabet, 'vocab_size': len(alphabet),
+            'space_id': space, 'newline_id': _index(alphabet, '\n'), 'dtype': stamp['dtype'],
+            'sizes': sizes, 'source': stamp['source'],
+            'cleaning': {**key, 'lang': lang, 'split': stamp['rule']}, 'inputs': inputs,
+            'mean_word_length': mwl, 'defaults': defaults}
     meta.update(unigram(args, out, meta))
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
     return meta
 
 
+def _index(alphabet, c):
+    """c's id in the alphabet, or None."""
+    if c in alphabet:
+        return alphabet.index(c)
+    return None
+
+
 def _report(out, meta, rule):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
-    sizes = meta['sizes']
-    print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, vocab "
-          f"{meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    if meta['slice']:
-        print(f"note: a {meta['slice']['chars']:,}-character slice of text8 "
-              f"({', '.join(meta['source'])}), not the full 100,000,000")
-    print('chars: ' + ', '.join(f'{s} {sizes[s]:,}' for s in SPLITS))
-    mwl = meta['mean_word_length'] or 0
-    print(f'mean word length (whitespace shortening factor, train): {mwl:.3f}')
+    sizes = ', '.join(f'{s} {n:,}' for s, n in meta['sizes'].items())
+    print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
+          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
+    print(f'{unit(meta)}s: {sizes}')
+    print(f"mean word length (whitespace shortening factor, train): {meta['mean_word_length']}")
     for u in meta['unigram_sets'].values():
         sf = ', '.join(f'{s} {v}' for s, v in u['shortening_factor'].items())
         line = f"unigram-{u['vocab_size']} shortening factor: {sf}"
-        ceiling = u.get('left_context_ceiling')
-        if ceiling:
-            line += f"; left-context ceiling on valid: SF {ceiling['shortening_factor']}"
         if meta['unigram'] is u:
             line += ' [default for train.py]'
         print(line)
@@ -728,7 +777,7 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'wiki40b', 'cc100', 'input'],
+    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100', 'input'],
                    help='source (default text8; wiki40b with --lang; input with --input and '
                    '--lang)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
@@ -737,6 +786,11 @@ def parser():
                    help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
                    '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
                    '*test*; all three), else are refused')
+    p.add_argument('--bytes', action='store_true',
+                   help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 always)')
+    p.add_argument('--chars', action='store_true',
+                   help="the text as it is (NFC): its train split's characters, no cleaning "
+                   '(default off)')
     p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
                                             'not . or ..)'),
                    help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
@@ -754,25 +808,19 @@ def parser():
                    help='SentencePiece Unigram size V of the boundary labels; sizes already made '
                    'are kept, the same V with other settings replaced (default '
                    f'{unigram_defaults}; 0: none made, those present kept)')
-    p.add_argument('--unigram-max-words', type=int_range(0, 10 ** 9), default=0,
-                   help='fit Unigram on the N most frequent train words (default 0: all)')
     p.add_argument('--force', action='store_true',
                    help='redo finished steps, not downloads (default off)')
     p.add_argument('--hf-base', type=url,
                    help='Hugging Face hub (default HF_ENDPOINT, else huggingface.co)')
-    p.add_argument('--hf-cache', type=Path, help='huggingface_hub cache (default HF_HUB_CACHE, '
-                   'else ~/.cache/huggingface/hub)')
     p.add_argument('--text8-url', type=url,
                    default='http://mattmahoney.net/dc/text8.zip',
                    help='(default http://mattmahoney.net/dc/text8.zip)')
+    p.add_argument('--enwik8-url', type=url,
+                   default='http://mattmahoney.net/dc/enwik8.zip',
+                   help='(default http://mattmahoney.net/dc/enwik8.zip)')
     p.add_argument('--cc100-base', type=url,
                    default='https://data.statmt.org/cc-100',
                    help='holds <lang>.txt.xz (default https://data.statmt.org/cc-100)')
-    p.add_argument('--retries', type=int_range(0, 100), default=5,
-                   help='retries per download request (default 5; none for a host that cannot '
-                   'be reached)')
-    p.add_argument('--backoff', type=common.float_range(0, 3600), default=2.0,
-                   help='first retry delay in seconds, doubled each retry (default 2)')
     return p
 
 
@@ -792,60 +840,84 @@ def _rerun(args, flags):
     return prepare_command(*words)
 
 
+def _encoding(args):
+    """The encoding the flags ask for: bytes (--bytes, enwik8), chars or paper."""
+    if args.bytes and args.chars:
+        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
+    if args.dataset == 'enwik8' and args.chars:
+        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    if args.fold_accents and (args.bytes or args.chars or args.dataset == 'enwik8'):
+        raise UserError('--fold-accents is cleaning, and text as it is has none', 2)
+    if args.bytes or args.dataset == 'enwik8':
+        return 'bytes'
+    if args.chars:
+        return 'chars'
+    return 'paper'
+
+
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
-    source, language, input and options where none of --dataset, --lang, --input is
-    given; else the defaults) and checks them together → (dataset folder, language
-    cleaned with: None for text8)."""
+    source, language, encoding, input and options where none of --dataset, --lang,
+    --input, --bytes, --chars is given; else the defaults) and checks them together →
+    (dataset folder, language cleaned with: None for text8 and text as it is)."""
+    encoding = _encoding(args)
     if args.dataset:
         dataset = args.dataset
-    elif args.input and args.lang:
+    elif args.input and (args.lang or encoding != 'paper'):
         dataset = 'input'
     elif args.lang:
         dataset = 'wiki40b'
     else:
         dataset = 'text8'
-    name = args.name or ('text8' if dataset == 'text8' else f'{dataset}-{args.lang}')
-    out = args.out_dir / name
+    name = dataset
+    if args.lang and dataset not in ('text8', 'enwik8'):
+        name += f'-{args.lang}'
+    if encoding != 'paper' and dataset != 'enwik8':
+        name += f'-{encoding}'
+    out = args.out_dir / (args.name or name)
     try:
         old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
-        if not (args.dataset or args.lang or args.input):
+        if not (args.dataset or args.lang or args.input or args.bytes or args.chars):
             dataset = old['dataset']
-            args.lang = old['lang'] or 'en'
+            encoding = old['encoding']
+            args.lang = old['lang']
             args.input = old['input'] and [Path(p) for p in old['input']]
     except (OSError, ValueError, TypeError, KeyError):
         old = {}
     for flag, default in DEFAULTS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset == 'text8':
+    if dataset in ('text8', 'enwik8'):
         if args.lang not in (None, 'en'):
-            raise UserError(f'text8 is English; got --lang {args.lang}', 2)
+            raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
-    if args.lang is None or (dataset == 'input' and not args.input):
-        needs = '--lang and --input' if not args.input else '--lang'
-        raise UserError(f'--dataset {dataset} needs {needs}', 2)
+    if dataset == 'input' and not args.input:
+        raise UserError('--dataset input needs --input', 2)
+    if args.lang is None and (dataset != 'input' or encoding == 'paper'):
+        raise UserError(f'--dataset {dataset} needs --lang', 2)
     args.dataset = dataset
+    args.encoding = encoding
     if args.unigram is None:
-        args.unigram = LANGS[args.lang]['unigram']
+        args.unigram = 0
+        if args.lang:
+            args.unigram = LANGS[args.lang]['unigram']
     args.roles = input_roles(args.input or [])
-    return out, None if dataset == 'text8' else args.lang
+    if dataset == 'text8' or encoding != 'paper':
+        return out, None
+    return out, args.lang
 
 
 def describe_inputs(paths):
-    """Each --input file's path, size, mtime and SHA-256 (an edit in place is noticed),
-    or None."""
-    if not paths:
-        return None
+    """Each --input file's path, size and SHA-256 (an edit in place is noticed), or
+    None."""
     inputs = []
-    for path in map(Path.resolve, paths):
+    for path in map(Path.resolve, paths or []):
         if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO would block reading
             raise UserError(f'input file {path}: not a regular file (a pipe or device?)')
         with open(path, 'rb') as f:
-            st = os.fstat(f.fileno())
             sha = hashlib.file_digest(f, 'sha256').hexdigest()
-        inputs.append(dict(path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
-    return inputs
+        inputs.append(dict(path=str(path), size=path.stat().st_size, sha256=sha))
+    return inputs or None
 
 
 def remove_leftovers(out):
@@ -864,12 +936,9 @@ def offline_howto(args, lang, error):
     if args.dataset == 'wiki40b':
         what = f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
-    elif args.dataset == 'cc100':
-        what = f'{args.cc100_base}/{lang}.txt.xz'
-        files = f'{lang}.txt.xz'
     else:
-        what = args.text8_url
-        files = Path(args.text8_url).name or 'text8.zip'
+        what = _url(args)
+        files = Path(what).name
     by_hand = {'--dataset': [args.dataset]}
     if lang:
         by_hand['--lang'] = [lang]
@@ -877,6 +946,8 @@ def offline_howto(args, lang, error):
     # (the file names last and unquoted: shell-safe names, the shards a pattern for the
     # shell)
     own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
+    if args.encoding != 'paper':
+        own_text[f'--{args.encoding}'] = []
     return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
             f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
             f'{_rerun(args, own_text)}')

@@ -56,18 +56,16 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
     with pytest.raises(UserError, match=r'needs Unigram labels in .* \(it has sizes \[8, 16\]; '
                                         r'make them with: .* --unigram 32\)'):
         dataset.load_data(root, 'unigram', unigram=32)
-    # labels under other names are found through "labels"; a set from before "unigram_sets" too
+    # labels under other names are found through "labels"
     other, meta2 = make_dataset(tmp_path / 'other', unigram=(8,))
     for s in ('train', 'valid', 'test'):
         (other / f'{s}.unigram-8.bin').rename(other / f'{s}.pieces.bin')
-    old = dict(meta2,
-               unigram=dict(meta2['unigram'],
-                            labels={s: f'{s}.pieces.bin' for s in meta2['sizes']}))
-    del old['unigram_sets']
-    (other / 'meta.json').write_text(json.dumps(old))
+    renamed = dict(meta2['unigram'], labels={s: f'{s}.pieces.bin' for s in meta2['sizes']})
+    (other / 'meta.json').write_text(json.dumps(dict(meta2, unigram=renamed,
+                                                     unigram_sets={'8': renamed})))
     assert len(dataset.load_data(other, 'unigram')[2]['train']) == 300
     assert len(dataset.load_data(other, 'unigram', unigram=8)[2]['train']) == 300
-    (other / 'meta.json').write_text(json.dumps(dict(old, unigram=None)))
+    (other / 'meta.json').write_text(json.dumps(dict(meta2, unigram=None, unigram_sets=None)))
     with pytest.raises(UserError,
                        match=r'needs Unigram labels in \S+ \(it has sizes \[\]; make them with: '
                              r'.*--unigram 10000\)'):
