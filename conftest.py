@@ -286,7 +286,7 @@ def checkpoint_state(mode='fixed', vocab=27, step=3):
                 pos=4 * step, train_chars=128 * step, train_flops=1e6 * step, train_time=0.5 * step,
                 warmup_flops=None, config=dataclasses.asdict(model.cfg),
                 vocab=dict(alphabet=ALPHABET[:vocab], vocab_size=vocab, space_id=0),
-                args=dict(boundary=mode, data='data/text8', layers='1,1,1', seed=1337),
+                args=dict(boundary=mode, data='data/text8', layers=(1, 1, 1), seed=1337),
                 schedule=dict(lr=1e-3, warmup=2, max_steps=10, flop_budget=None),
                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                          python=random.getstate(), cuda=None))

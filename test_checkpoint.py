@@ -46,7 +46,8 @@ def test_checkpoint_is_a_torch_zip_with_its_checksum_and_reads_back(saved, state
     assert zipfile.ZipFile(path).comment.startswith(checkpoint.CHECKSUM_TAG)
     assert data[-64:] == hashlib.sha256(data[:-64]).hexdigest().encode()
     ck = checkpoint.read_checkpoint(path.parent)                  # a run directory works too
-    assert checkpoint.verify_checksum(data, path) is True and capsys.readouterr().err == ''
+    checkpoint.verify_checksum(data, path)
+    assert capsys.readouterr().err == ''
     for k in ('step', 'epoch', 'pos', 'train_chars', 'args'):
         assert ck[k] == state[k]
     for k, t in state['model'].items():
@@ -92,19 +93,14 @@ def test_checkpoint_cut_short_is_refused(saved):
         refused(path, 'corrupt')
 
 
-def test_checkpoint_without_checksum_loads_with_one_warning(state, tmp_path, capsys):
-    """A checkpoint from before checksums: accepted, saying in one line it cannot be verified;
-    a refused one says only why it is refused."""
+def test_checkpoint_without_checksum_is_refused(state, tmp_path, capsys):
+    """A checkpoint without the checksum (torch.save's file as it is, from before checksums):
+    refused in one line, before anything of it is loaded."""
     path = tmp_path / 'old.pt'
     torch.save(state, path)
-    assert checkpoint.verify_checksum(path.read_bytes(), path) is False
-    assert checkpoint.read_checkpoint(path)['step'] == 3
-    err = capsys.readouterr().err
-    assert err.count('\n') == 1 and err.startswith('warning: ') and 'no checksum' in err, err
-    model, ck = checkpoint.load_checkpoint(path)
-    assert capsys.readouterr().err == err
-    torch.save(dict(state, step='3'), path)
-    refused(path, 'step')
+    refused(path, str(path), 'checksum')
+    with pytest.raises(UserError):
+        checkpoint.load_checkpoint(path)
     assert capsys.readouterr().err == ''
 
 
@@ -138,10 +134,9 @@ def test_non_finite_weights_are_refused_at_load(state, tmp_path):
         bad, name = nan_in(state, where)
         buf = io.BytesIO()
         torch.save(bad, buf)   # written around save_checkpoint's own check
-        for sealed in (True, False):
-            with open(path, 'wb') as f:
-                checkpoint.write_sealed(f, buf.getbuffer()) if sealed else f.write(buf.getvalue())
-            refused(path, name, 'NaN or inf')
+        with open(path, 'wb') as f:
+            checkpoint.write_sealed(f, buf.getbuffer())
+        refused(path, name, 'NaN or inf')
 
 
 BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoch', None),

@@ -138,11 +138,19 @@ class Trainer:
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
+    unit: str = 'char'                # what the data's ids are: 'char' or 'byte'
 
     def say(self, line):
         """A line for the user (rank 0 only)."""
         if self.procs.rank == 0:
             print(line, flush=True)
+
+    def bits(self):
+        """The key of the bits per unit in records and terminal lines: bpb where the unit
+        is a byte, else bpc (never both in one run)."""
+        if self.unit == 'byte':
+            return 'bpb'
+        return 'bpc'
 
 
 def reseed_rank(seed, rank, step):
@@ -290,12 +298,12 @@ def eval_and_log(t, splits, split, max_chars):
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
                  args.device, t.autocast, t.procs, f'step {state.step} {split}')
     subset = len(tokens) < len(splits[split])
-    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+    rec = dict(kind='eval', step=state.step, split=split, **{t.bits(): r['bpc']}, sf=r['sf'],
                boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
                train_chars=state.train_chars, train_flops=state.train_flops,
                train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
-    line = f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+    line = f'step {state.step} | {split} {t.bits()} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
     if r['boundary_p'] is not None:
         line += f'mean p {r["boundary_p"]:.3f} | '
     line += f'{r["chars"]:,} chars'
@@ -303,7 +311,7 @@ def eval_and_log(t, splits, split, max_chars):
         line += ' (a subset)'
     t.say(f'{line} | {time.monotonic() - started:.1f}s')
     if not math.isfinite(r['bpc']):
-        diverged(t, f'{split} bpc {r["bpc"]}')
+        diverged(t, f'{split} {t.bits()} {r["bpc"]}')
     return rec
 
 
@@ -326,10 +334,11 @@ def diverged(t, what):
 
 
 def identify_data(meta, splits, data):
-    """What a checkpoint records of its data: the vocabulary with its cleaning (sample.py
-    cleans a prompt as the data was cleaned) and the data's path and fingerprint."""
+    """What a checkpoint records of its data: the vocabulary with its encoding and cleaning
+    (sample.py encodes a prompt as the data was) and the data's path and fingerprint."""
     cleaning = meta.get('cleaning') or {}
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
+    vocab['encoding'] = meta.get('encoding', 'paper')
     vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
     return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
 
@@ -340,6 +349,10 @@ def run(argv, procs):
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
+    # (dataset.unit(meta) once dataset.py has it)
+    unit = 'char'
+    if meta.get('encoding') == 'bytes':
+        unit = 'byte'
     cfg = model_config(args, meta, procs.world)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
     if args.flop_budget is not None:
@@ -373,7 +386,7 @@ def run(argv, procs):
                     raw_model=model, optimizer=optimizer, scaler=scaler,
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    argv=list(argv), saved_time=state.train_time)
+                    argv=list(argv), saved_time=state.train_time, unit=unit)
         with closing(start_log(t, amp)):
             why = train(t, splits, labels)
             if why is not None:
@@ -389,7 +402,7 @@ def run(argv, procs):
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
     sample = shlex.join(['python', 'sample.py', '--ckpt', args.out])
     t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
-    t.say(f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
+    t.say(f'test {t.bits()} {r[t.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
 
 
@@ -406,7 +419,8 @@ def start_log(t, amp):
     if args.device.startswith('cuda'):
         device_name = torch.cuda.get_device_name(args.device)
     config = dict(kind='config', **vars(args), params=params, world=t.procs.world,
-                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved)
+                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved,
+                  encoding=t.data_identity['vocab']['encoding'], unit=t.unit)
     config['amp'] = amp
     t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
     return t.logger
@@ -532,10 +546,10 @@ def log_train(t, r, lr, steps, dt, stop, first):
     state = t.state
     seconds = state.train_time - first.train_time
     speed = steps * args.batch_size * args.seq_len / dt
-    bpc = r['lm_loss'] / math.log(2)
+    bits = r['lm_loss'] / math.log(2)
     t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
                       train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
+                      loss=r['loss'], **{t.bits(): bits}, sf=r['sf'], precision=r['precision'],
                       recall=r['recall'], chars_per_s=round(speed), lr=lr,
                       grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
                       epoch=state.epoch))
@@ -547,7 +561,7 @@ def log_train(t, r, lr, steps, dt, stop, first):
         spent = state.train_flops - first.train_flops
         left = (args.flop_budget - state.train_flops) / max(spent, 1)
     eta = timedelta(seconds=round(max(left, 0) * seconds))
-    t.say(f'step {where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
+    t.say(f'step {where} | loss {r["loss"]:.3f} | {t.bits()} {bits:.3f} | sf {r["sf"]:.2f} | '
           f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
 
 
