@@ -54,14 +54,10 @@ def import_sources(argv):
     (X ends in .py or holds a /) by its absolute path, a module by its name. A script
     calls it before it builds its parser; UserError (exit 2) naming X where X does not
     import."""
-    names = []
-    for i, word in enumerate(argv):
-        if word == '--import' and i + 1 < len(argv):
-            names.append(argv[i + 1])
-        elif word.startswith('--import='):
-            names.append(word.removeprefix('--import='))
+    p = common.Parser(add_help=False)
+    p.add_argument('--import', dest='imports', action='append', default=[])
     imported = []
-    for name in names:
+    for name in p.parse_known_args(argv)[0].imports:
         try:
             if name.endswith('.py') or '/' in name:
                 name = str(Path(name).resolve())
@@ -131,7 +127,7 @@ def parser():
                    help='dataset directory written by prepare_data.py')
     p.add_argument('--boundary', choices=dynpool.BOUNDARY_MODES,
                    help='where segments end (none: a vanilla Transformer)')
-    p.add_argument('--import', dest='imports', action='append',
+    p.add_argument('--import', dest='imports', action='append', metavar='FILE_OR_MODULE',
                    help='a file (.py) or module that registers a boundary source; repeatable '
                    '(default none)')
     p.add_argument('--out', type=nonblank,

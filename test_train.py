@@ -648,6 +648,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
                                                            str(out)])
     log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
+    assert (log[0]['encoding'], log[0]['unit']) == ('paper', 'char')
     for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner',
               'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name',
               'world',
@@ -670,6 +671,84 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     assert evals[1]['train_flops'] == trains[1]['train_flops']
     assert evals[-1]['eval_chars'] == 4000 - 1
     assert (boundary == 'none') == (evals[-1]['sf'] == 1.0 and trains[-1]['precision'] is None)
+
+
+def test_train_on_bytes_says_bits_per_byte(tmp_path, capsys):
+    """A byte dataset (meta.json's encoding bytes, vocabulary 256): the config record says
+    encoding bytes, unit byte; train and eval records carry bpb where a character run has bpc
+    (never both), the terminal says bpb, and the checkpoint's vocabulary keeps the encoding."""
+    text = random_words(20_000, letters='abcdéfgh')   # é: two bytes
+    data = write_dataset(tmp_path / 'bytes', text, encoding='bytes')
+    out = tmp_path / 'run'
+    capsys.readouterr()
+    trained(tiny_args(data, 'whitespace') + ['--max-steps', '2', '--out', str(out)])
+    said = capsys.readouterr().out
+    log = read_log(out)
+    assert (log[0]['encoding'], log[0]['unit']) == ('bytes', 'byte')
+    for r in log[1:]:
+        assert list(r) == [k.replace('bpc', 'bpb') for k in SCHEMA[r['kind']]], r
+    assert 'test bpb' in said and 'valid bpb' in said and 'bpc' not in said
+    vocab = checkpoint.read_checkpoint(out)['vocab']
+    assert (vocab['encoding'], vocab['vocab_size']) == ('bytes', 256)
+
+
+# A boundary source of a user's own, in a file outside the project, with an option of its own.
+EVERY_K = '''
+import dataclasses
+
+import torch
+
+from dynpool import ExternalBoundaries, register_source
+
+
+@dataclasses.dataclass
+class EveryOptions:
+    every: int = 4
+
+
+class EveryBoundaries(ExternalBoundaries):
+    Options = EveryOptions
+
+    @staticmethod
+    def check_config(cfg):
+        if cfg.every < 1:
+            raise ValueError(f'every must be >= 1, got {cfg.every}')
+
+    def derive(self, x, offset):
+        t = torch.arange(offset, offset + x.size(1), device=x.device)
+        return ((t + 1) % self.cfg.every == 0).expand_as(x)
+
+
+register_source('every', EveryBoundaries)
+'''
+
+
+def test_train_imports_a_source_from_a_file_with_its_option_as_a_flag(synth, tmp_path, capsys):
+    """train.py --import FILE trains the file's source (in its own process: the source stays out
+    of this one), its Options field a flag whose value reaches the Config; the checkpoint records
+    the file; reading the checkpoint, or resuming the run, without the import is refused in one
+    line naming the --import it needs; an import that fails is one line, exit 2."""
+    source = tmp_path / 'mine' / 'every_k.py'
+    source.parent.mkdir()
+    source.write_text(EVERY_K)
+    out = tmp_path / 'run'
+    run = subprocess.run([sys.executable, 'train.py', '--import', str(source), '--boundary',
+                          'every', '--every', '3', '--max-steps', '2', '--out', str(out)]
+                         + TINY + ['--data', str(synth)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=False)
+    assert (ckpt['config']['boundary'], ckpt['config']['every']) == ('every', 3)
+    assert ckpt['imports'] == [str(source)]
+    assert read_log(out)[0]['every'] == 3
+    assert 'every' not in BOUNDARY_MODES
+    needs = f'needs --import {source}'
+    with pytest.raises(UserError, match=needs):
+        checkpoint.read_checkpoint(out)
+    assert needs in user_error(['--out', str(out), '--resume', '--device', 'cpu'], capsys, 2)
+    for missing in (tmp_path / 'none.py', 'no_such_module_here'):
+        assert str(missing) in user_error(['--import', str(missing)] + tiny_args(synth, 'fixed'),
+                                          capsys, 2)
 
 
 def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsys):
