@@ -258,7 +258,7 @@ def resolve_args(argv, procs=rt.Processes()):
     taken = {}
     if args.resume:
         ckpt = read_checkpoint(out / 'ckpt.pt')
-        if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos'} - ckpt.keys():
+        if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos', 'dataset'} - ckpt.keys():
             raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
         saved = ckpt['args']
         for k in sorted(given & {*KEPT_ON_RESUME, *model}):
