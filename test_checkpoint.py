@@ -1,5 +1,5 @@
 """Tests of checkpoint.py: checkpoints that prove themselves (sealed, verified at every read),
-every field checked, non-finite weights never written nor loaded, a failed save that keeps the
+every field checked, non-finite weights never loaded, a failed save that keeps the
 previous checkpoint.
 Run: python -m pytest -q test_checkpoint.py
 """
@@ -114,18 +114,6 @@ def nan_in(state, where):
         t = s['optimizer']['state'][2]['exp_avg']
     t.view(-1)[5] = float('nan') if where == 'model' else float('inf')
     return s, 'model.lm_head.weight' if where == 'model' else 'optimizer.state.2.exp_avg'
-
-
-def test_non_finite_weights_are_never_written(saved, state):
-    path, before = saved
-    for where in ('model', 'optimizer'):
-        bad, name = nan_in(state, where)
-        with pytest.raises(UserError) as e:
-            checkpoint.save_checkpoint(path, dict(bad, step=6), 3)
-        msg = str(e.value)
-        assert '\n' not in msg and name in msg and f'{path} (step 3)' in msg, msg
-        assert path.read_bytes() == before
-        assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
 
 
 def test_non_finite_weights_are_refused_at_load(state, tmp_path):

@@ -138,17 +138,23 @@ class Trainer:
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
-    unit: str = 'char'                # what the data's ids are: 'char' or 'byte'
 
     def say(self, line):
         """A line for the user (rank 0 only)."""
         if self.procs.rank == 0:
             print(line, flush=True)
 
+    def unit(self):
+        """What a token of the data is: 'byte' where its encoding is bytes, else 'char'."""
+        # (dataset.unit(vocab) once dataset.py has it)
+        if self.data_identity['vocab']['encoding'] == 'bytes':
+            return 'byte'
+        return 'char'
+
     def bits(self):
         """The key of the bits per unit in records and terminal lines: bpb where the unit
         is a byte, else bpc (never both in one run)."""
-        if self.unit == 'byte':
+        if self.unit() == 'byte':
             return 'bpb'
         return 'bpc'
 
@@ -349,10 +355,6 @@ def run(argv, procs):
     args, ckpt = resolve_args(argv, procs)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
-    # (dataset.unit(meta) once dataset.py has it)
-    unit = 'char'
-    if meta.get('encoding') == 'bytes':
-        unit = 'byte'
     cfg = model_config(args, meta, procs.world)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
     if args.flop_budget is not None:
@@ -386,7 +388,7 @@ def run(argv, procs):
                     raw_model=model, optimizer=optimizer, scaler=scaler,
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    argv=list(argv), saved_time=state.train_time, unit=unit)
+                    argv=list(argv), saved_time=state.train_time)
         with closing(start_log(t, amp)):
             why = train(t, splits, labels)
             if why is not None:
@@ -420,7 +422,7 @@ def start_log(t, amp):
         device_name = torch.cuda.get_device_name(args.device)
     config = dict(kind='config', **vars(args), params=params, world=t.procs.world,
                   device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved,
-                  encoding=t.data_identity['vocab']['encoding'], unit=t.unit)
+                  encoding=t.data_identity['vocab']['encoding'], unit=t.unit())
     config['amp'] = amp
     t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
     return t.logger
