@@ -162,7 +162,7 @@ def read_checkpoint(path, trust=False):
         # a source of the user's: sample.py and bench.py import only what the user names
         needs = 'the --import that registers it'
         if ckpt.get('imports'):
-            needs = ' '.join(f'--import {shlex.quote(name)}' for name in ckpt['imports'])
+            needs = shlex.join(import_flags(ckpt['imports']))
         raise UserError(f'checkpoint {path} pools with boundary {boundary!r}, which needs '
                         f'{needs}', code=2)
     try:
@@ -196,6 +196,14 @@ def load_checkpoint(path, device='cpu', trust=False):
     ckpt = read_checkpoint(path, trust)
     model = DynamicPoolingLM(config_from_dict(ckpt['config']))
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
+
+
+def import_flags(imports):
+    """The flags that import a run's sources again: --import X for each X of imports."""
+    flags = []
+    for name in imports:
+        flags += ['--import', name]
+    return flags
 
 
 def resume_command(out, *flags):

@@ -160,8 +160,9 @@ def parser():
 
 def add_model_flags(p):
     """The flags of the model and its boundary source; a flag for each field of a
-    registered source's Options (hnet's ratio_target: --ratio-target), of its default's
-    type, which the source's check_config checks."""
+    registered source's Options with a number, text or switch default (hnet's
+    ratio_target: --ratio-target), of the default's type, which the source's check_config
+    checks."""
     p.add_argument('--pooling', choices=('mean', 'last'),
                    help="a segment's mean, or its last token (Table 2's sub-sampling)")
     p.add_argument('--fixed-factor', type=int_range(1, 2**20),
@@ -184,7 +185,9 @@ def add_model_flags(p):
         for field in dataclasses.fields(source.Options):
             kind = dict(type=type(field.default))
             if kind['type'] is bool:
-                kind = SWITCH
+                kind = dict(action=argparse.BooleanOptionalAction)
+            elif kind['type'] not in (int, float, str):
+                continue  # (a tuple, a list: set in code, not by a flag)
             p.add_argument(f'--{field.name.replace("_", "-")}', **kind,
                            help=f'{mode}: its option {field.name}')
 

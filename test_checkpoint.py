@@ -132,7 +132,8 @@ BAD_FIELDS = [('step', '3'), ('step', -1), ('step', True), ('step', 2.0), ('epoc
               ('train_flops', 'x'), ('train_time', float('inf')), ('train_time', -1.0),
               ('warmup_flops', -1.0), ('args', ['--lr']), ('args', {1: 2}), ('rng', {}),
               ('rng', 'x'), ('optimizer', {'state': []}), ('optimizer', None), ('scaler', 1),
-              ('model', {'w': [1.0]}), ('model', []), ('vocab', 'abc'), ('dataset', {})]
+              ('model', {'w': [1.0]}), ('model', []), ('vocab', 'abc'), ('dataset', {}),
+              ('config', []), ('imports', 'x.py'), ('imports', [1])]
 BAD_VOCABS = [dict(alphabet=['a', 'a', ' '], vocab_size=3, space_id=2),
               dict(alphabet=['ab', ' '], vocab_size=2, space_id=1),
               dict(alphabet='abc ', vocab_size=4, space_id=3),

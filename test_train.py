@@ -737,6 +737,8 @@ def test_train_imports_a_source_from_a_file_with_its_option_as_a_flag(synth, tmp
                          + TINY + ['--data', str(synth)], cwd=ROOT, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr
+    assert shlex.join(['python', 'sample.py', '--import', str(source), '--ckpt', str(out)]) \
+        in run.stdout
     ckpt = torch.load(out / 'ckpt.pt', weights_only=False)
     assert (ckpt['config']['boundary'], ckpt['config']['every']) == ('every', 3)
     assert ckpt['imports'] == [str(source)]

@@ -30,8 +30,8 @@ from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, kept, restore_training, resume_command,
-                        save_checkpoint, training_state)
+from checkpoint import (check_resumable, import_flags, kept, restore_training,
+                        resume_command, save_checkpoint, training_state)
 from common import UserError
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
@@ -333,7 +333,7 @@ def diverged(t, what):
         again = shlex.join(['python', 'train.py', *t.argv, '--lr', lower])
         how = f'no checkpoint was written; start again with a lower learning rate: {again}'
     else:
-        again = resume_command(t.args.out, '--lr', lower)
+        again = resume_command(t.args.out, *import_flags(t.args.imports), '--lr', lower)
         how = (f'kept the last finite checkpoint, {Path(t.args.out) / "ckpt.pt"} (step '
                f'{state.saved}); continue it with a lower learning rate: {again}')
     raise UserError(f'the run diverged at step {state.step} ({what}); {how}')
@@ -398,11 +398,11 @@ def run(argv, procs):
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
                 t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(out)}')
+                      f'{resume_command(out, *import_flags(args.imports))}')
                 return rt.EXIT_PREEMPTED if stop else 0
             eval_and_log(t, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
-    sample = shlex.join(['python', 'sample.py', '--ckpt', args.out])
+    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports), '--ckpt', args.out])
     t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
     t.say(f'test {t.bits()} {r[t.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
