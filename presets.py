@@ -183,13 +183,15 @@ def add_model_flags(p):
         if source.Options is None:
             continue
         for field in dataclasses.fields(source.Options):
+            flag = f'--{field.name.replace("_", "-")}'
             kind = dict(type=type(field.default))
             if kind['type'] is bool:
                 kind = dict(action=argparse.BooleanOptionalAction)
             elif kind['type'] not in (int, float, str):
                 continue  # (a tuple, a list: set in code, not by a flag)
-            p.add_argument(f'--{field.name.replace("_", "-")}', **kind,
-                           help=f'{mode}: its option {field.name}')
+            if flag in p._option_string_actions:
+                continue  # (an option two sources share: one flag)
+            p.add_argument(flag, **kind, help=f'{mode}: its option {field.name}')
 
 
 def add_schedule_flags(p):

@@ -731,20 +731,24 @@ def test_train_imports_a_source_from_a_file_with_its_option_as_a_flag(synth, tmp
     source = tmp_path / 'mine' / 'every_k.py'
     source.parent.mkdir()
     source.write_text(EVERY_K)
+    # a second source with the same option: one flag sets both
+    again = tmp_path / 'mine' / 'again.py'
+    again.write_text(EVERY_K.replace("'every'", "'every_again'"))
     out = tmp_path / 'run'
-    run = subprocess.run([sys.executable, 'train.py', '--import', str(source), '--boundary',
-                          'every', '--every', '3', '--max-steps', '2', '--out', str(out)]
+    run = subprocess.run([sys.executable, 'train.py', '--import', str(source), f'--import={again}',
+                          '--boundary', 'every', '--every', '3', '--max-steps', '2', '--out',
+                          str(out)]
                          + TINY + ['--data', str(synth)], cwd=ROOT, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr
-    assert shlex.join(['python', 'sample.py', '--import', str(source), '--ckpt', str(out)]) \
-        in run.stdout
+    assert shlex.join(['python', 'sample.py', '--import', str(source), '--import', str(again),
+                       '--ckpt', str(out)]) in run.stdout
     ckpt = torch.load(out / 'ckpt.pt', weights_only=False)
     assert (ckpt['config']['boundary'], ckpt['config']['every']) == ('every', 3)
-    assert ckpt['imports'] == [str(source)]
+    assert ckpt['imports'] == [str(source), str(again)]
     assert read_log(out)[0]['every'] == 3
     assert 'every' not in BOUNDARY_MODES
-    needs = f'needs --import {source}'
+    needs = f'needs --import {source} --import {again}'
     with pytest.raises(UserError, match=needs):
         checkpoint.read_checkpoint(out)
     assert needs in user_error(['--out', str(out), '--resume', '--device', 'cpu'], capsys, 2)
