@@ -5,8 +5,10 @@
     python train.py --out out/text8-entropy --resume --max-time 540   # 9 more minutes of it
     python train.py --boundary whitespace --flop-budget vanilla:200000  # vanilla's compute
     torchrun --nproc_per_node=8 train.py --boundary whitespace          # DDP over 8 GPUs (NCCL)
+    python train.py --import every_k.py --boundary every --every 3      # a source of one's own
 
-A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
+A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`
+(bpb, bits per byte, where the dataset is bytes).
 Exit codes: 0 finished (or stopped by --max-time, --stop-step), 1 a fault or a diverged
 run, 2 a bad flag, 75 stopped by SIGTERM or SIGUSR1 (the step in flight finished and
 saved: --resume continues it), 130 Ctrl-C.
