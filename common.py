@@ -153,7 +153,8 @@ def write_atomic(path, data):
     # /dev/null, a FIFO, a folder: never replaced
     if path.exists() and not path.is_file():
         raise UserError(f'{path} is not a regular file: write to a file')
-    tmp = path.parent / f'.{path.stem[:100]}.{uuid.uuid4().hex[:12]}{path.suffix}'
+    # .<stem>.<8 random characters><suffix>: prepare_data.remove_leftovers knows the form
+    tmp = path.parent / f'.{path.stem[:100]}.{uuid.uuid4().hex[:8]}{path.suffix}'
     try:
         if callable(data):
             data(tmp)

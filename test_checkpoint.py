@@ -185,3 +185,18 @@ def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatc
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+
+
+def test_write_atomic_temporary_names_are_those_prepare_data_clears(tmp_path):
+    """A write killed outright (SIGKILL: no clean-up runs) leaves its temporary file: its name is
+    of the form prepare_data.py removes at its next run in a dataset folder."""
+    import prepare_data
+    from common import write_atomic
+    names = []
+
+    def write(tmp):
+        names.append(tmp.name)
+        tmp.write_text('x')
+    for target in ('train.unigram-60.bin', 'meta.json', 'unigram-60.model'):
+        write_atomic(tmp_path / target, write)
+    assert all(prepare_data.LEFTOVER.fullmatch(name) for name in names), names
