@@ -220,6 +220,20 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     assert (chunks[np.argsort(perm)] == rotated).all()
 
 
+def nan_at_evaluation(n, monkeypatch):
+    """train.evaluate, whose n-th call (1: the validation at step 0) says the BPC is nan."""
+    real_evaluate = train.evaluate
+    calls = []
+
+    def evaluate(model, *a, **k):
+        calls.append(1)
+        r = real_evaluate(model, *a, **k)
+        if len(calls) == n:
+            return dict(r, bpc=float('nan'))
+        return r
+    monkeypatch.setattr(train, 'evaluate', evaluate)
+
+
 @pytest.mark.parametrize('where', ['loss', 'validation'])
 def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
         synth, tmp_path, capsys, monkeypatch, where):
@@ -228,7 +242,7 @@ def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
     log.jsonl ends with a diverged record, and the command the error line suggests (--resume with
     a lower --lr) runs to the end."""
     out = tmp_path / 'run'
-    real_step, real_evaluate = train.train_step, train.evaluate
+    real_step = train.train_step
 
     def poisoned_step(t, batch):
         real_step(t, batch)
@@ -236,13 +250,10 @@ def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
             with torch.no_grad():
                 t.raw_model.lm_head.bias[0] = float('nan')
 
-    def nan_at_step_4(model, *a, **k):
-        r = real_evaluate(model, *a, **k)
-        return dict(r, bpc=float('nan')) if a[-1].startswith('step 4 ') else r
     if where == 'loss':
         monkeypatch.setattr(train, 'train_step', poisoned_step)
     else:
-        monkeypatch.setattr(train, 'evaluate', nan_at_step_4)
+        nan_at_evaluation(3, monkeypatch)   # validations at steps 0, 2, 4
     msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
                                                  '--out', str(out)], capsys, code=1)
     monkeypatch.undo()
@@ -264,12 +275,7 @@ def test_train_divergence_before_any_checkpoint_suggests_a_fresh_start(synth, tm
     the one --resume and sample.py find); the suggestion, the same command with a lower --lr,
     runs to the end."""
     out = tmp_path / 'run'
-    real_evaluate = train.evaluate
-
-    def nan_at_step_1(model, *a, **k):
-        r = real_evaluate(model, *a, **k)
-        return dict(r, bpc=float('nan')) if a[-1].startswith('step 1 ') else r
-    monkeypatch.setattr(train, 'evaluate', nan_at_step_1)
+    nan_at_evaluation(2, monkeypatch)   # validations at steps 0, 1
     argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
                                           str(out)]
     msg = user_error(argv, capsys, code=1)
