@@ -4,13 +4,9 @@ on --resume."""
 import dataclasses
 import hashlib
 import io
-import os
-import pickle
 import random
 import re
 import shlex
-import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +14,7 @@ import torch
 
 from common import UserError, first_line, write_atomic
 from dataset import is_number, meta_problem
+import dynpool
 from dynpool import Config, DynamicPoolingLM
 
 # A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its
@@ -40,19 +37,16 @@ def write_sealed(f, data):
 
 
 def verify_checksum(data, path):
-    """A checkpoint's bytes → True: its checksum matches, False: it has none (older);
-    else a UserError."""
+    """A UserError unless the checkpoint's bytes end in their checksum and match it."""
     tail = bytes(data[-22 - _SEAL:])
-    if len(tail) == 22 + _SEAL and (tail[:4] == _EOCD or tail[22:-64] == CHECKSUM_TAG):
-        if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != tail[-64:]:
-            raise UserError(f'checkpoint {path} is corrupt: its content does not match the '
-                            'SHA-256 checksum written with it (a damaged disk or copy); use '
-                            'another copy')
-        return True
-    if data[-22:-18] != _EOCD or data[-2:] != b'\0\0':
-        raise UserError(f'cannot read checkpoint {path}: corrupt or not a torch checkpoint '
-                        '(it does not end as one: cut short, or another kind of file)')
-    return False
+    if len(tail) < 22 + _SEAL or (tail[:4] != _EOCD and tail[22:-64] != CHECKSUM_TAG):
+        raise UserError(f'checkpoint {path} is corrupt or not one: it does not end in the '
+                        'checksum train.py writes (cut short, another kind of file, or written '
+                        'before checkpoints carried one)')
+    if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != tail[-64:]:
+        raise UserError(f'checkpoint {path} is corrupt: its content does not match the '
+                        'SHA-256 checksum written with it (a damaged disk or copy); use '
+                        'another copy')
 
 
 def non_finite_tensor(obj, name=''):
@@ -103,6 +97,10 @@ def is_vocab(v):
     return meta_problem(v, ('vocab_size', 'alphabet', 'space_id')) is None
 
 
+def is_names(v):
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
 # A checkpoint's fields and what each must be where present: {field: (rule, in words)}.
 COUNT = (is_count, 'a count >= 0')
 NUMBER_OR_NULL = (is_number_or_null, 'a number >= 0 or null')
@@ -117,7 +115,8 @@ FIELDS = dict(
                'a dict with state and param_groups'),
     model=(_dict(str, torch.Tensor), 'a dict of named tensors'),
     vocab=(is_vocab, 'a dict of alphabet, vocab_size and space_id'),
-    dataset=(_dict(object, fingerprint=str), 'a dict with the fingerprint of the data'))
+    dataset=(_dict(object, fingerprint=str), 'a dict with the fingerprint of the data'),
+    config=(_dict(), 'a dict of Config fields'), imports=(is_names, 'a list of imports'))
 # numpy's RNG state, pickled as arrays: what weights_only loading must allow besides tensors
 _NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray,
           np.dtype, *(type(np.dtype(t)) for t in ('u1', 'u2', 'u4', 'i4', 'i8', 'f4', 'f8', '?'))]
@@ -125,23 +124,21 @@ _NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.nd
 
 def read_checkpoint(path, trust=False):
     """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified (one from before checksums: a warning), loaded weights_only (trust=True: any
-    pickle), every field checked, weights and optimizer state finite; else one UserError
-    line."""
+    verified, loaded weights_only (trust=True: any pickle), every field checked, its
+    boundary source registered (else: the --import it needs), weights and optimizer state
+    finite; else one UserError line."""
     path = Path(path)
     if path.is_dir():
         path = path / 'ckpt.pt'
     if not path.is_file():  # (a probe: opening a FIFO would hang)
         raise UserError(f'no checkpoint at {path}')
     data = path.read_bytes()   # verified and loaded from memory: the same bytes
-    verified = verify_checksum(data, path)
+    verify_checksum(data, path)
     try:
         with torch.serialization.safe_globals(_NUMPY):
             ckpt = torch.load(io.BytesIO(data), map_location='cpu',
                               weights_only=not trust)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError,
-            zipfile.BadZipFile, AttributeError, ImportError, TypeError, KeyError,
-            IndexError, RecursionError) as e:
+    except Exception as e:  # (whatever unpickling these bytes raises)
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
         if found and not trust:
             # a readable file that pickles more than tensors and containers
@@ -160,6 +157,14 @@ def read_checkpoint(path, trust=False):
             if type(v) not in (int, float, str, type(None)):
                 v = type(v).__name__
             raise UserError(f'checkpoint {path}: {k} must be {rule}, not {v!r}'[:300])
+    boundary = ckpt['config'].get('boundary')
+    if boundary not in dynpool.BOUNDARY_MODES:
+        # a source of the user's: sample.py and bench.py import only what the user names
+        needs = 'the --import that registers it'
+        if ckpt.get('imports'):
+            needs = shlex.join(import_flags(ckpt['imports']))
+        raise UserError(f'checkpoint {path} pools with boundary {boundary!r}, which needs '
+                        f'{needs}', code=2)
     try:
         config_from_dict(ckpt['config'])
     except UserError as e:
@@ -168,10 +173,6 @@ def read_checkpoint(path, trust=False):
     if bad:
         raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run '
                         'that diverged?); use an earlier checkpoint')
-    if not verified and int(os.environ.get('RANK', 0)) == 0:
-        print(f'warning: checkpoint {path} has no checksum (written before checkpoints '
-              'carried one): its bytes cannot be verified; loading it as it is',
-              file=sys.stderr)
     return dict(ckpt, path=str(path))
 
 
@@ -197,6 +198,14 @@ def load_checkpoint(path, device='cpu', trust=False):
     return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
 
 
+def import_flags(imports):
+    """The flags that import a run's sources again: --import X for each X of imports."""
+    flags = []
+    for name in imports:
+        flags += ['--import', name]
+    return flags
+
+
 def resume_command(out, *flags):
     """The command that continues the run in folder `out`, quoted for the shell."""
     return shlex.join(['python', 'train.py', '--out', str(out), '--resume', *flags])
@@ -211,11 +220,9 @@ def kept(path, saved_step):
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically and sealed, refusing NaN or inf; on any failure the
-    previous checkpoint (of step saved_step, or None) stays as it was."""
-    if (bad := non_finite_tensor(state)) is not None:
-        raise UserError(f'refusing to save checkpoint {path}: {bad} holds NaN or inf '
-                        f'values; {kept(path, saved_step)}')
+    """Write state atomically and sealed; on any failure the previous checkpoint (of step
+    saved_step, or None) stays as it was. (NaN or inf never reaches it: train.py stops a
+    run that diverges before it saves, and its Adam step skips non-finite gradients.)"""
     buf = io.BytesIO()  # in memory first: the checksum covers the bytes torch.save made
 
     def write(tmp):
@@ -234,7 +241,7 @@ def save_checkpoint(path, state, saved_step):
 def training_state(model, optimizer, scaler, counters, cfg, data_identity, args):
     """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler,
     counters, config, flags, data_identity (vocab, the data's fingerprint), every RNG
-    (this process's GPU only)."""
+    (this process's GPU only), the --import files and modules (args.imports)."""
     device = torch.device(args.device)
     rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                python=random.getstate(), cuda=None)
@@ -242,7 +249,7 @@ def training_state(model, optimizer, scaler, counters, cfg, data_identity, args)
         rng['cuda'] = torch.cuda.get_rng_state(device)
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg),
-                **data_identity, args=vars(args), rng=rng)
+                **data_identity, args=vars(args), rng=rng, imports=args.imports)
 
 
 def restore_training(ckpt, model, optimizer, scaler, device):
@@ -261,10 +268,10 @@ def restore_training(ckpt, model, optimizer, scaler, device):
 
 
 def check_resumable(ckpt, cfg, data_identity, data):
-    """A resumed run keeps its data (before fingerprints: its vocabulary) and its model
-    (but for the speed-only fields)."""
-    then = ckpt.get('dataset')
-    if then and then['fingerprint'] != data_identity['dataset']['fingerprint']:
+    """A resumed run keeps its data and vocabulary and its model (but for the speed-only
+    fields)."""
+    then = ckpt['dataset']
+    if then['fingerprint'] != data_identity['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in '
                         f'{Path(ckpt["path"]).parent} started on ({then.get("path")}, '
                         'changed or moved?)', code=2)

@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 import sys
-import tempfile
+import uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -145,24 +145,21 @@ def nonblank(s):
 
 def write_atomic(path, data):
     """Replace `path` by `data` (bytes, str, or a function that writes to the path it is
-    given), never half of each: a uniquely named temporary file in the same folder,
-    fsynced, then renamed over `path`. The temporary name keeps the extension (matplotlib
-    reads the format from it)."""
+    given), never half of each: a uniquely named temporary file in the same folder (made
+    as any new file, with the umask's mode), fsynced, then renamed over `path`. The
+    temporary name keeps the extension (matplotlib reads the format from it)."""
     # through a link to its target: never the link replaced
     path = Path(os.path.realpath(path))
     # /dev/null, a FIFO, a folder: never replaced
     if path.exists() and not path.is_file():
         raise UserError(f'{path} is not a regular file: write to a file')
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.stem[:100]}.', suffix=path.suffix)
-    os.close(fd)   # (written by name below)
-    # mkstemp makes the file private (0600): give it the mode the file had, or a new
-    # one's
+    # .<stem>.<8 random characters><suffix>: prepare_data.remove_leftovers knows the form
+    tmp = path.parent / f'.{path.stem[:100]}.{uuid.uuid4().hex[:8]}{path.suffix}'
     try:
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         if callable(data):
             data(tmp)
         else:
-            Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)
+            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         # on disk before the rename: a power cut leaves the old file
         with open(tmp, 'rb') as f:
             os.fsync(f.fileno())
@@ -173,11 +170,6 @@ def write_atomic(path, data):
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)
-
-
-# the only way to read the umask is to set it: put it back at once
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 def make_folder(folder):

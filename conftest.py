@@ -286,20 +286,25 @@ def checkpoint_state(mode='fixed', vocab=27, step=3):
                 pos=4 * step, train_chars=128 * step, train_flops=1e6 * step, train_time=0.5 * step,
                 warmup_flops=None, config=dataclasses.asdict(model.cfg),
                 vocab=dict(alphabet=ALPHABET[:vocab], vocab_size=vocab, space_id=0),
-                args=dict(boundary=mode, data='data/text8', layers='1,1,1', seed=1337),
+                args=dict(boundary=mode, data='data/text8', layers=(1, 1, 1), seed=1337),
                 schedule=dict(lr=1e-3, warmup=2, max_steps=10, flop_budget=None),
                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                          python=random.getstate(), cuda=None))
 
 
-def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
+def write_dataset(root, text, valid=0.1, test=0.1, unigram=True, encoding=None):
     """A dataset in prepare_data.py's layout; Unigram labels are the whitespace labels (each space
-    closes its word, which is also a Unigram boundary), enough to exercise the label plumbing."""
+    closes its word, which is also a Unigram boundary), enough to exercise the label plumbing.
+    encoding='bytes': the UTF-8 bytes of text, vocabulary 256 (meta.json's "encoding": "bytes")."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    alphabet = sorted(set(text))
-    ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
-    ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
+    if encoding == 'bytes':
+        alphabet = [chr(i) for i in range(256)]
+        ids = np.frombuffer(text.encode('utf-8'), dtype=np.uint8)
+    else:
+        alphabet = sorted(set(text))
+        ids = np.frombuffer(text.encode('latin-1'), dtype=np.uint8)
+        ids = np.searchsorted(np.array([ord(c) for c in alphabet]), ids).astype(np.uint8)
     n_va, n_te = int(len(ids) * valid), int(len(ids) * test)
     parts = dict(train=ids[:len(ids) - n_va - n_te],
                  valid=ids[len(ids) - n_va - n_te:len(ids) - n_te],
@@ -309,12 +314,14 @@ def write_dataset(root, text, valid=0.1, test=0.1, unigram=True):
         arr.tofile(root / f'{name}.bin')
         if unigram:
             (arr == space).astype(np.uint8).tofile(root / f'{name}.unigram-1000.bin')
-    meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space,
+    meta = dict(alphabet=alphabet, vocab_size=len(alphabet), space_id=space, encoding=encoding,
                 newline_id=alphabet.index('\n') if '\n' in alphabet else None, dtype='uint8',
                 sizes={k: len(v) for k, v in parts.items()},
                 mean_word_length=len(text) / max(1, text.count(' ')),
                 unigram={'vocab_size': 1000, 'model': None,
                          'shortening_factor': {}} if unigram else None)
+    if encoding is None:   # (today's datasets: no field, the paper's cleaned characters)
+        del meta['encoding']
     (root / 'meta.json').write_text(json.dumps(meta))
     return root
 

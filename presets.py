@@ -4,17 +4,20 @@ build. Its own module so that bench.py and study.sh read the same rules without 
 train.py."""
 import argparse
 import dataclasses
+import importlib
+import importlib.util
+import sys
 import uuid
 from pathlib import Path
 
 import common
+import dynpool
 import runtime as rt
 from checkpoint import config_from_dict, read_checkpoint
-from common import (UserError, float_range, fraction, int_range, nonblank,
-                    non_negative_float, non_negative_int, positive_float, positive_int,
-                    probability, seed_int)
+from common import (UserError, first_line, fraction, int_range, nonblank, non_negative_float,
+                    non_negative_int, positive_float, positive_int, probability, seed_int)
 from dataset import dataset_defaults
-from dynpool import BOUNDARY_MODES, Config, step_flops
+from dynpool import Config, step_flops
 
 # The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up
 # steps, one cosine cycle over 200k, grad clip 0.25, dropout 0.1; bf16 (fp16 and loss
@@ -34,19 +37,51 @@ CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1
                   eval_batch_size=8, log_interval=10)
 COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25,
               seed=1337, amp='auto', compile=False, attention='auto', tensorboard=False)
-# Flags whose default is the model's (the Gumbel prior: the dataset's, where meta.json
-# has one).
-MODEL_FLAGS = ('fixed_factor', 'temperature', 'prior', 'entropy_window', 'ratio_target',
-               'ratio_weight', 'double_sigmoid', 'pooling')
-MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)
-                  if f.name in MODEL_FLAGS}
-# Flags that define the model or the data order: a resumed run must keep them.
+# Flags that define the model or the data order: a resumed run must keep them, and those
+# of model_defaults().
 KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
-                  'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed') + MODEL_FLAGS
+                  'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed')
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
+
+
+def import_sources(argv):
+    """Import every `--import X` (or `--import=X`) of the command line argv, in order, so
+    that the boundary sources it registers (dynpool.register_source) join --boundary and
+    their Options fields become flags → the imports as a checkpoint records them: a file
+    (X ends in .py or holds a /) by its absolute path, a module by its name. A script
+    calls it before it builds its parser; UserError (exit 2) naming X where X does not
+    import."""
+    p = common.Parser(add_help=False)
+    p.add_argument('--import', dest='imports', action='append', default=[])
+    imported = []
+    for name in p.parse_known_args(argv)[0].imports:
+        try:
+            if name.endswith('.py') or '/' in name:
+                name = str(Path(name).resolve())
+                spec = importlib.util.spec_from_file_location(Path(name).stem, name)
+                module = importlib.util.module_from_spec(spec)
+                # (registered first, as an import does: dataclasses look their module up)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except Exception as e:  # a missing file, or anything its code raises
+            raise UserError(f'--import {name}: {first_line(e)}', code=2) from None
+        imported.append(name)
+    return imported
+
+
+def model_defaults():
+    """{name: Config's default} of the model's flags that no preset sets (add_model_flags:
+    the paper's sources' and every registered source's Options), read now: after
+    import_sources."""
+    p = argparse.ArgumentParser()
+    add_model_flags(p)
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
 
 
 def layer_counts(value):
@@ -90,8 +125,11 @@ def parser():
                       'et al., ACL 2023), a character-level LM.')
     p.add_argument('--data', type=nonblank,
                    help='dataset directory written by prepare_data.py')
-    p.add_argument('--boundary', choices=BOUNDARY_MODES,
+    p.add_argument('--boundary', choices=dynpool.BOUNDARY_MODES,
                    help='where segments end (none: a vanilla Transformer)')
+    p.add_argument('--import', dest='imports', action='append', metavar='FILE_OR_MODULE',
+                   help='a file (.py) or module that registers a boundary source; repeatable '
+                   '(default none)')
     p.add_argument('--out', type=nonblank,
                    help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
     p.add_argument('--resume', **SWITCH,
@@ -110,17 +148,21 @@ def parser():
     p.add_argument('--dropatt', type=fraction, help='attention dropout')
     add_model_flags(p)
     add_schedule_flags(p)
+    model = model_defaults()
     for action in p._actions:
         if action.dest != 'help' and 'default' not in action.help:
-            gpu = show({**COMMON, **MODEL_DEFAULTS, **GPU_PRESET}.get(action.dest))
-            cpu = show({**COMMON, **MODEL_DEFAULTS, **CPU_PRESET}.get(action.dest))
+            gpu = show({**COMMON, **model, **GPU_PRESET}.get(action.dest))
+            cpu = show({**COMMON, **model, **CPU_PRESET}.get(action.dest))
             both = f'GPU {gpu}, CPU {cpu}' if gpu != cpu else gpu
             action.help += f' (default {both})'
     return p
 
 
 def add_model_flags(p):
-    """The flags of the model and its boundary source."""
+    """The flags of the model and its boundary source; a flag for each field of a
+    registered source's Options with a number, text or switch default (hnet's
+    ratio_target: --ratio-target), of the default's type, which the source's check_config
+    checks."""
     p.add_argument('--pooling', choices=('mean', 'last'),
                    help="a segment's mean, or its last token (Table 2's sub-sampling)")
     p.add_argument('--fixed-factor', type=int_range(1, 2**20),
@@ -135,12 +177,21 @@ def add_model_flags(p):
                    help="unigram: the label set of V pieces (default the dataset's)")
     p.add_argument('--double-sigmoid', **SWITCH,
                    help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
-    p.add_argument('--ratio-target', type=float_range(1, lo_open=True),
-                   help='hnet: target compression of the ratio loss')
-    p.add_argument('--ratio-weight', type=non_negative_float,
-                   help='hnet: weight of the ratio loss')
     p.add_argument('--attention', choices=('auto', 'sdpa', 'blocked'),
                    help='attention kernels, speed only')
+    for mode, source in dynpool.SOURCES.items():
+        if source.Options is None:
+            continue
+        for field in dataclasses.fields(source.Options):
+            flag = f'--{field.name.replace("_", "-")}'
+            kind = dict(type=type(field.default))
+            if kind['type'] is bool:
+                kind = dict(action=argparse.BooleanOptionalAction)
+            elif kind['type'] not in (int, float, str):
+                continue  # (a tuple, a list: set in code, not by a flag)
+            if flag in p._option_string_actions:
+                continue  # (an option two sources share: one flag)
+            p.add_argument(flag, **kind, help=f'{mode}: its option {field.name}')
 
 
 def add_schedule_flags(p):
@@ -200,39 +251,36 @@ def show(value):
 
 def resolve_args(argv, procs=rt.Processes()):
     """Flags → (args filled in: given, --resume's checkpoint's, defaults; checkpoint or
-    None)."""
+    None). The --import files are imported first (import_sources; args.imports)."""
+    imports = import_sources(argv)
     args = parser().parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
     data = args.data or COMMON['data']
     out = Path(args.out or f'out/{Path(data).name}-{args.boundary or COMMON["boundary"]}')
+    model = model_defaults()
     ckpt = None
     taken = {}
     if args.resume:
         ckpt = read_checkpoint(out / 'ckpt.pt')
-        if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos'} - ckpt.keys():
+        if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos', 'dataset'} - ckpt.keys():
             raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
-        saved = dict(ckpt['args'])
-        try:  # (written as '2,8,2' before tuples)
-            saved['layers'] = layer_counts(saved.get('layers'))
-        except argparse.ArgumentTypeError as e:
-            raise UserError(f'{out / "ckpt.pt"}: its layers {e}') from None
-        for k in sorted(given & set(KEPT_ON_RESUME)):
+        saved = ckpt['args']
+        for k in sorted(given & {*KEPT_ON_RESUME, *model}):
             if getattr(args, k) != saved.get(k):
                 raise UserError(f'--{k.replace("_", "-")} differs from the checkpoint\'s '
                                 f'{show(saved.get(k))}: a resumed run keeps it', code=2)
         taken = {k: v for k, v in saved.items() if k not in given | set(NOT_RESUMED)}
     elif (out / 'ckpt.pt').exists():
         raise UserError(f'{out / "ckpt.pt"} exists: --resume it or choose another --out')
-    vars(args).update(taken, out=str(out), device=device)
+    vars(args).update(taken, out=str(out), device=device, imports=imports)
     preset = CPU_PRESET
     if device.startswith('cuda'):
         preset = GPU_PRESET
     # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
-    defaults = {**COMMON, **MODEL_DEFAULTS, **preset,
-                **dataset_defaults(args.data or data, MODEL_FLAGS),
+    defaults = {**COMMON, **model, **preset, **dataset_defaults(args.data or data, model),
                 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
         defaults['max_steps'] = 10**9

@@ -4,7 +4,6 @@ Run:   python -m pytest -q test_train.py
 """
 
 
-import io
 import json
 import math
 import os
@@ -221,6 +220,20 @@ def test_train_epoch_order_is_a_shuffled_rotation():
     assert (chunks[np.argsort(perm)] == rotated).all()
 
 
+def nan_at_evaluation(n, monkeypatch):
+    """train.evaluate, whose n-th call (1: the validation at step 0) says the BPC is nan."""
+    real_evaluate = train.evaluate
+    calls = []
+
+    def evaluate(model, *a, **k):
+        calls.append(1)
+        r = real_evaluate(model, *a, **k)
+        if len(calls) == n:
+            return dict(r, bpc=float('nan'))
+        return r
+    monkeypatch.setattr(train, 'evaluate', evaluate)
+
+
 @pytest.mark.parametrize('where', ['loss', 'validation'])
 def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
         synth, tmp_path, capsys, monkeypatch, where):
@@ -229,7 +242,7 @@ def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
     log.jsonl ends with a diverged record, and the command the error line suggests (--resume with
     a lower --lr) runs to the end."""
     out = tmp_path / 'run'
-    real_step, real_evaluate = train.train_step, train.evaluate
+    real_step = train.train_step
 
     def poisoned_step(t, batch):
         real_step(t, batch)
@@ -237,13 +250,10 @@ def test_train_divergence_keeps_the_last_finite_checkpoint_and_says_what_works(
             with torch.no_grad():
                 t.raw_model.lm_head.bias[0] = float('nan')
 
-    def nan_at_step_4(model, *a, **k):
-        r = real_evaluate(model, *a, **k)
-        return dict(r, bpc=float('nan')) if a[-1].startswith('step 4 ') else r
     if where == 'loss':
         monkeypatch.setattr(train, 'train_step', poisoned_step)
     else:
-        monkeypatch.setattr(train, 'evaluate', nan_at_step_4)
+        nan_at_evaluation(3, monkeypatch)   # validations at steps 0, 2, 4
     msg = user_error(tiny_args(synth, 'none') + ['--max-steps', '6', '--eval-interval', '2',
                                                  '--out', str(out)], capsys, code=1)
     monkeypatch.undo()
@@ -265,12 +275,7 @@ def test_train_divergence_before_any_checkpoint_suggests_a_fresh_start(synth, tm
     the one --resume and sample.py find); the suggestion, the same command with a lower --lr,
     runs to the end."""
     out = tmp_path / 'run'
-    real_evaluate = train.evaluate
-
-    def nan_at_step_1(model, *a, **k):
-        r = real_evaluate(model, *a, **k)
-        return dict(r, bpc=float('nan')) if a[-1].startswith('step 1 ') else r
-    monkeypatch.setattr(train, 'evaluate', nan_at_step_1)
+    nan_at_evaluation(2, monkeypatch)   # validations at steps 0, 1
     argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
                                           str(out)]
     msg = user_error(argv, capsys, code=1)
@@ -422,8 +427,8 @@ def test_train_checkpoint_records_how_its_data_was_cleaned(tmp_path):
 def test_train_resume_on_other_data_is_refused(done_run, synth, tmp_path, capsys):
     """A checkpoint records a fingerprint of its data: --resume --data OTHER is refused in one
     line (exit 2) naming the data the run started on, whether OTHER's alphabet differs or only its
-    text; the same data under another path resumes. A checkpoint from before fingerprints is
-    checked by its vocabulary alone."""
+    text; the same data under another path resumes, but not with another alphabet in its
+    meta.json."""
     run = copy_run(done_run, tmp_path)
     before = (run / 'ckpt.pt').read_bytes()
     resume = ['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2']
@@ -434,10 +439,10 @@ def test_train_resume_on_other_data_is_refused(done_run, synth, tmp_path, capsys
         assert (run / 'ckpt.pt').read_bytes() == before
     moved = shutil.copytree(synth, tmp_path / 'moved')
     trained(resume + ['--data', str(moved)])
-    ck = torch.load(run / 'ckpt.pt', weights_only=False)
-    del ck['dataset']   # as written before checkpoints recorded their data
-    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
-    msg = user_error(resume + ['--max-steps', '3', '--data', str(tmp_path / 'xyz')], capsys)
+    meta = json.loads((moved / 'meta.json').read_text())
+    meta['alphabet'][1:3] = meta['alphabet'][2:0:-1]   # two letters swapped: the same ids
+    (moved / 'meta.json').write_text(json.dumps(meta))
+    msg = user_error(resume + ['--max-steps', '3', '--data', str(moved)], capsys)
     assert 'another vocabulary' in msg, msg
 
 
@@ -648,6 +653,7 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
                                                            str(out)])
     log = read_log(out)
     assert log[0]['kind'] == 'config' and log[0]['resumed_from'] is None
+    assert (log[0]['encoding'], log[0]['unit']) == ('paper', 'char')
     for k in ('seed', 'boundary', 'data', 'layers', 'd_model', 'n_head', 'd_head', 'd_inner',
               'seq_len', 'batch_size', 'max_steps', 'lr', 'params', 'device', 'device_name',
               'world',
@@ -670,6 +676,90 @@ def test_train_log_schema_and_cumulative_flops(synth, tmp_path, boundary):
     assert evals[1]['train_flops'] == trains[1]['train_flops']
     assert evals[-1]['eval_chars'] == 4000 - 1
     assert (boundary == 'none') == (evals[-1]['sf'] == 1.0 and trains[-1]['precision'] is None)
+
+
+def test_train_on_bytes_says_bits_per_byte(tmp_path, capsys):
+    """A byte dataset (meta.json's encoding bytes, vocabulary 256): the config record says
+    encoding bytes, unit byte; train and eval records carry bpb where a character run has bpc
+    (never both), the terminal says bpb, and the checkpoint's vocabulary keeps the encoding."""
+    text = random_words(20_000, letters='abcdéfgh')   # é: two bytes
+    data = write_dataset(tmp_path / 'bytes', text, encoding='bytes')
+    out = tmp_path / 'run'
+    capsys.readouterr()
+    trained(tiny_args(data, 'whitespace') + ['--max-steps', '2', '--out', str(out)])
+    said = capsys.readouterr().out
+    log = read_log(out)
+    assert (log[0]['encoding'], log[0]['unit']) == ('bytes', 'byte')
+    for r in log[1:]:
+        assert list(r) == [k.replace('bpc', 'bpb') for k in SCHEMA[r['kind']]], r
+    assert 'test bpb' in said and 'valid bpb' in said and 'bpc' not in said
+    vocab = checkpoint.read_checkpoint(out)['vocab']
+    assert (vocab['encoding'], vocab['vocab_size']) == ('bytes', 256)
+
+
+# A boundary source of a user's own, in a file outside the project, with an option of its own.
+EVERY_K = """
+import dataclasses
+
+import torch
+
+from dynpool import ExternalBoundaries, register_source
+
+
+@dataclasses.dataclass
+class EveryOptions:
+    every: int = 4
+
+
+class EveryBoundaries(ExternalBoundaries):
+    Options = EveryOptions
+
+    @staticmethod
+    def check_config(cfg):
+        if cfg.every < 1:
+            raise ValueError(f'every must be >= 1, got {cfg.every}')
+
+    def derive(self, x, offset):
+        t = torch.arange(offset, offset + x.size(1), device=x.device)
+        return ((t + 1) % self.cfg.every == 0).expand_as(x)
+
+
+register_source('every', EveryBoundaries)
+"""
+
+
+def test_train_imports_a_source_from_a_file_with_its_option_as_a_flag(synth, tmp_path, capsys):
+    """train.py --import FILE trains the file's source (in its own process: the source stays out
+    of this one), its Options field a flag whose value reaches the Config; the checkpoint records
+    the file; reading the checkpoint, or resuming the run, without the import is refused in one
+    line naming the --import it needs; an import that fails is one line, exit 2."""
+    source = tmp_path / 'mine' / 'every_k.py'
+    source.parent.mkdir()
+    source.write_text(EVERY_K)
+    # a second source with the same option: one flag sets both
+    again = tmp_path / 'mine' / 'again.py'
+    again.write_text(EVERY_K.replace("'every'", "'every_again'"))
+    out = tmp_path / 'run'
+    run = subprocess.run([sys.executable, 'train.py', '--import', str(source), f'--import={again}',
+                          '--boundary', 'every', '--every', '3', '--max-steps', '2', '--out',
+                          str(out)]
+                         + TINY + ['--data', str(synth)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert shlex.join(['python', 'sample.py', '--import', str(source), '--import', str(again),
+                       '--ckpt', str(out)]) in run.stdout
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=False)
+    assert (ckpt['config']['boundary'], ckpt['config']['every']) == ('every', 3)
+    assert ckpt['imports'] == [str(source), str(again)]
+    assert read_log(out)[0]['every'] == 3
+    assert 'every' not in BOUNDARY_MODES
+    needs = f'needs --import {source} --import {again}'
+    with pytest.raises(UserError, match=needs):
+        checkpoint.read_checkpoint(out)
+    assert needs in user_error(['--out', str(out), '--resume', '--device', 'cpu'], capsys, 2)
+    for missing in (tmp_path / 'none.py', 'no_such_module_here'):
+        assert str(missing) in user_error(['--import', str(missing)] + tiny_args(synth, 'fixed'),
+                                          capsys, 2)
 
 
 def test_train_max_time_stops_evaluates_saves_and_resumes(synth, tmp_path, capsys):
@@ -783,7 +873,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(' ms/step | ' in ln and ' chars/s | ETA ' in ln for ln in steps), steps
+    assert all(ln.endswith(' chars/s') and ' ms/step | ' in ln for ln in steps), steps
     assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
     assert lines[-1].startswith('test bpc ')
     command = shlex.split(lines[-2].split('sample with: ')[1])
@@ -1165,13 +1255,10 @@ def test_train_out_as_a_dangling_link_says_so(synth, tmp_path, capsys):
     assert not (tmp_path / 'unmounted').exists()
 
 
-def test_train_resumes_a_checkpoint_whose_layers_are_a_string(done_run, tmp_path, capsys):
-    """Checkpoints of the previous version store --layers as '1,1,1': such a run resumes, with
-    --layers given or not."""
+def test_train_resume_keeps_the_layers_and_refuses_damaged_ones(done_run, tmp_path, capsys):
+    """A resumed run takes --layers from its checkpoint or as given, the same; other layers, or
+    layers damaged in the checkpoint, are one line."""
     run = copy_run(done_run, tmp_path)
-    ck = torch.load(run / 'ckpt.pt', weights_only=False)
-    ck['args']['layers'] = '1,1,1'
-    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
     trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2'])
     trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '3', '--layers',
              '1,1,1'])
@@ -1179,28 +1266,11 @@ def test_train_resumes_a_checkpoint_whose_layers_are_a_string(done_run, tmp_path
     msg = user_error(['--out', str(run), '--resume', '--device', 'cpu', '--layers', '1,2,1'],
                      capsys, code=2)
     assert "--layers differs from the checkpoint's 1,1,1" in msg, msg
-    ck['args']['layers'] = 'x'   # a damaged one: one line, no traceback
+    ck = torch.load(run / 'ckpt.pt', weights_only=False)
+    ck['args']['layers'] = 'x'
     checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
-    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys, code=1)
-    assert 'ckpt.pt: its layers must be three counts' in msg, msg
-
-
-def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
-    """A progress bar of the evaluation's batches on stderr where it is a terminal, none where it
-    is not (a log file)."""
-    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
-                 boundary='none')
-    model = DynamicPoolingLM(cfg)
-    tokens = np.arange(400) % 9
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
-        monkeypatch.setattr(sys, 'stderr', stream)
-        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
-        monkeypatch.undo()
-        assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys)
+    assert 'layers must be three counts' in msg, msg
 
 
 def test_train_a_name_in_another_encoding_is_one_line(synth, tmp_path):

@@ -5,8 +5,10 @@
     python train.py --out out/text8-entropy --resume --max-time 540   # 9 more minutes of it
     python train.py --boundary whitespace --flop-budget vanilla:200000  # vanilla's compute
     torchrun --nproc_per_node=8 train.py --boundary whitespace          # DDP over 8 GPUs (NCCL)
+    python train.py --import every_k.py --boundary every --every 3      # a source of one's own
 
-A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`.
+A run writes <out>/ckpt.pt and <out>/log.jsonl; the terminal ends with `test bpc <x> sf <y>`
+(bpb, bits per byte, where the dataset is bytes).
 Exit codes: 0 finished (or stopped by --max-time, --stop-step), 1 a fault or a diverged
 run, 2 a bad flag, 75 stopped by SIGTERM or SIGUSR1 (the step in flight finished and
 saved: --resume continues it), 130 Ctrl-C.
@@ -19,19 +21,17 @@ import sys
 import time
 from collections import namedtuple
 from contextlib import closing, nullcontext
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, kept, restore_training, resume_command,
-                        save_checkpoint, training_state)
+from checkpoint import (check_resumable, import_flags, kept, restore_training,
+                        resume_command, save_checkpoint, training_state)
 from common import UserError
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
@@ -144,6 +144,20 @@ class Trainer:
         if self.procs.rank == 0:
             print(line, flush=True)
 
+    def unit(self):
+        """What a token of the data is: 'byte' where its encoding is bytes, else 'char'."""
+        # (dataset.unit(vocab) once dataset.py has it)
+        if self.data_identity['vocab']['encoding'] == 'bytes':
+            return 'byte'
+        return 'char'
+
+    def bits(self):
+        """The key of the bits per unit in records and terminal lines: bpb where the unit
+        is a byte, else bpc (never both in one run)."""
+        if self.unit() == 'byte':
+            return 'bpb'
+        return 'bpc'
+
 
 def reseed_rank(seed, rank, step):
     """Only rank 0's random state is saved: the others (their own dropout and Gumbel
@@ -231,17 +245,16 @@ def eval_windows(n, window, step):
 
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
-             procs=rt.Processes(), desc='evaluating'):
+             procs=rt.Processes()):
     """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
-    read. A progress bar on stderr where it is a terminal (rank 0)."""
+    read."""
     # this process's share of the windows
     wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]
     was_training = model.training
     model.eval()
     # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
     sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)
-    starts = range(0, len(wins), batch_size)
-    for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
+    for i in range(0, len(wins), batch_size):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
         ids = tokens[idx]  # [windows, W+1], read from the memmap once
@@ -288,14 +301,14 @@ def eval_and_log(t, splits, split, max_chars):
     started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
-                 args.device, t.autocast, t.procs, f'step {state.step} {split}')
+                 args.device, t.autocast, t.procs)
     subset = len(tokens) < len(splits[split])
-    rec = dict(kind='eval', step=state.step, split=split, bpc=r['bpc'], sf=r['sf'],
+    rec = dict(kind='eval', step=state.step, split=split, **{t.bits(): r['bpc']}, sf=r['sf'],
                boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
                train_chars=state.train_chars, train_flops=state.train_flops,
                train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
-    line = f'step {state.step} | {split} bpc {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
+    line = f'step {state.step} | {split} {t.bits()} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
     if r['boundary_p'] is not None:
         line += f'mean p {r["boundary_p"]:.3f} | '
     line += f'{r["chars"]:,} chars'
@@ -303,7 +316,7 @@ def eval_and_log(t, splits, split, max_chars):
         line += ' (a subset)'
     t.say(f'{line} | {time.monotonic() - started:.1f}s')
     if not math.isfinite(r['bpc']):
-        diverged(t, f'{split} bpc {r["bpc"]}')
+        diverged(t, f'{split} {t.bits()} {r["bpc"]}')
     return rec
 
 
@@ -319,17 +332,18 @@ def diverged(t, what):
         again = shlex.join(['python', 'train.py', *t.argv, '--lr', lower])
         how = f'no checkpoint was written; start again with a lower learning rate: {again}'
     else:
-        again = resume_command(t.args.out, '--lr', lower)
+        again = resume_command(t.args.out, *import_flags(t.args.imports), '--lr', lower)
         how = (f'kept the last finite checkpoint, {Path(t.args.out) / "ckpt.pt"} (step '
                f'{state.saved}); continue it with a lower learning rate: {again}')
     raise UserError(f'the run diverged at step {state.step} ({what}); {how}')
 
 
 def identify_data(meta, splits, data):
-    """What a checkpoint records of its data: the vocabulary with its cleaning (sample.py
-    cleans a prompt as the data was cleaned) and the data's path and fingerprint."""
+    """What a checkpoint records of its data: the vocabulary with its encoding and cleaning
+    (sample.py encodes a prompt as the data was) and the data's path and fingerprint."""
     cleaning = meta.get('cleaning') or {}
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
+    vocab['encoding'] = meta.get('encoding', 'paper')
     vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
     return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
 
@@ -383,13 +397,13 @@ def run(argv, procs):
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
                 t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(out)}')
+                      f'{resume_command(out, *import_flags(args.imports))}')
                 return rt.EXIT_PREEMPTED if stop else 0
             eval_and_log(t, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
-    sample = shlex.join(['python', 'sample.py', '--ckpt', args.out])
+    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports), '--ckpt', args.out])
     t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
-    t.say(f'test bpc {r["bpc"]:.4f} sf {r["sf"]:.2f}')
+    t.say(f'test {t.bits()} {r[t.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
 
 
@@ -406,7 +420,8 @@ def start_log(t, amp):
     if args.device.startswith('cuda'):
         device_name = torch.cuda.get_device_name(args.device)
     config = dict(kind='config', **vars(args), params=params, world=t.procs.world,
-                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved)
+                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved,
+                  encoding=t.data_identity['vocab']['encoding'], unit=t.unit())
     config['amp'] = amp
     t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
     return t.logger
@@ -434,7 +449,6 @@ def train(t, splits, labels):
         eval_and_log(t, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
     since = (time.monotonic(), state.step)  # the last record's clock and step
-    first = dataclasses.replace(state)  # this invocation's start
     t.model.train()
     while state.step < stop and not finished(state, args):
         lr = advance(t, batch)
@@ -463,7 +477,7 @@ def train(t, splits, labels):
                             f'..{state.step}, skipped: the weights stayed finite')
             if args.flop_budget is None:
                 state.train_flops += r['flops']
-            log_train(t, r, lr, steps, now - last, stop, first)
+            log_train(t, r, lr, steps, now - last, stop)
             save = save or r['save']
             if r['late'] and not end:
                 stop = state.step
@@ -524,31 +538,24 @@ def save_training(t):
         reseed_rank(t.args.seed, t.procs.rank, state.step)  # as a resumed run would
 
 
-def log_train(t, r, lr, steps, dt, stop, first):
+def log_train(t, r, lr, steps, dt, stop):
     """A train record of the statistics of the `steps` steps in `dt` seconds since the
-    last one, and its line, with an ETA from this invocation's speed: the steps (or
-    FLOPs) left at the rate of those since `first`, the RunState where it started."""
+    last one, and its line."""
     args = t.args
     state = t.state
-    seconds = state.train_time - first.train_time
     speed = steps * args.batch_size * args.seq_len / dt
-    bpc = r['lm_loss'] / math.log(2)
+    bits = r['lm_loss'] / math.log(2)
     t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
                       train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                      loss=r['loss'], bpc=bpc, sf=r['sf'], precision=r['precision'],
+                      loss=r['loss'], **{t.bits(): bits}, sf=r['sf'], precision=r['precision'],
                       recall=r['recall'], chars_per_s=round(speed), lr=lr,
                       grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
                       epoch=state.epoch))
-    if args.flop_budget is None:
-        where = f'{state.step}/{stop}'
-        left = (args.max_steps - state.step) / max(state.step - first.step, 1)
-    else:
+    where = f'{state.step}/{stop}'
+    if args.flop_budget is not None:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
-        spent = state.train_flops - first.train_flops
-        left = (args.flop_budget - state.train_flops) / max(spent, 1)
-    eta = timedelta(seconds=round(max(left, 0) * seconds))
-    t.say(f'step {where} | loss {r["loss"]:.3f} | bpc {bpc:.3f} | sf {r["sf"]:.2f} | '
-          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
+    t.say(f'step {where} | loss {r["loss"]:.3f} | {t.bits()} {bits:.3f} | sf {r["sf"]:.2f} | '
+          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s')
 
 
 def main(argv=None):
