@@ -4,6 +4,7 @@ Run:   python -m pytest -q test_train.py
 """
 
 
+import io
 import json
 import math
 import os
@@ -873,7 +874,7 @@ def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path,
     lines = capsys.readouterr().out.splitlines()
     steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
     assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(ln.endswith(' chars/s') and ' ms/step | ' in ln for ln in steps), steps
+    assert all(' ms/step | ' in ln and ' chars/s | ETA ' in ln for ln in steps), steps
     assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
     assert lines[-1].startswith('test bpc ')
     command = shlex.split(lines[-2].split('sample with: ')[1])
@@ -1271,6 +1272,24 @@ def test_train_resume_keeps_the_layers_and_refuses_damaged_ones(done_run, tmp_pa
     checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
     msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys)
     assert 'layers must be three counts' in msg, msg
+
+
+def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
+    """A progress bar of the evaluation's batches on stderr where it is a terminal, none where it
+    is not (a log file)."""
+    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
+                 boundary='none')
+    model = DynamicPoolingLM(cfg)
+    tokens = np.arange(400) % 9
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, 'stderr', stream)
+        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
+        monkeypatch.undo()
+        assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
 
 
 def test_train_a_name_in_another_encoding_is_one_line(synth, tmp_path):

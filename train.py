@@ -21,12 +21,14 @@ import sys
 import time
 from collections import namedtuple
 from contextlib import closing, nullcontext
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
@@ -245,16 +247,17 @@ def eval_windows(n, window, step):
 
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
-             procs=rt.Processes()):
+             procs=rt.Processes(), desc='evaluating'):
     """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
-    read."""
+    read. A progress bar on stderr where it is a terminal (rank 0)."""
     # this process's share of the windows
     wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]
     was_training = model.training
     model.eval()
     # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
     sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)
-    for i in range(0, len(wins), batch_size):
+    starts = range(0, len(wins), batch_size)
+    for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
         ids = tokens[idx]  # [windows, W+1], read from the memmap once
@@ -301,7 +304,7 @@ def eval_and_log(t, splits, split, max_chars):
     started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
-                 args.device, t.autocast, t.procs)
+                 args.device, t.autocast, t.procs, f'step {state.step} {split}')
     subset = len(tokens) < len(splits[split])
     rec = dict(kind='eval', step=state.step, split=split, **{t.bits(): r['bpc']}, sf=r['sf'],
                boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
@@ -449,6 +452,7 @@ def train(t, splits, labels):
         eval_and_log(t, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
     since = (time.monotonic(), state.step)  # the last record's clock and step
+    first = dataclasses.replace(state)  # this invocation's start
     t.model.train()
     while state.step < stop and not finished(state, args):
         lr = advance(t, batch)
@@ -477,7 +481,7 @@ def train(t, splits, labels):
                             f'..{state.step}, skipped: the weights stayed finite')
             if args.flop_budget is None:
                 state.train_flops += r['flops']
-            log_train(t, r, lr, steps, now - last, stop)
+            log_train(t, r, lr, steps, now - last, stop, first)
             save = save or r['save']
             if r['late'] and not end:
                 stop = state.step
@@ -538,11 +542,13 @@ def save_training(t):
         reseed_rank(t.args.seed, t.procs.rank, state.step)  # as a resumed run would
 
 
-def log_train(t, r, lr, steps, dt, stop):
+def log_train(t, r, lr, steps, dt, stop, first):
     """A train record of the statistics of the `steps` steps in `dt` seconds since the
-    last one, and its line."""
+    last one, and its line, with an ETA from this invocation's speed: the steps (or
+    FLOPs) left at the rate of those since `first`, the RunState where it started."""
     args = t.args
     state = t.state
+    seconds = state.train_time - first.train_time
     speed = steps * args.batch_size * args.seq_len / dt
     bits = r['lm_loss'] / math.log(2)
     t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
@@ -551,11 +557,16 @@ def log_train(t, r, lr, steps, dt, stop):
                       recall=r['recall'], chars_per_s=round(speed), lr=lr,
                       grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
                       epoch=state.epoch))
-    where = f'{state.step}/{stop}'
-    if args.flop_budget is not None:
+    if args.flop_budget is None:
+        where = f'{state.step}/{stop}'
+        left = (args.max_steps - state.step) / max(state.step - first.step, 1)
+    else:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+        spent = state.train_flops - first.train_flops
+        left = (args.flop_budget - state.train_flops) / max(spent, 1)
+    eta = timedelta(seconds=round(max(left, 0) * seconds))
     t.say(f'step {where} | loss {r["loss"]:.3f} | {t.bits()} {bits:.3f} | sf {r["sf"]:.2f} | '
-          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s')
+          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
 
 
 def main(argv=None):
