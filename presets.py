@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import importlib
 import importlib.util
+import math
 import sys
 import uuid
 from pathlib import Path
@@ -187,7 +188,9 @@ def add_model_flags(p):
             kind = dict(type=type(field.default))
             if kind['type'] is bool:
                 kind = dict(action=argparse.BooleanOptionalAction)
-            elif kind['type'] not in (int, float, str):
+            elif kind['type'] is float:
+                kind = dict(type=common.float_range(-math.inf))  # finite: no nan, no inf
+            elif kind['type'] not in (int, str):
                 continue  # (a tuple, a list: set in code, not by a flag)
             if flag in p._option_string_actions:
                 continue  # (an option two sources share: one flag)

@@ -35,6 +35,7 @@ import runtime as rt
 from checkpoint import (check_resumable, import_flags, kept, restore_training,
                         resume_command, save_checkpoint, training_state)
 from common import UserError
+import dataset
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
 from presets import budget_flops, model_config, resolve_args
@@ -148,10 +149,7 @@ class Trainer:
 
     def unit(self):
         """What a token of the data is: 'byte' where its encoding is bytes, else 'char'."""
-        # (dataset.unit(vocab) once dataset.py has it)
-        if self.data_identity['vocab']['encoding'] == 'bytes':
-            return 'byte'
-        return 'char'
+        return dataset.unit(self.data_identity['vocab'])
 
     def bits(self):
         """The key of the bits per unit in records and terminal lines: bpb where the unit
