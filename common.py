@@ -116,7 +116,9 @@ def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
     """Argument type: a finite float between lo and hi (inf: no end; *_open: the end
     excluded)."""
     rule = f'a finite number >= {lo:g}'
-    if lo_open:
+    if lo == -math.inf:
+        rule = 'a finite number'
+    elif lo_open:
         rule = f'a finite number > {lo:g}'
     if hi_open:
         rule += f' and < {hi:g}'
