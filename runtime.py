@@ -295,19 +295,6 @@ class Logger:
                   f'{resumed_from}, the checkpoint (the resumed run redoes them)', file=sys.stderr)
         if cut or dropped:
             common.write_atomic(self.path, b''.join(kept))
-        try:  # the optional packages, where their flags ask
-            if args.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(out_dir / 'tensorboard'))
-            if args.wandb:
-                import wandb
-                self.wandb = wandb.init(project=args.wandb, name=out_dir.name, config=config_record)
-        except Exception as e:  # not installed, or W&B's network or login: one line
-            flag = '--wandb'
-            if args.tensorboard and self.tb is None:
-                flag = '--tensorboard'
-            raise UserError(f'{flag} needs the {flag[2:]} package installed and working '
-                            f'({common.first_line(e)[:200]}); pip install, or drop it') from None
         self.log(config_record)
 
     def log(self, rec):
@@ -331,22 +318,6 @@ class Logger:
             raise
         finally:
             os.close(fd)
-        if rec['kind'] == 'config':
-            return
-        group = rec.get('split', rec['kind'])  # train, valid, test, diverged
-        scalars = {f'{group}/{k}': v for k, v in rec.items()
-                   if type(v) in (int, float) and k != 'step'}
-        if self.tb:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, rec['step'])
-        if self.wandb:
-            self.wandb.log(scalars, step=rec['step'])
-
-    def close(self):
-        if self.tb:
-            self.tb.close()
-        if self.wandb:
-            self.wandb.finish()
 
 
 class StepStats:
