@@ -185,35 +185,31 @@ def segment_summary(n, boundaries, prompt_len, unit='character'):
             f'({in_prompt} in the prompt){still_open}; {sf}')
 
 
-def entropy_figure(pieces, entropy, spikes, boundaries, k, title, prompt_len, per_row=80):
-    """The paper's Figure 2 → a Figure, a row of axes per `per_row`
-    tokens: entropy (bits), red dashed lines after the rule's
-    spikes, the model's segment ends in green, the prompt grey."""
+def entropy_figure(out, title, prompt_len, per_row=80):
+    """The paper's Figure 2 for generate's first sample → a Figure, a row of axes per
+    `per_row` tokens: entropy (bits), red dashed lines after the rule's spikes, the model's
+    segment ends in green, the prompt grey."""
     plt = import_pyplot('--entropy-plot')
-    n = len(pieces)
-    n_rows = max(1, math.ceil(n / per_row))
-    top = max(1e-3, max(entropy)) * 1.2   # room above the curve for the model's row
-    width = max(8, 0.16 * min(per_row, n) + 1)
-    fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(width, 1.9 * n_rows + 0.6))
-    for r, ax in enumerate(axes[:, 0]):
-        xs = range(r * per_row, min(n, (r + 1) * per_row))
-        # the prompt, cut to this row by its limits
-        ax.axvspan(-0.5, prompt_len - 0.5, color='0.9', lw=0)
-        ax.plot(xs, entropy[xs.start:xs.stop], '-o', ms=2.5, lw=1, color='tab:blue',
-                label='entropy H_t')
-        ax.vlines([t + 0.5 for t in xs if spikes[t]], 0, top, colors='tab:red', linestyles='--',
-                  lw=0.8, label=f'entropy spike (k={k})')
-        if boundaries is not None:
-            ends = [t + 0.5 for t in xs if boundaries[t]]
-            ax.plot(ends, [0.94 * top] * len(ends), 'v', ms=4, color='tab:green', ls='',
-                    label="the model's segment ends")
-        labels = ['␣' if pieces[t] == ' ' else repr(pieces[t])[1:-1] for t in xs]
-        ax.set_xticks(xs, labels, fontsize=7, family='monospace')
-        ax.tick_params(axis='x', length=0)
-        ax.set(xlim=(xs.start - 0.5, xs.start + per_row - 0.5), ylim=(0, top), ylabel='bits')
+    pieces = out.pieces[0]
+    entropy = out.entropy[0]
+    top = 1.1 * max(entropy) + 0.1
+    n_rows = math.ceil(len(pieces) / per_row)
+    fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(14, 2 * n_rows + 0.5))
+    for row, ax in enumerate(axes[:, 0]):
+        xs = range(row * per_row, min(len(pieces), (row + 1) * per_row))
+        ax.axvspan(-0.5, prompt_len - 0.5, color='0.9')
+        ax.plot(xs, entropy[xs.start:xs.stop], '.-', label='entropy H_t')
+        spikes = [t + 0.5 for t in xs if out.spikes[0][t]]
+        ax.vlines(spikes, 0, top, colors='red', linestyles='--', label=f'entropy spike (k={out.k})')
+        if out.boundaries is not None:
+            ends = [t + 0.5 for t in xs if out.boundaries[0][t]]
+            ax.plot(ends, [top] * len(ends), 'gv', label="the model's segment ends")
+        labels = [repr(pieces[t])[1:-1].replace(' ', '␣') for t in xs]
+        ax.set_xticks(xs, labels, fontsize=7)
+        ax.set_xlim(xs.start - 0.5, xs.start + per_row - 0.5)
+        ax.set_ylabel('bits')
     axes[0, 0].set_title(title + '  (grey: prompt)', fontsize=9)
-    axes[0, 0].legend(loc='lower right', fontsize=7, ncol=3, bbox_to_anchor=(1, 1.02),
-                      frameon=False)
+    axes[0, 0].legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return fig
 
@@ -331,8 +327,7 @@ def run(args):
     if args.entropy_plot:
         run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
         title = f'{run_name}: boundary={model.cfg.boundary}, next-{unit} entropy'
-        fig = entropy_figure(out.pieces[0], out.entropy[0], out.spikes[0],
-                             out.boundaries and out.boundaries[0], out.k, title, len(ids))
+        fig = entropy_figure(out, title, len(ids))
         try:
             write_atomic(args.entropy_plot,
                          lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
