@@ -8,7 +8,6 @@ dynamic pooling), and cached against recomputed generation (docs/performance.md)
 """
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
@@ -26,8 +25,10 @@ import common
 import dynpool
 import presets
 from common import UserError
-from dynpool import Config, DynamicPoolingLM, step_flops
-from runtime import generation_bytes, pick_device, require_memory, setup_precision, use_tf32
+from checkpoint import config_from_dict
+from dynpool import DynamicPoolingLM, step_flops
+from runtime import (Processes, generation_bytes, pick_device, require_memory, setup_precision,
+                     start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
@@ -151,11 +152,11 @@ def parse_args(argv=None):
     args = parser().parse_args(argv)
     args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
-    cuda = args.device.startswith('cuda')
+    args.cuda = args.device.startswith('cuda')
     if args.device.startswith('mps'):
         raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda', code=2)
-    defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if cuda else CPU_DEFAULTS))
-    if cuda and args.preset == 'paper':
+    defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if args.cuda else CPU_DEFAULTS))
+    if args.cuda and args.preset == 'paper':
         defaults['configs'] += GPU_EXTRA
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -171,7 +172,7 @@ def parse_args(argv=None):
         model_config(args, name)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if cuda:
+    if args.cuda:
         args.where = torch.cuda.get_device_name(args.device)
     else:
         args.where = f'CPU, {torch.get_num_threads()} threads'
@@ -180,7 +181,7 @@ def parse_args(argv=None):
 
 # -----------------------------------------------------------------------------
 # configurations
-def model_config(args, name, **override):
+def model_config(args, name):
     """'ws5.5+compile+blocked' → (its Config, K or None, compiled?); a bad name or
     Config's own refusal is one UserError (exit 2)."""
     base, *suffixes = name.split('+')
@@ -196,9 +197,8 @@ def model_config(args, name, **override):
     if k is not None and not (1 <= k <= args.seq_len and (base != 'fixed' or k.is_integer())):
         raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] '
                         '(an integer for fixed)', code=2)
-    # every Config field that a flag sets
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
-              if getattr(args, f.name, None) is not None}
+    # the flags that are set (config_from_dict keeps Config's fields)
+    fields = {key: value for key, value in vars(args).items() if value is not None}
     fields.update(vocab_size=VOCAB, boundary=boundary, whitespace_id=0)
     if boundary == 'fixed':
         fields['fixed_factor'] = int(k)
@@ -206,8 +206,8 @@ def model_config(args, name, **override):
     if attention:
         fields['attention'] = attention[-1]
     try:
-        cfg = Config(**fields | override)
-    except ValueError as e:
+        cfg = config_from_dict(fields)
+    except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes
 
@@ -253,7 +253,7 @@ def time_calls(fn, n, args):
     for _ in range(n):
         start = time.perf_counter()
         fn()
-        if args.device.startswith('cuda'):
+        if args.cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
@@ -261,29 +261,28 @@ def time_calls(fn, n, args):
 
 def matmul_peak(args):
     """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
-    the machine's own peak."""
+    the machine's own peak (the best: the first calls warm up, a GPU's clocks rise)."""
     n = args.peak_n
-    cuda = args.device.startswith('cuda')
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp, torch.float32)
     a = torch.randn(n, n, device=args.device, dtype=dtype)
-    b = torch.randn(n, n, device=args.device, dtype=dtype)
 
     def mm():
-        torch.mm(a, b)
-    time_calls(mm, 10 if cuda else 1, args)   # warm-up: GPU clocks rise
-    return 2 * n ** 3 / min(time_calls(mm, 20 if cuda else 5, args))
+        torch.mm(a, a)
+    calls = 6
+    if args.cuda:
+        calls = 30
+    return 2 * n ** 3 / min(time_calls(mm, calls, args))
 
 
 def resident(field):
     """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in
-    bytes; without Linux's /proc, the peak over the whole process (getrusage)."""
+    bytes; without /proc, the peak over the whole process."""
     try:
         with open('/proc/self/status') as f:
             line = next(line for line in f if line.startswith(field + ':'))
             return int(line.split()[1]) * 1024
     except OSError:
-        kib = 1 if sys.platform == 'darwin' else 1024   # ru_maxrss: bytes on macOS
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
 
 
 # ----------------------------------------------------------------------------- the table
@@ -292,16 +291,15 @@ def run_one(args, name):
     over the timed steps (compilation and autotuning are not in it); step mem: that peak
     minus the use before the warm-up (gradients, Adam moments count)."""
     step, outs = prepared(args, name)[1:3]
-    cuda = args.device.startswith('cuda')
-    base = torch.cuda.memory_allocated() if cuda else resident('VmRSS')
+    base = torch.cuda.memory_allocated() if args.cuda else resident('VmRSS')
     time_calls(step, args.warmup, args)
-    if cuda:
+    if args.cuda:
         torch.cuda.reset_peak_memory_stats()
     else:   # VmHWM restarts at the resident set of now (Linux; elsewhere: the peak stays)
         with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
             f.write('5')
     times = time_calls(step, args.steps, args)
-    peak = torch.cuda.max_memory_allocated() if cuda else resident('VmHWM')
+    peak = torch.cuda.max_memory_allocated() if args.cuda else resident('VmHWM')
     sf = outs[0].shortening_factor
     sf = 1.0 if sf is None else float(sf)
     print(json.dumps(dict(name=name, times=times, peak=peak, step_mem=peak - base, sf=sf)),
@@ -330,7 +328,7 @@ def precision(args):
     """The training dtype in words."""
     if args.amp != 'off':
         return f'{args.amp} autocast'
-    if args.device.startswith('cuda'):
+    if args.cuda:
         return 'fp32 (TF32 matmuls)'
     return 'fp32'
 
@@ -386,7 +384,7 @@ def print_table(args, table, peak):
     the same +suffixes (or plain vanilla), if measured."""
     print('model FLOPs: dynpool.step_flops, n_short = 1 + L/SF, SF measured in the step')
     w = max(8, *map(len, table))
-    mem = 'peak alloc MiB' if args.device.startswith('cuda') else 'peak RSS MiB'
+    mem = 'peak alloc MiB' if args.cuda else 'peak RSS MiB'
     print(f'\n{"config":{w}s} {"SF":>6s} {"step ms":>9s} {"chars/s":>9s} {"speed-up":>8s} '
           f'{mem:>14s} {"step mem MiB":>13s} {"mem ratio":>9s} {"GFLOP":>8s} {"GFLOP/s":>8s} '
           f'{"MFU":>6s}')
@@ -453,8 +451,8 @@ def bench_generate(args):
     print(f'  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
     for name in GENERATED:
         torch.manual_seed(args.seed)
-        model = DynamicPoolingLM(model_config(args, name, dropout=0.0, dropatt=0.0)[0])
-        model = model.to(args.device).eval()
+        # (eval: no dropout)
+        model = DynamicPoolingLM(model_config(args, name)[0]).to(args.device).eval()
 
         def cached():
             model.generate(x, n, greedy=True)
@@ -464,7 +462,7 @@ def bench_generate(args):
             for _ in range(m):
                 seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
         with torch.no_grad():   # a short warm-up generation, then the two timed
-            time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)
+            model.generate(x, min(4, n), greedy=True)
             cached_rate = args.gen_batch * n / time_calls(cached, 1, args)[0]
             full_rate = args.gen_batch * m / time_calls(recompute, 1, args)[0]
         print(f'  {name:10s} {"model.generate (prefill included)":36s} {cached_rate:9.1f} '
@@ -475,9 +473,7 @@ def bench_generate(args):
 # ----------------------------------------------------------------------------- main
 def run(argv):
     args = parse_args(argv)
-    if args.device.startswith('cuda'):
-        torch.cuda.set_device(torch.device(args.device))
-    use_tf32(args.device)   # as train.py trains
+    start_processes(args.device, Processes())   # TF32, as train.py trains
     if args.generate:
         return bench_generate(args)
     if args.one:

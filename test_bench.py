@@ -217,6 +217,7 @@ def test_peak_memory_counts_from_after_the_warm_up(monkeypatch, capsys):
     calls = []
     args = bench.parse_args(TINY + ['--one', 'vanilla', '--steps', '2', '--warmup', '2'])
     args.device = 'cuda'   # after parsing: every CUDA call below is stood in for
+    args.cuda = True
     out = SimpleNamespace(shortening_factor=None)
     monkeypatch.setattr(bench, 'prepared', lambda a, n: (
         None, lambda: calls.append('step'), [out], None))
