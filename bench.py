@@ -344,25 +344,25 @@ def measure(args):
     print(f'{args.rounds} rounds × {len(args.names)} configurations, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps')
     width = max(map(len, args.names))
-    runs = {name: [] for name in args.names}
+    runs = {name: [] for name in args.names}   # a failed configuration leaves it
     failed = {}
     peaks = []
     for r in range(args.rounds):
         peaks.append(matmul_peak(args))
         torch.cuda.empty_cache()   # the matrices' memory to the children (no-op on CPU)
-        for name in [n for n in args.names if n not in failed]:
+        for name in list(runs):
             record, why = spawn(args, name)
             if record:
                 runs[name].append(record)
                 said = f'{statistics.median(record["times"]) * 1e3:9.0f} ms'
             else:
                 failed[name] = why
+                del runs[name]
                 said = f'failed: {why}'
             print(f'  round {r + 1}: {name:{width}s} {said}', flush=True)
     print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3 {precision(args)}, '
           f'best of {len(peaks)})')
-    measured = {name: records for name, records in runs.items() if name not in failed}
-    return summarise(args, measured), failed, max(peaks)
+    return summarise(args, runs), failed, max(peaks)
 
 
 def summarise(args, runs):
@@ -371,7 +371,7 @@ def summarise(args, runs):
     for name, records in runs.items():
         sf = records[0]['sf']
         cfg = model_config(args, name)[0]
-        n_short = None if cfg.boundary == 'none' else 1 + args.seq_len / sf
+        n_short = 1 + args.seq_len / sf   # (step_flops: vanilla has no shortened stage)
         table[name] = dict(time=statistics.median(t for r in records for t in r['times']), sf=sf,
                            peak=max(r['peak'] for r in records),
                            mem=statistics.median(r['step_mem'] for r in records),

@@ -58,11 +58,6 @@ def clean_prompt(text, vocab):
     return out, f'{how}, from {source}'
 
 
-def quoted(text):
-    """text in double quotes, unprintable characters escaped: a message stays one line."""
-    return '"' + repr(text)[1:-1] + '"'
-
-
 def is_bytes(vocab):
     """Whether the checkpoint's data is raw UTF-8 bytes (meta.json's encoding)."""
     return vocab.get('encoding') == 'bytes'
@@ -83,10 +78,10 @@ def encode_prompt(prompt, vocab):
     else:
         text, how = clean_prompt(prompt, vocab)
         if prompt.strip() and not text:
-            raise UserError(f'--prompt {quoted(prompt)} keeps none of its characters once '
+            raise UserError(f'--prompt {prompt!r} keeps none of its characters once '
                             f"cleaned ({how}): write it in the checkpoint's alphabet", code=2)
         if text != prompt:
-            print(f'prompt cleaned ({how}): {quoted(prompt)} -> {quoted(text)}',
+            print(f'prompt cleaned ({how}): {prompt!r} -> {text!r}',
                   file=sys.stderr)
     index = {c: i for i, c in enumerate(vocab['alphabet'])}
     unseen = ', '.join(sorted({repr(c) for c in text if c not in index}))

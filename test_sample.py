@@ -170,7 +170,7 @@ def test_sample_cli_cleans_the_prompt_and_says_how(ckpts, capsys):
     assert out.startswith('hello world four two') and len(out) == len('hello world four two') + 6
     assert err.count('\n') == 1
     assert err.startswith('prompt cleaned (cleaning.clean, en, from text8')
-    assert err.rstrip('\n').endswith('"Hello, World 42!" -> "hello world four two"')
+    assert err.rstrip('\n').endswith("'Hello, World 42!' -> 'hello world four two'")
     rc, out, err = _main(['--ckpt', ckpts['whitespace'], '--prompt', 'the cat ', '--chars', 5],
                          capsys)
     assert rc == 0 and out.startswith('the cat ') and err == ''        # clean already: nothing said
