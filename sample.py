@@ -164,22 +164,6 @@ def show_segments(pieces, boundaries, sep='|', prompt_len=None, mark=PROMPT_MARK
     return ''.join(out) + marks
 
 
-def segment_summary(n, boundaries, prompt_len, unit='character'):
-    """One line: tokens (`unit`s), segments closed (in the prompt, in all), open,
-    shortening factor."""
-    b = boundaries[:n]
-    closed = sum(map(bool, b))
-    in_prompt = sum(map(bool, b[:prompt_len]))
-    still_open = ''
-    if b and not b[-1]:
-        still_open = ' and 1 still open'
-    sf = 'no segment closed yet'
-    if closed:
-        sf = f'shortening factor {n / closed:.2f}'
-    return (f'{n} {unit}s ({prompt_len} of the prompt), {closed} segments closed '
-            f'({in_prompt} in the prompt){still_open}; {sf}')
-
-
 def entropy_figure(out, title, prompt_len, per_row=80):
     """The paper's Figure 2 for generate's first sample → a Figure, a row of axes per
     `per_row` tokens: entropy (bits), red dashed lines after the rule's spikes, the model's
@@ -270,25 +254,18 @@ def prompt_ids(args, ckpt):
     return ids
 
 
-def print_samples(args, out, prompt_len, unit):
-    """The samples on stdout (segments marked with --show-segments),
-    their counts on stderr."""
+def print_samples(args, out, prompt_len):
+    """The samples on stdout, segments marked with --show-segments."""
     b = out.boundaries
     if args.show_segments and b is None:
         print('note: a vanilla checkpoint has no segments to show', file=sys.stderr)
     for i, pieces in enumerate(out.pieces):
         if i:
             print('-' * 40)
-        if not args.show_segments:
+        if args.show_segments:
+            print(show_segments(pieces, b and b[i], '|', prompt_len))
+        else:
             print(''.join(pieces))
-            continue
-        print(show_segments(pieces, b and b[i], '|', prompt_len))
-        if b is None:
-            continue
-        which = 'segments: '
-        if len(out.pieces) > 1:
-            which = f'segments of sample {i + 1}: '
-        print(which + segment_summary(len(pieces), b[i], prompt_len, unit), file=sys.stderr)
 
 
 def plot_format(path):
@@ -318,7 +295,7 @@ def run(args):
     require_memory(need, what, args.device, 'lower --chars or --num-samples, or shorten '
                    '--prompt')
     out = generate(args, model, ids, ckpt)
-    print_samples(args, out, len(ids), unit)
+    print_samples(args, out, len(ids))
     if args.entropy_plot:
         run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
         title = f'{run_name}: boundary={model.cfg.boundary}, next-{unit} entropy'
