@@ -150,7 +150,7 @@ def parse_args(argv=None):
     args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
     args.cuda = args.device.startswith('cuda')
-    if args.device.startswith('mps'):
+    if args.device == 'mps':
         raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda', code=2)
     defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if args.cuda else CPU_DEFAULTS))
     if args.cuda and args.preset == 'paper':
@@ -321,22 +321,13 @@ def spawn(args, name):
     return None, why
 
 
-def precision(args):
-    """The training dtype in words."""
-    if args.amp != 'off':
-        return f'{args.amp} autocast'
-    if args.cuda:
-        return 'fp32 (TF32 matmuls)'
-    return 'fp32'
-
-
 def measure(args):
     """Every configuration in interleaved rounds (a noisy neighbour slows all alike),
     the matmul peak before each → ({name: row}, {name: why it failed}, peak). A row: the
     median step over all rounds, peak and step memory, SF, model FLOPs."""
     print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner '
           f'{args.d_inner}, L {args.seq_len}, batch {args.batch}, layers {args.layers}, dropout '
-          f'{args.dropout}/{args.dropatt}, {precision(args)}, {args.where}, torch '
+          f'{args.dropout}/{args.dropatt}, amp {args.amp}, {args.where}, torch '
           f'{torch.__version__}')
     print(f'{args.rounds} rounds × {len(args.names)} configurations, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps')
@@ -357,8 +348,8 @@ def measure(args):
                 del runs[name]
                 said = f'failed: {why}'
             print(f'  round {r + 1}: {name:{width}s} {said}', flush=True)
-    print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3 {precision(args)}, '
-          f'best of {len(peaks)})')
+    print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3, amp {args.amp}, best '
+          f'of {len(peaks)})')
     return summarise(args, runs), failed, max(peaks)
 
 
@@ -417,8 +408,8 @@ def record_paper(args, table):
             raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it '
                             'away')
     flops_per_s = statistics.median(row['flops'] / row['time'] for row in table.values())
-    today = datetime.date.today().isoformat()
-    entries[args.where] = dict(flops_per_s=flops_per_s, date=today, torch=torch.__version__)
+    entries[args.where] = dict(flops_per_s=flops_per_s, date=str(datetime.date.today()),
+                               torch=torch.__version__)
     PAPER_FILE.parent.mkdir(exist_ok=True)
     common.write_atomic(PAPER_FILE, json.dumps(entries, indent=1) + '\n')
     print(f'{flops_per_s / 1e9:.1f} GFLOP/s on {args.where} recorded in {PAPER_FILE}')
@@ -450,16 +441,14 @@ def bench_generate(args):
         # (eval: no dropout)
         model = DynamicPoolingLM(model_config(args, name)[0]).to(args.device).eval()
 
-        def cached():
-            model.generate(x, n, greedy=True)
-
         def recompute():
             seq = x
             for _ in range(m):
                 seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
         with torch.no_grad():   # a short warm-up generation, then the two timed
             model.generate(x, min(4, n), greedy=True)
-            cached_rate = args.gen_batch * n / time_calls(cached, 1, args)[0]
+            cached_s = time_calls(lambda: model.generate(x, n, greedy=True), 1, args)[0]
+            cached_rate = args.gen_batch * n / cached_s
             full_rate = args.gen_batch * m / time_calls(recompute, 1, args)[0]
         print(f'  {name:10s} {"model.generate (prefill included)":36s} {cached_rate:9.1f} '
               f'{cached_rate / full_rate:8.1f}×')

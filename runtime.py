@@ -119,9 +119,7 @@ def generation_bytes(cfg, batch, prompt_len, new):
     length = prompt_len + new
     caches = (2 * batch + 1) * sum(cfg.layers) * cfg.n_head * cfg.d_head * length
     scores = 4 * batch * cfg.n_head * prompt_len ** 2
-    pooling = 0
-    if cfg.boundary != 'none':
-        pooling = 4 * batch * prompt_len ** 2
+    pooling = 4 * batch * prompt_len ** 2   # (vanilla has none: a bound all the same)
     activations = 4 * batch * length * (cfg.d_inner + 4 * cfg.d_model + cfg.vocab_size)
     return 4 * (caches + scores + pooling + activations)
 

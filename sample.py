@@ -147,17 +147,17 @@ def generate(args, model, ids, ckpt):
                            spikes=entropy_spikes(entropy, k).tolist(), boundaries=boundaries)
 
 
-def show_segments(pieces, boundaries, sep='|', prompt_len=None, mark=PROMPT_MARK):
-    """The text of `pieces` (decode's, or a string: a character a token) with `sep` after
-    each b_t = 1 and `mark` after the prompt's prompt_len tokens; a mark that falls
+def show_segments(pieces, boundaries, prompt_len=None):
+    """The text of `pieces` (decode's, or a string: a character a token) with | after
+    each b_t = 1 and PROMPT_MARK after the prompt's prompt_len tokens; a mark that falls
     inside a character (bytes) follows the character."""
     out = []
     marks = ''
     for t, piece in enumerate(pieces):
         if boundaries is not None and boundaries[t]:
-            marks += sep
+            marks += '|'
         if t + 1 == prompt_len:
-            marks += mark
+            marks += PROMPT_MARK
         if piece:
             out.append(piece + marks)
             marks = ''
@@ -167,7 +167,7 @@ def show_segments(pieces, boundaries, sep='|', prompt_len=None, mark=PROMPT_MARK
 def entropy_figure(out, title, prompt_len, per_row=80):
     """The paper's Figure 2 for generate's first sample → a Figure, a row of axes per
     `per_row` tokens: entropy (bits), red dashed lines after the rule's spikes, the model's
-    segment ends in green, the prompt grey."""
+    segment ends in green, a grey line where the prompt ends."""
     plt = import_pyplot('--entropy-plot')
     pieces = out.pieces[0]
     entropy = out.entropy[0]
@@ -176,8 +176,9 @@ def entropy_figure(out, title, prompt_len, per_row=80):
     fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(14, 2 * n_rows + 0.5))
     for row, ax in enumerate(axes[:, 0]):
         xs = range(row * per_row, min(len(pieces), (row + 1) * per_row))
-        ax.axvspan(-0.5, prompt_len - 0.5, color='0.9')
-        ax.plot(xs, entropy[xs.start:xs.stop], '.-', label='entropy H_t')
+        if prompt_len - 1 in xs:
+            ax.axvline(prompt_len - 0.5, color='grey')
+        ax.plot(xs, entropy[xs.start:xs.stop], '.-', label='entropy H_t (bits)')
         spikes = [t + 0.5 for t in xs if out.spikes[0][t]]
         ax.vlines(spikes, 0, top, colors='red', linestyles='--', label=f'entropy spike (k={out.k})')
         if out.boundaries is not None:
@@ -185,9 +186,7 @@ def entropy_figure(out, title, prompt_len, per_row=80):
             ax.plot(ends, [top] * len(ends), 'gv', label="the model's segment ends")
         labels = [repr(pieces[t])[1:-1].replace(' ', '␣') for t in xs]
         ax.set_xticks(xs, labels, fontsize=7)
-        ax.set_xlim(xs.start - 0.5, xs.start + per_row - 0.5)
-        ax.set_ylabel('bits')
-    axes[0, 0].set_title(title + '  (grey: prompt)', fontsize=9)
+    axes[0, 0].set_title(title + '  (grey: the prompt ends)', fontsize=9)
     axes[0, 0].legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return fig
@@ -263,7 +262,7 @@ def print_samples(args, out, prompt_len):
         if i:
             print('-' * 40)
         if args.show_segments:
-            print(show_segments(pieces, b and b[i], '|', prompt_len))
+            print(show_segments(pieces, b and b[i], prompt_len))
         else:
             print(''.join(pieces))
 

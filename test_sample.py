@@ -45,7 +45,7 @@ from cleaning import LANGS
 def test_sample_segment_display_reassembles(data):
     text = data.draw(st.text(alphabet=''.join(ALPHABET), max_size=60))
     b = data.draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
-    shown = sample.show_segments(text, b, '|')
+    shown = sample.show_segments(text, b)
     assert shown.replace('|', '') == text
     assert shown.count('|') == sum(b)
     pieces = shown.split('|')            # each closed segment, then the open one
@@ -56,7 +56,7 @@ def test_sample_segment_display_reassembles(data):
     assert sample.show_segments(text, None) == text
     # the prompt's end: one mark, after the prompt's last character and its separator
     n = data.draw(st.integers(1, max(1, len(text))))
-    marked = sample.show_segments(text, b, '|', prompt_len=n)
+    marked = sample.show_segments(text, b, prompt_len=n)
     assert marked.replace('|', '').replace(sample.PROMPT_MARK, '') == text
     if text:
         assert marked.count(sample.PROMPT_MARK) == 1
@@ -783,8 +783,8 @@ def test_bytes_are_decoded_once_their_character_completes():
     assert ids == list('aש'.encode()) and len(ids) == 3
     assert sample.decode(ids, vocab) == ['a', '', 'ש']
     assert sample.decode([0xFF, 0x61, 0xD7], vocab) == ['\ufffd', 'a', '\ufffd']
-    assert sample.show_segments(['a', '', 'ש'], [0, 1, 0], '|', prompt_len=2) == 'aש|»'
-    assert sample.show_segments(['a', '', 'ש'], [1, 1, 1], '|') == 'a|ש||'
+    assert sample.show_segments(['a', '', 'ש'], [0, 1, 0], prompt_len=2) == 'aש|»'
+    assert sample.show_segments(['a', '', 'ש'], [1, 1, 1]) == 'a|ש||'
 
 
 def test_sample_cli_bytes_checkpoint_prints_text(tmp_path, capsys):
