@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -27,8 +26,8 @@ import presets
 from common import UserError
 from checkpoint import config_from_dict
 from dynpool import DynamicPoolingLM, step_flops
-from runtime import (Processes, generation_bytes, pick_device, require_memory, setup_precision,
-                     start_processes)
+from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
+                     require_memory, setup_precision, start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
@@ -69,8 +68,7 @@ def forms():
 
 def parser():
     """The flags; model_flags and measuring_flags add most of them."""
-    p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--preset', choices=PRESETS, default='cpu',
                    help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, '
                         'L 2048, batch 8); the flags below override single values')
@@ -271,18 +269,13 @@ def matmul_peak(args):
     return 2 * n ** 3 / min(time_calls(mm, calls, args))
 
 
+# ----------------------------------------------------------------------------- the table
 def resident(field):
     """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in
     bytes; without /proc, the peak over the whole process."""
-    try:
-        with open('/proc/self/status') as f:
-            line = next(line for line in f if line.startswith(field + ':'))
-            return int(line.split()[1]) * 1024
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+    return proc_bytes('/proc/self/status', field, peak_mem_mb('cpu') * 2**20)
 
 
-# ----------------------------------------------------------------------------- the table
 def run_one(args, name):
     """The child: warm up, time args.steps steps, print one JSON line. Memory: the peak
     over the timed steps (compilation and autotuning are not in it); step mem: that peak

@@ -88,16 +88,22 @@ def check_model_memory(cfg, device):
     require_memory(need, 'the model, with gradients and Adam moments,', device, 'shrink the model')
 
 
+def proc_bytes(path, key, default):
+    """The `key: N kB` line of a Linux /proc file (meminfo, self/status) in bytes;
+    `default` where there is none."""
+    with suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1]) * 1024
+    return default
+
+
 def free_memory(device):
     """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
     where unknown)."""
     if 'cuda' in str(device):
         return torch.cuda.mem_get_info(device)[0]
-    with suppress(OSError), open('/proc/meminfo') as f:
-        for line in f:
-            if line.startswith('MemAvailable:'):
-                return int(line.split()[1]) * 1024
-    return math.inf
+    return proc_bytes('/proc/meminfo', 'MemAvailable', math.inf)
 
 
 def require_memory(need, what, device, fix):

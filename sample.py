@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import unicodedata
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -58,11 +59,6 @@ def clean_prompt(text, vocab):
     return out, f'{how}, from {source}'
 
 
-def is_bytes(vocab):
-    """Whether the checkpoint's data is raw UTF-8 bytes (meta.json's encoding)."""
-    return vocab.get('encoding') == 'bytes'
-
-
 def encode_prompt(prompt, vocab):
     """--prompt → token ids, as the checkpoint's data was encoded: 'bytes', its UTF-8
     bytes as they are; 'chars', NFC, a character outside the alphabet as the unknown
@@ -98,7 +94,7 @@ def decode(ids, vocab):
     """Token ids → the text each one completes, a string per token (joined: the text): a
     character per token; for bytes, a character at the byte that completes its UTF-8
     sequence ('' before), bytes that never form one as U+FFFD."""
-    if not is_bytes(vocab):
+    if vocab.get('encoding') != 'bytes':
         return [vocab['alphabet'][i] for i in ids]
     decoder = codecs.getincrementaldecoder('utf-8')('replace')
     pieces = [decoder.decode(bytes([i])) for i in ids]
@@ -197,7 +193,7 @@ def parse_args(argv=None):
     if argv is None:
         argv = sys.argv[1:]
     import_sources(argv)
-    p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0].strip())
+    p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--ckpt', required=True, type=nonblank,
                    help="train.py's ckpt.pt or its run folder")
     p.add_argument('--import', action='append', metavar='PATH_OR_MODULE',
@@ -286,7 +282,7 @@ def run(args):
     torch.set_num_threads(args.threads)
     model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     unit = 'character'
-    if is_bytes(ckpt['vocab']):
+    if ckpt['vocab'].get('encoding') == 'bytes':
         unit = 'byte'
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
@@ -296,7 +292,7 @@ def run(args):
     out = generate(args, model, ids, ckpt)
     print_samples(args, out, len(ids))
     if args.entropy_plot:
-        run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
+        run_name = Path(ckpt['path']).absolute().parent.name   # (a link's own name)
         title = f'{run_name}: boundary={model.cfg.boundary}, next-{unit} entropy'
         fig = entropy_figure(out, title, len(ids))
         try:
