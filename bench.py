@@ -101,13 +101,12 @@ def parser():
 def model_flags(p):
     """The model's sizes and Config fields (unset: the Config's default); train.py's
     flags of the model and its sources (presets.add_model_flags)."""
-    size = common.positive_int
     sizes = {'--d-model': 'model width', '--n-head': 'attention heads',
              '--d-head': 'width of one head', '--d-inner': 'feed-forward width',
              '--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
-        p.add_argument(flag, type=size, help=what)
+        p.add_argument(flag, type=common.positive_int, help=what)
     p.add_argument('--layers', type=presets.layer_counts, default=(2, 8, 2),
                    help='pre,shortened,post (2,8,2; vanilla: the sum)')
     p.add_argument('--dropout', type=common.fraction, default=0.1,

@@ -155,7 +155,7 @@ def to_device(t, device):
 
 def sum_dtype(device):
     """float64 for the running sums, where the device has it."""
-    return torch.float32 if torch.device(device).type == 'mps' else torch.float64
+    return torch.float32 if 'mps' in str(device) else torch.float64
 
 
 def start_processes(device, procs):
@@ -262,7 +262,6 @@ def whole_record(line):
         record = json.loads(line)
         if isinstance(record, dict) and line.endswith(b'\n'):
             return record
-    return None
 
 
 def after(record, step):
@@ -322,6 +321,10 @@ class Logger:
             raise
         finally:
             os.close(fd)
+
+    def close(self):
+        """Nothing to close: each record is written whole when logged (train.py closes the
+        log at the run's end)."""
 
 
 class StepStats:

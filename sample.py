@@ -167,7 +167,7 @@ def entropy_figure(out, title, prompt_len, per_row=80):
     plt = import_pyplot('--entropy-plot')
     pieces = out.pieces[0]
     entropy = out.entropy[0]
-    top = 1.1 * max(entropy) + 0.1
+    top = max(entropy) + 0.5   # room above the curve for the model's marks
     n_rows = math.ceil(len(pieces) / per_row)
     fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(14, 2 * n_rows + 0.5))
     for row, ax in enumerate(axes[:, 0]):
