@@ -8,12 +8,10 @@ dynamic pooling), and cached against recomputed generation (docs/performance.md)
 """
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,8 +24,10 @@ import common
 import dynpool
 import presets
 from common import UserError
-from dynpool import Config, DynamicPoolingLM, step_flops
-from runtime import generation_bytes, pick_device, require_memory, setup_precision, use_tf32
+from checkpoint import config_from_dict
+from dynpool import DynamicPoolingLM, step_flops
+from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
+                     require_memory, setup_precision, start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
@@ -68,8 +68,7 @@ def forms():
 
 def parser():
     """The flags; model_flags and measuring_flags add most of them."""
-    p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--preset', choices=PRESETS, default='cpu',
                    help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, '
                         'L 2048, batch 8); the flags below override single values')
@@ -102,13 +101,12 @@ def parser():
 def model_flags(p):
     """The model's sizes and Config fields (unset: the Config's default); train.py's
     flags of the model and its sources (presets.add_model_flags)."""
-    size = common.positive_int
     sizes = {'--d-model': 'model width', '--n-head': 'attention heads',
              '--d-head': 'width of one head', '--d-inner': 'feed-forward width',
              '--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
-        p.add_argument(flag, type=size, help=what)
+        p.add_argument(flag, type=common.positive_int, help=what)
     p.add_argument('--layers', type=presets.layer_counts, default=(2, 8, 2),
                    help='pre,shortened,post (2,8,2; vanilla: the sum)')
     p.add_argument('--dropout', type=common.fraction, default=0.1,
@@ -132,9 +130,6 @@ def measuring_flags(p):
                    help='torch.set_num_threads')
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
-    p.add_argument('--peak-flops', type=common.positive_float,
-                   help="MFU against this FLOP/s (e.g. a GPU's nominal bf16 peak) "
-                        'instead of the measured peak')
     p.add_argument('--no-pieces', action='store_true', help='no effect: old commands')
     p.add_argument('--timeout', type=common.positive_float,
                    help="seconds a configuration's process may take (default: none; GPU "
@@ -151,11 +146,11 @@ def parse_args(argv=None):
     args = parser().parse_args(argv)
     args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
-    cuda = args.device.startswith('cuda')
-    if args.device.startswith('mps'):
+    args.cuda = args.device.startswith('cuda')
+    if args.device == 'mps':
         raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda', code=2)
-    defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if cuda else CPU_DEFAULTS))
-    if cuda and args.preset == 'paper':
+    defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if args.cuda else CPU_DEFAULTS))
+    if args.cuda and args.preset == 'paper':
         defaults['configs'] += GPU_EXTRA
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -171,7 +166,7 @@ def parse_args(argv=None):
         model_config(args, name)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if cuda:
+    if args.cuda:
         args.where = torch.cuda.get_device_name(args.device)
     else:
         args.where = f'CPU, {torch.get_num_threads()} threads'
@@ -180,7 +175,7 @@ def parse_args(argv=None):
 
 # -----------------------------------------------------------------------------
 # configurations
-def model_config(args, name, **override):
+def model_config(args, name):
     """'ws5.5+compile+blocked' → (its Config, K or None, compiled?); a bad name or
     Config's own refusal is one UserError (exit 2)."""
     base, *suffixes = name.split('+')
@@ -196,9 +191,8 @@ def model_config(args, name, **override):
     if k is not None and not (1 <= k <= args.seq_len and (base != 'fixed' or k.is_integer())):
         raise UserError(f'configuration {name}: K must lie in [1, --seq-len {args.seq_len}] '
                         '(an integer for fixed)', code=2)
-    # every Config field that a flag sets
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config)
-              if getattr(args, f.name, None) is not None}
+    # the flags that are set (config_from_dict keeps Config's fields)
+    fields = {key: value for key, value in vars(args).items() if value is not None}
     fields.update(vocab_size=VOCAB, boundary=boundary, whitespace_id=0)
     if boundary == 'fixed':
         fields['fixed_factor'] = int(k)
@@ -206,8 +200,8 @@ def model_config(args, name, **override):
     if attention:
         fields['attention'] = attention[-1]
     try:
-        cfg = Config(**fields | override)
-    except ValueError as e:
+        cfg = config_from_dict(fields)
+    except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes
 
@@ -220,7 +214,7 @@ def prepared(args, name):
     (unigramK's targets), else None."""
     torch.manual_seed(args.seed)
     cfg, k, compiled = model_config(args, name)
-    model = DynamicPoolingLM(cfg).to(args.device).train()
+    model = DynamicPoolingLM(cfg).to(args.device)
     gen = torch.Generator().manual_seed(args.seed)
     B, L = args.batch, args.seq_len
     chars = torch.randint(0, VOCAB, (B, L + 1), generator=gen).to(args.device)
@@ -235,7 +229,7 @@ def prepared(args, name):
     outs = [None]
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         with args.autocast:
             outs[0] = run(x, targets=y, boundaries=b)
         args.scaler.scale(outs[0].loss).backward()
@@ -253,7 +247,7 @@ def time_calls(fn, n, args):
     for _ in range(n):
         start = time.perf_counter()
         fn()
-        if args.device.startswith('cuda'):
+        if args.cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
@@ -261,47 +255,40 @@ def time_calls(fn, n, args):
 
 def matmul_peak(args):
     """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
-    the machine's own peak."""
+    the machine's own peak (the best: the first calls warm up, a GPU's clocks rise)."""
     n = args.peak_n
-    cuda = args.device.startswith('cuda')
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp, torch.float32)
     a = torch.randn(n, n, device=args.device, dtype=dtype)
-    b = torch.randn(n, n, device=args.device, dtype=dtype)
 
     def mm():
-        torch.mm(a, b)
-    time_calls(mm, 10 if cuda else 1, args)   # warm-up: GPU clocks rise
-    return 2 * n ** 3 / min(time_calls(mm, 20 if cuda else 5, args))
-
-
-def resident(field):
-    """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in
-    bytes; without Linux's /proc, the peak over the whole process (getrusage)."""
-    try:
-        with open('/proc/self/status') as f:
-            line = next(line for line in f if line.startswith(field + ':'))
-            return int(line.split()[1]) * 1024
-    except OSError:
-        kib = 1 if sys.platform == 'darwin' else 1024   # ru_maxrss: bytes on macOS
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
+        torch.mm(a, a)
+    calls = 6
+    if args.cuda:
+        calls = 30
+    return 2 * n ** 3 / min(time_calls(mm, calls, args))
 
 
 # ----------------------------------------------------------------------------- the table
+def resident(field):
+    """This process's resident set (VmRSS) or its peak since the last reset (VmHWM) in
+    bytes; without /proc, the peak over the whole process."""
+    return proc_bytes('/proc/self/status', field, peak_mem_mb('cpu') * 2**20)
+
+
 def run_one(args, name):
     """The child: warm up, time args.steps steps, print one JSON line. Memory: the peak
     over the timed steps (compilation and autotuning are not in it); step mem: that peak
     minus the use before the warm-up (gradients, Adam moments count)."""
     step, outs = prepared(args, name)[1:3]
-    cuda = args.device.startswith('cuda')
-    base = torch.cuda.memory_allocated() if cuda else resident('VmRSS')
+    base = torch.cuda.memory_allocated() if args.cuda else resident('VmRSS')
     time_calls(step, args.warmup, args)
-    if cuda:
+    if args.cuda:
         torch.cuda.reset_peak_memory_stats()
     else:   # VmHWM restarts at the resident set of now (Linux; elsewhere: the peak stays)
         with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
             f.write('5')
     times = time_calls(step, args.steps, args)
-    peak = torch.cuda.max_memory_allocated() if cuda else resident('VmHWM')
+    peak = torch.cuda.max_memory_allocated() if args.cuda else resident('VmHWM')
     sf = outs[0].shortening_factor
     sf = 1.0 if sf is None else float(sf)
     print(json.dumps(dict(name=name, times=times, peak=peak, step_mem=peak - base, sf=sf)),
@@ -326,45 +313,36 @@ def spawn(args, name):
     return None, why
 
 
-def precision(args):
-    """The training dtype in words."""
-    if args.amp != 'off':
-        return f'{args.amp} autocast'
-    if args.device.startswith('cuda'):
-        return 'fp32 (TF32 matmuls)'
-    return 'fp32'
-
-
 def measure(args):
     """Every configuration in interleaved rounds (a noisy neighbour slows all alike),
     the matmul peak before each → ({name: row}, {name: why it failed}, peak). A row: the
     median step over all rounds, peak and step memory, SF, model FLOPs."""
     print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner '
           f'{args.d_inner}, L {args.seq_len}, batch {args.batch}, layers {args.layers}, dropout '
-          f'{args.dropout}/{args.dropatt}, {precision(args)}, {args.where}, torch '
+          f'{args.dropout}/{args.dropatt}, amp {args.amp}, {args.where}, torch '
           f'{torch.__version__}')
     print(f'{args.rounds} rounds × {len(args.names)} configurations, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps')
     width = max(map(len, args.names))
-    runs = {name: [] for name in args.names}
+    runs = {name: [] for name in args.names}   # a failed configuration leaves it
     failed = {}
     peaks = []
     for r in range(args.rounds):
         peaks.append(matmul_peak(args))
         torch.cuda.empty_cache()   # the matrices' memory to the children (no-op on CPU)
-        for name in [n for n in args.names if n not in failed]:
+        for name in list(runs):
             record, why = spawn(args, name)
             if record:
                 runs[name].append(record)
                 said = f'{statistics.median(record["times"]) * 1e3:9.0f} ms'
             else:
                 failed[name] = why
+                del runs[name]
                 said = f'failed: {why}'
             print(f'  round {r + 1}: {name:{width}s} {said}', flush=True)
-    print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3 {precision(args)}, '
-          f'best of {len(peaks)})')
-    measured = {name: records for name, records in runs.items() if name not in failed}
-    return summarise(args, measured), failed, max(peaks)
+    print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3, amp {args.amp}, best '
+          f'of {len(peaks)})')
+    return summarise(args, runs), failed, max(peaks)
 
 
 def summarise(args, runs):
@@ -373,7 +351,7 @@ def summarise(args, runs):
     for name, records in runs.items():
         sf = records[0]['sf']
         cfg = model_config(args, name)[0]
-        n_short = None if cfg.boundary == 'none' else 1 + args.seq_len / sf
+        n_short = 1 + args.seq_len / sf   # (step_flops: vanilla has no shortened stage)
         table[name] = dict(time=statistics.median(t for r in records for t in r['times']), sf=sf,
                            peak=max(r['peak'] for r in records),
                            mem=statistics.median(r['step_mem'] for r in records),
@@ -386,7 +364,7 @@ def print_table(args, table, peak):
     the same +suffixes (or plain vanilla), if measured."""
     print('model FLOPs: dynpool.step_flops, n_short = 1 + L/SF, SF measured in the step')
     w = max(8, *map(len, table))
-    mem = 'peak alloc MiB' if args.device.startswith('cuda') else 'peak RSS MiB'
+    mem = 'peak alloc MiB' if args.cuda else 'peak RSS MiB'
     print(f'\n{"config":{w}s} {"SF":>6s} {"step ms":>9s} {"chars/s":>9s} {"speed-up":>8s} '
           f'{mem:>14s} {"step mem MiB":>13s} {"mem ratio":>9s} {"GFLOP":>8s} {"GFLOP/s":>8s} '
           f'{"MFU":>6s}')
@@ -404,9 +382,8 @@ def print_table(args, table, peak):
               f'{args.batch * args.seq_len / row["time"]:9.0f} {speed} {row["peak"] / 2**20:14.0f} '
               f'{row["mem"] / 2**20:13.0f} {ratio} {row["flops"] / 1e9:8.1f} {fps / 1e9:8.1f} '
               f'{100 * fps / peak:5.0f}%')
-    source = '--peak-flops' if args.peak_flops else 'the matmul peak'
     print("speed-up: vanilla step time / this one; mem ratio: step mem / vanilla's; SF: "
-          f'characters / complete segments; MFU against {peak / 1e9:.1f} GFLOP/s ({source})')
+          f'characters / complete segments; MFU against the matmul peak, {peak / 1e9:.1f} GFLOP/s')
 
 
 def record_paper(args, table):
@@ -423,8 +400,8 @@ def record_paper(args, table):
             raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it '
                             'away')
     flops_per_s = statistics.median(row['flops'] / row['time'] for row in table.values())
-    today = datetime.date.today().isoformat()
-    entries[args.where] = dict(flops_per_s=flops_per_s, date=today, torch=torch.__version__)
+    entries[args.where] = dict(flops_per_s=flops_per_s, date=str(datetime.date.today()),
+                               torch=torch.__version__)
     PAPER_FILE.parent.mkdir(exist_ok=True)
     common.write_atomic(PAPER_FILE, json.dumps(entries, indent=1) + '\n')
     print(f'{flops_per_s / 1e9:.1f} GFLOP/s on {args.where} recorded in {PAPER_FILE}')
@@ -453,19 +430,17 @@ def bench_generate(args):
     print(f'  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
     for name in GENERATED:
         torch.manual_seed(args.seed)
-        model = DynamicPoolingLM(model_config(args, name, dropout=0.0, dropatt=0.0)[0])
-        model = model.to(args.device).eval()
-
-        def cached():
-            model.generate(x, n, greedy=True)
+        # (eval: no dropout)
+        model = DynamicPoolingLM(model_config(args, name)[0]).to(args.device).eval()
 
         def recompute():
             seq = x
             for _ in range(m):
                 seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], 1)
         with torch.no_grad():   # a short warm-up generation, then the two timed
-            time_calls(lambda: model.generate(x, min(4, n), greedy=True), 1, args)
-            cached_rate = args.gen_batch * n / time_calls(cached, 1, args)[0]
+            model.generate(x, min(4, n), greedy=True)
+            cached_s = time_calls(lambda: model.generate(x, n, greedy=True), 1, args)[0]
+            cached_rate = args.gen_batch * n / cached_s
             full_rate = args.gen_batch * m / time_calls(recompute, 1, args)[0]
         print(f'  {name:10s} {"model.generate (prefill included)":36s} {cached_rate:9.1f} '
               f'{cached_rate / full_rate:8.1f}×')
@@ -475,16 +450,14 @@ def bench_generate(args):
 # ----------------------------------------------------------------------------- main
 def run(argv):
     args = parse_args(argv)
-    if args.device.startswith('cuda'):
-        torch.cuda.set_device(torch.device(args.device))
-    use_tf32(args.device)   # as train.py trains
+    start_processes(args.device, Processes())   # TF32, as train.py trains
     if args.generate:
         return bench_generate(args)
     if args.one:
         return run_one(args, args.one)
     table, failed, peak = measure(args)
     if table:
-        print_table(args, table, args.peak_flops or peak)
+        print_table(args, table, peak)
         if args.preset == 'paper':
             record_paper(args, table)
     if failed:

@@ -88,16 +88,22 @@ def check_model_memory(cfg, device):
     require_memory(need, 'the model, with gradients and Adam moments,', device, 'shrink the model')
 
 
+def proc_bytes(path, key, default):
+    """The `key: N kB` line of a Linux /proc file (meminfo, self/status) in bytes;
+    `default` where there is none."""
+    with suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1]) * 1024
+    return default
+
+
 def free_memory(device):
     """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
     where unknown)."""
     if 'cuda' in str(device):
         return torch.cuda.mem_get_info(device)[0]
-    with suppress(OSError), open('/proc/meminfo') as f:
-        for line in f:
-            if line.startswith('MemAvailable:'):
-                return int(line.split()[1]) * 1024
-    return math.inf
+    return proc_bytes('/proc/meminfo', 'MemAvailable', math.inf)
 
 
 def require_memory(need, what, device, fix):
@@ -119,9 +125,7 @@ def generation_bytes(cfg, batch, prompt_len, new):
     length = prompt_len + new
     caches = (2 * batch + 1) * sum(cfg.layers) * cfg.n_head * cfg.d_head * length
     scores = 4 * batch * cfg.n_head * prompt_len ** 2
-    pooling = 0
-    if cfg.boundary != 'none':
-        pooling = 4 * batch * prompt_len ** 2
+    pooling = 4 * batch * prompt_len ** 2   # (vanilla has none: a bound all the same)
     activations = 4 * batch * length * (cfg.d_inner + 4 * cfg.d_model + cfg.vocab_size)
     return 4 * (caches + scores + pooling + activations)
 
@@ -151,7 +155,7 @@ def to_device(t, device):
 
 def sum_dtype(device):
     """float64 for the running sums, where the device has it."""
-    return torch.float32 if torch.device(device).type == 'mps' else torch.float64
+    return torch.float32 if 'mps' in str(device) else torch.float64
 
 
 def start_processes(device, procs):
@@ -258,7 +262,6 @@ def whole_record(line):
         record = json.loads(line)
         if isinstance(record, dict) and line.endswith(b'\n'):
             return record
-    return None
 
 
 def after(record, step):
@@ -295,19 +298,6 @@ class Logger:
                   f'{resumed_from}, the checkpoint (the resumed run redoes them)', file=sys.stderr)
         if cut or dropped:
             common.write_atomic(self.path, b''.join(kept))
-        try:  # the optional packages, where their flags ask
-            if args.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(out_dir / 'tensorboard'))
-            if args.wandb:
-                import wandb
-                self.wandb = wandb.init(project=args.wandb, name=out_dir.name, config=config_record)
-        except Exception as e:  # not installed, or W&B's network or login: one line
-            flag = '--wandb'
-            if args.tensorboard and self.tb is None:
-                flag = '--tensorboard'
-            raise UserError(f'{flag} needs the {flag[2:]} package installed and working '
-                            f'({common.first_line(e)[:200]}); pip install, or drop it') from None
         self.log(config_record)
 
     def log(self, rec):
@@ -331,22 +321,10 @@ class Logger:
             raise
         finally:
             os.close(fd)
-        if rec['kind'] == 'config':
-            return
-        group = rec.get('split', rec['kind'])  # train, valid, test, diverged
-        scalars = {f'{group}/{k}': v for k, v in rec.items()
-                   if type(v) in (int, float) and k != 'step'}
-        if self.tb:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, rec['step'])
-        if self.wandb:
-            self.wandb.log(scalars, step=rec['step'])
 
     def close(self):
-        if self.tb:
-            self.tb.close()
-        if self.wandb:
-            self.wandb.finish()
+        """Nothing to close: each record is written whole when logged (train.py closes the
+        log at the run's end)."""
 
 
 class StepStats:

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import unicodedata
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -58,16 +59,6 @@ def clean_prompt(text, vocab):
     return out, f'{how}, from {source}'
 
 
-def quoted(text):
-    """text in double quotes, unprintable characters escaped: a message stays one line."""
-    return '"' + repr(text)[1:-1] + '"'
-
-
-def is_bytes(vocab):
-    """Whether the checkpoint's data is raw UTF-8 bytes (meta.json's encoding)."""
-    return vocab.get('encoding') == 'bytes'
-
-
 def encode_prompt(prompt, vocab):
     """--prompt → token ids, as the checkpoint's data was encoded: 'bytes', its UTF-8
     bytes as they are; 'chars', NFC, a character outside the alphabet as the unknown
@@ -83,10 +74,10 @@ def encode_prompt(prompt, vocab):
     else:
         text, how = clean_prompt(prompt, vocab)
         if prompt.strip() and not text:
-            raise UserError(f'--prompt {quoted(prompt)} keeps none of its characters once '
+            raise UserError(f'--prompt {prompt!r} keeps none of its characters once '
                             f"cleaned ({how}): write it in the checkpoint's alphabet", code=2)
         if text != prompt:
-            print(f'prompt cleaned ({how}): {quoted(prompt)} -> {quoted(text)}',
+            print(f'prompt cleaned ({how}): {prompt!r} -> {text!r}',
                   file=sys.stderr)
     index = {c: i for i, c in enumerate(vocab['alphabet'])}
     unseen = ', '.join(sorted({repr(c) for c in text if c not in index}))
@@ -103,7 +94,7 @@ def decode(ids, vocab):
     """Token ids → the text each one completes, a string per token (joined: the text): a
     character per token; for bytes, a character at the byte that completes its UTF-8
     sequence ('' before), bytes that never form one as U+FFFD."""
-    if not is_bytes(vocab):
+    if vocab.get('encoding') != 'bytes':
         return [vocab['alphabet'][i] for i in ids]
     decoder = codecs.getincrementaldecoder('utf-8')('replace')
     pieces = [decoder.decode(bytes([i])) for i in ids]
@@ -152,68 +143,47 @@ def generate(args, model, ids, ckpt):
                            spikes=entropy_spikes(entropy, k).tolist(), boundaries=boundaries)
 
 
-def show_segments(pieces, boundaries, sep='|', prompt_len=None, mark=PROMPT_MARK):
-    """The text of `pieces` (decode's, or a string: a character a token) with `sep` after
-    each b_t = 1 and `mark` after the prompt's prompt_len tokens; a mark that falls
+def show_segments(pieces, boundaries, prompt_len=None):
+    """The text of `pieces` (decode's, or a string: a character a token) with | after
+    each b_t = 1 and PROMPT_MARK after the prompt's prompt_len tokens; a mark that falls
     inside a character (bytes) follows the character."""
     out = []
     marks = ''
     for t, piece in enumerate(pieces):
         if boundaries is not None and boundaries[t]:
-            marks += sep
+            marks += '|'
         if t + 1 == prompt_len:
-            marks += mark
+            marks += PROMPT_MARK
         if piece:
             out.append(piece + marks)
             marks = ''
     return ''.join(out) + marks
 
 
-def segment_summary(n, boundaries, prompt_len, unit='character'):
-    """One line: tokens (`unit`s), segments closed (in the prompt, in all), open,
-    shortening factor."""
-    b = boundaries[:n]
-    closed = sum(map(bool, b))
-    in_prompt = sum(map(bool, b[:prompt_len]))
-    still_open = ''
-    if b and not b[-1]:
-        still_open = ' and 1 still open'
-    sf = 'no segment closed yet'
-    if closed:
-        sf = f'shortening factor {n / closed:.2f}'
-    return (f'{n} {unit}s ({prompt_len} of the prompt), {closed} segments closed '
-            f'({in_prompt} in the prompt){still_open}; {sf}')
-
-
-def entropy_figure(pieces, entropy, spikes, boundaries, k, title, prompt_len, per_row=80):
-    """The paper's Figure 2 → a Figure, a row of axes per `per_row`
-    tokens: entropy (bits), red dashed lines after the rule's
-    spikes, the model's segment ends in green, the prompt grey."""
+def entropy_figure(out, title, prompt_len, per_row=80):
+    """The paper's Figure 2 for generate's first sample → a Figure, a row of axes per
+    `per_row` tokens: entropy (bits), red dashed lines after the rule's spikes, the model's
+    segment ends in green, a grey line where the prompt ends."""
     plt = import_pyplot('--entropy-plot')
-    n = len(pieces)
-    n_rows = max(1, math.ceil(n / per_row))
-    top = max(1e-3, max(entropy)) * 1.2   # room above the curve for the model's row
-    width = max(8, 0.16 * min(per_row, n) + 1)
-    fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(width, 1.9 * n_rows + 0.6))
-    for r, ax in enumerate(axes[:, 0]):
-        xs = range(r * per_row, min(n, (r + 1) * per_row))
-        # the prompt, cut to this row by its limits
-        ax.axvspan(-0.5, prompt_len - 0.5, color='0.9', lw=0)
-        ax.plot(xs, entropy[xs.start:xs.stop], '-o', ms=2.5, lw=1, color='tab:blue',
-                label='entropy H_t')
-        ax.vlines([t + 0.5 for t in xs if spikes[t]], 0, top, colors='tab:red', linestyles='--',
-                  lw=0.8, label=f'entropy spike (k={k})')
-        if boundaries is not None:
-            ends = [t + 0.5 for t in xs if boundaries[t]]
-            ax.plot(ends, [0.94 * top] * len(ends), 'v', ms=4, color='tab:green', ls='',
-                    label="the model's segment ends")
-        labels = ['␣' if pieces[t] == ' ' else repr(pieces[t])[1:-1] for t in xs]
-        ax.set_xticks(xs, labels, fontsize=7, family='monospace')
-        ax.tick_params(axis='x', length=0)
-        ax.set(xlim=(xs.start - 0.5, xs.start + per_row - 0.5), ylim=(0, top), ylabel='bits')
-    axes[0, 0].set_title(title + '  (grey: prompt)', fontsize=9)
-    axes[0, 0].legend(loc='lower right', fontsize=7, ncol=3, bbox_to_anchor=(1, 1.02),
-                      frameon=False)
+    pieces = out.pieces[0]
+    entropy = out.entropy[0]
+    top = max(entropy) + 0.5   # room above the curve for the model's marks
+    n_rows = math.ceil(len(pieces) / per_row)
+    fig, axes = plt.subplots(n_rows, 1, squeeze=False, figsize=(14, 2 * n_rows + 0.5))
+    for row, ax in enumerate(axes[:, 0]):
+        xs = range(row * per_row, min(len(pieces), (row + 1) * per_row))
+        if prompt_len - 1 in xs:
+            ax.axvline(prompt_len - 0.5, color='grey')
+        ax.plot(xs, entropy[xs.start:xs.stop], '.-', label='entropy H_t (bits)')
+        spikes = [t + 0.5 for t in xs if out.spikes[0][t]]
+        ax.vlines(spikes, 0, top, colors='red', linestyles='--', label=f'entropy spike (k={out.k})')
+        if out.boundaries is not None:
+            ends = [t + 0.5 for t in xs if out.boundaries[0][t]]
+            ax.plot(ends, [top] * len(ends), 'gv', label="the model's segment ends")
+        labels = [repr(pieces[t])[1:-1].replace(' ', '␣') for t in xs]
+        ax.set_xticks(xs, labels, fontsize=7)
+    axes[0, 0].set_title(title + '  (grey: the prompt ends)', fontsize=9)
+    axes[0, 0].legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return fig
 
@@ -223,7 +193,7 @@ def parse_args(argv=None):
     if argv is None:
         argv = sys.argv[1:]
     import_sources(argv)
-    p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0].strip())
+    p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--ckpt', required=True, type=nonblank,
                    help="train.py's ckpt.pt or its run folder")
     p.add_argument('--import', action='append', metavar='PATH_OR_MODULE',
@@ -279,25 +249,18 @@ def prompt_ids(args, ckpt):
     return ids
 
 
-def print_samples(args, out, prompt_len, unit):
-    """The samples on stdout (segments marked with --show-segments),
-    their counts on stderr."""
+def print_samples(args, out, prompt_len):
+    """The samples on stdout, segments marked with --show-segments."""
     b = out.boundaries
     if args.show_segments and b is None:
         print('note: a vanilla checkpoint has no segments to show', file=sys.stderr)
     for i, pieces in enumerate(out.pieces):
         if i:
             print('-' * 40)
-        if not args.show_segments:
+        if args.show_segments:
+            print(show_segments(pieces, b and b[i], prompt_len))
+        else:
             print(''.join(pieces))
-            continue
-        print(show_segments(pieces, b and b[i], '|', prompt_len))
-        if b is None:
-            continue
-        which = 'segments: '
-        if len(out.pieces) > 1:
-            which = f'segments of sample {i + 1}: '
-        print(which + segment_summary(len(pieces), b[i], prompt_len, unit), file=sys.stderr)
 
 
 def plot_format(path):
@@ -319,7 +282,7 @@ def run(args):
     torch.set_num_threads(args.threads)
     model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     unit = 'character'
-    if is_bytes(ckpt['vocab']):
+    if ckpt['vocab'].get('encoding') == 'bytes':
         unit = 'byte'
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
@@ -327,12 +290,11 @@ def run(args):
     require_memory(need, what, args.device, 'lower --chars or --num-samples, or shorten '
                    '--prompt')
     out = generate(args, model, ids, ckpt)
-    print_samples(args, out, len(ids), unit)
+    print_samples(args, out, len(ids))
     if args.entropy_plot:
-        run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt['path'])))
+        run_name = Path(ckpt['path']).absolute().parent.name   # (a link's own name)
         title = f'{run_name}: boundary={model.cfg.boundary}, next-{unit} entropy'
-        fig = entropy_figure(out.pieces[0], out.entropy[0], out.spikes[0],
-                             out.boundaries and out.boundaries[0], out.k, title, len(ids))
+        fig = entropy_figure(out, title, len(ids))
         try:
             write_atomic(args.entropy_plot,
                          lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))

@@ -49,7 +49,7 @@ def _in_process_spawn(args, name):
     (['--threads', '0'], '--threads'), (['--threads', '100000'], '--threads'),
     (['--attn-chunk', '0'], '--attn-chunk'), (['--steps', '0'], '--steps'),
     (['--warmup', '-1'], '--warmup'), (['--seed', '-1'], '--seed'), (['--new', '0'], '--new'),
-    (['--timeout', 'inf'], '--timeout'), (['--peak-flops', '0'], '--peak-flops'),
+    (['--timeout', 'inf'], '--timeout'),
     (['--context', '1e3'], '--context'), (['--gen-batch', '-1'], '--gen-batch'),
     (['--layers', 'a,b,c'], '--layers'), (['--layers', '2,8'], 'layers'),
     (['--layers', '1,-1,1'], 'layers'), (['--configs', 'ws0.5'], 'ws0.5'),
@@ -217,6 +217,7 @@ def test_peak_memory_counts_from_after_the_warm_up(monkeypatch, capsys):
     calls = []
     args = bench.parse_args(TINY + ['--one', 'vanilla', '--steps', '2', '--warmup', '2'])
     args.device = 'cuda'   # after parsing: every CUDA call below is stood in for
+    args.cuda = True
     out = SimpleNamespace(shortening_factor=None)
     monkeypatch.setattr(bench, 'prepared', lambda a, n: (
         None, lambda: calls.append('step'), [out], None))

@@ -15,7 +15,7 @@ import runtime
 
 
 # ----------------------------------------------------------------------------- log.jsonl
-NO_SINKS = SimpleNamespace(tensorboard=False, wandb=None)
+ARGS = SimpleNamespace()   # train.py's flags: the log reads none of them
 
 
 def records(path):
@@ -27,14 +27,14 @@ def write_log(path, recs, tail=b''):
 
 
 def test_logger_writes_whole_json_lines_and_nothing_to_stdout(tmp_path, capsys):
-    log = runtime.Logger(tmp_path, NO_SINKS, dict(kind='config', lr=1e-3))
+    log = runtime.Logger(tmp_path, ARGS, dict(kind='config', lr=1e-3))
     log.log(dict(kind='train', step=1, loss=2.5, sf=None))
     log.log(dict(kind='eval', step=1, split='valid', bpc=1.25))
     assert records(tmp_path / 'log.jsonl') == [dict(kind='config', lr=1e-3),
                                                dict(kind='train', step=1, loss=2.5, sf=None),
                                                dict(kind='eval', step=1, split='valid', bpc=1.25)]
     assert capsys.readouterr() == ('', '')
-    runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), rank=1).log(dict(kind='train', step=2))
+    runtime.Logger(tmp_path, ARGS, dict(kind='config'), rank=1).log(dict(kind='train', step=2))
     assert len(records(tmp_path / 'log.jsonl')) == 3   # other ranks write nothing
 
 
@@ -45,7 +45,7 @@ def test_a_cut_last_line_is_repaired_before_appending(tmp_path, capsys, tail):
     path = tmp_path / 'log.jsonl'
     before = [dict(kind='config'), dict(kind='train', step=1)]
     write_log(path, before, tail)
-    runtime.Logger(tmp_path, NO_SINKS, dict(kind='config', again=True))
+    runtime.Logger(tmp_path, ARGS, dict(kind='config', again=True))
     assert records(path) == before + [dict(kind='config', again=True)]
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith(f'warning: {path}: dropped its last line'), err
@@ -55,7 +55,7 @@ def test_a_cut_last_line_is_repaired_before_appending(tmp_path, capsys, tail):
 def test_a_whole_log_is_left_alone(tmp_path, capsys):
     path = tmp_path / 'log.jsonl'
     write_log(path, [dict(kind='config'), dict(kind='train', step=1)])
-    runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'))
+    runtime.Logger(tmp_path, ARGS, dict(kind='config'))
     assert len(records(path)) == 3 and capsys.readouterr().err == ''
 
 
@@ -74,7 +74,7 @@ def partial_then_full(monkeypatch, after=0.5):
 
 @pytest.mark.parametrize('after', [0.0, 0.5, 0.99])
 def test_a_full_disk_mid_record_leaves_no_partial_line(tmp_path, monkeypatch, after):
-    log = runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'))
+    log = runtime.Logger(tmp_path, ARGS, dict(kind='config'))
     log.log(dict(kind='train', step=1, loss=3.0))
     before = (tmp_path / 'log.jsonl').read_bytes()
     calls = partial_then_full(monkeypatch, after)
@@ -90,7 +90,7 @@ def test_a_full_disk_mid_record_leaves_no_partial_line(tmp_path, monkeypatch, af
 
 
 def test_ctrl_c_mid_record_leaves_no_partial_line(tmp_path, monkeypatch):
-    log = runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'))
+    log = runtime.Logger(tmp_path, ARGS, dict(kind='config'))
     before = (tmp_path / 'log.jsonl').read_bytes()
     real_write = os.write
 
@@ -111,7 +111,7 @@ def test_resume_drops_the_records_after_the_checkpoint_step(tmp_path, capsys):
             + [dict(kind='eval', step=4, split='valid'), dict(kind='eval', step=8, split='valid'),
                dict(kind='config', seed=1, resumed_from=8)])
     write_log(path, recs, tail=b'{"kind": "train", "step": 1')
-    runtime.Logger(tmp_path, NO_SINKS, dict(kind='config', resumed_from=4), resumed_from=4)
+    runtime.Logger(tmp_path, ARGS, dict(kind='config', resumed_from=4), resumed_from=4)
     got = records(path)
     assert [r for r in got if r['kind'] != 'config'] == [dict(kind='train', step=2),
                                                          dict(kind='train', step=4),
@@ -123,7 +123,7 @@ def test_resume_drops_the_records_after_the_checkpoint_step(tmp_path, capsys):
     assert err[1] == (f'note: {path}: dropped 3 record(s) of steps after step 4, the checkpoint '
                       f'(the resumed run redoes them)')
     assert sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']
-    runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), resumed_from=4)   # nothing more to drop
+    runtime.Logger(tmp_path, ARGS, dict(kind='config'), resumed_from=4)   # nothing more to drop
     assert capsys.readouterr().err == '' and len(records(path)) == len(got) + 1
 
 
@@ -136,7 +136,7 @@ def test_resume_rewrite_that_fails_leaves_the_log_as_it_was(tmp_path, monkeypatc
         raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(os, 'fsync', full)
     with pytest.raises(OSError, match='No space left on device'):
-        runtime.Logger(tmp_path, NO_SINKS, dict(kind='config'), resumed_from=2)
+        runtime.Logger(tmp_path, ARGS, dict(kind='config'), resumed_from=2)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ['log.jsonl']
 
