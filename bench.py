@@ -142,7 +142,7 @@ def parse_args(argv=None):
     (exit 2) before any run."""
     if argv is None:
         argv = sys.argv[1:]
-    import_sources(argv)
+    presets.import_sources(argv)
     args = parser().parse_args(argv)
     args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
@@ -465,10 +465,6 @@ def run(argv):
         raise UserError(f'{len(failed)} of {len(args.names)} configurations failed (left '
                         f'out of the table): {reasons}')
 
-
-# Until presets.import_sources lands (the train helper's branch): a stand-in that imports
-# nothing.
-import_sources = getattr(presets, 'import_sources', list)
 
 
 def main(argv=None):

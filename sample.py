@@ -192,7 +192,7 @@ def parse_args(argv=None):
     """The flags, after the --import'ed files have registered their sources."""
     if argv is None:
         argv = sys.argv[1:]
-    import_sources(argv)
+    presets.import_sources(argv)
     p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--ckpt', required=True, type=nonblank,
                    help="train.py's ckpt.pt or its run folder")
@@ -303,10 +303,6 @@ def run(args):
         print(f'wrote {args.entropy_plot}', file=sys.stderr)
     return out
 
-
-# Until presets.import_sources lands (the train helper's branch): a stand-in that imports
-# nothing.
-import_sources = getattr(presets, 'import_sources', list)
 
 
 def main(argv=None):

@@ -1187,7 +1187,7 @@ def run_sample(model, prompt, n, seed, **kw):
                            spike_window=None, **{'temperature': 1.0, 'top_k': None, **kw})
     alphabet = [chr(ord('a') + i) for i in range(model.cfg.vocab_size)]
     got = sample.generate(args, model, prompt, {'vocab': {'alphabet': alphabet}, 'path': 'tiny'})
-    tokens = torch.tensor([[alphabet.index(c) for c in t] for t in got.texts])
+    tokens = torch.tensor([[alphabet.index(c) for c in p] for p in got.pieces])
     b = None if got.boundaries is None else torch.tensor(got.boundaries, dtype=torch.bool)
     return tokens, b, torch.tensor(got.entropy)
 
