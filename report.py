@@ -25,25 +25,20 @@ RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODE
 # Config fields that say nothing about the experiment: runs differing only in these are
 # its seeds. (The dataset decides the encoding and the unit.)
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
-                      'params', 'torch', 'device_name', 'world', 'preset', 'tensorboard',
-                      'wandb', 'run_id', 'encoding', 'unit'}
+                      'params', 'torch', 'device_name', 'world', 'preset', 'run_id',
+                      'encoding', 'unit'}
 # The fields that choose the boundary source and its pooling (and hnet's): all others
 # (model shape, budget, training) and the dataset must match to pair a baseline's seeds.
 SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'data', 'ratio_target', 'ratio_weight'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
-# the plot flags: what each draws
-PLOTS = {'--plot': 'also draw test BPC against SF (the Pareto figure), all runs in one panel',
-         '--plot-sf': 'also draw test BPC against SF, a panel per dataset'}
-# fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
-FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
-# (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std
+# (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
-NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flops', 'flops'),
-                  ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
-                  ('test BPC', 'test_bpc', 'bpc'), ('SF', 'sf', 'sf'),
-                  ('chars/s', 'chars_per_s', ''))
+NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train_flops', '.3g'),
+                  ('wall s', 'train_time', ',.0f'), ('valid BPC', 'valid_bpc', '.4f'),
+                  ('test BPC', 'test_bpc', '.4f'), ('SF', 'sf', '.2f'),
+                  ('chars/s', 'chars_per_s', ',.0f'))
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
 NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
@@ -176,7 +171,7 @@ def summarize(run):
     budget = cfg.get('flop_budget')   # train.py --flop-budget: max_steps out of reach
     budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
-        budget_words = f'{fmt(budget, "flops")} FLOPs'
+        budget_words = f'{fmt(budget, ".3g")} FLOPs'
     return dict(run=run, id=identity or str(run), config=cfg, mode=mode_label(cfg),
                 boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
@@ -285,28 +280,28 @@ def experiments(rows):
     return out
 
 
-def fmt(v, kind):
-    """A number as the tables show it: '-' where it is missing; (mean,
-    std) as 'mean ± std'."""
+def fmt(v, spec):
+    """A number in format `spec` ('p': a p value) as the tables show it: '-' where it
+    is missing; (mean, std) as 'mean ± std'."""
     if isinstance(v, tuple):
-        text = fmt(v[0], kind)
+        text = fmt(v[0], spec)
         if v[1]:   # a std of exactly 0 (the same characters) says nothing
-            text += ' ± ' + fmt(v[1], kind)
+            text += ' ± ' + fmt(v[1], spec)
         return text
     if v is None or not math.isfinite(v):
         return '-'
-    if kind == 'p' and v < 0.001:
-        return '<0.001'
-    if kind == 'time' and v < 100:
-        return f'{v:.3g}'
-    return format(v, FORMATS.get(kind, ',.0f')).replace('e+', 'e')
+    if spec == 'p':
+        if v < 0.001:
+            return '<0.001'
+        spec = '.3f'
+    return format(v, spec).replace('e+', 'e')
 
 
 def cell(row, key, kind):
-    """The text of a table's cell: row[key] shown as `kind` ('text',
-    'steps': the steps and the run's state, 'p': the p against baseline
-    `key`, else fmt's kind, test BPC starred)."""
-    if kind == 'text':
+    """The text of a table's cell: row[key] as it is (kind None), the steps and the
+    run's state ('steps'), the p against baseline `key` ('p'), else in format `kind`,
+    test BPC starred."""
+    if kind is None:
         return str(row[key])
     if kind == 'steps':
         return f'{row["steps"]} {row["state"]}'.rstrip()
@@ -326,11 +321,11 @@ def table(rows, cols, markdown):
         lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
         return '\n'.join(lines + ['| ' + ' | '.join(c) + ' |' for c in cells])
     widths = [max(len(x) for x in column) for column in zip(heads, *cells)]
-    left = {'run', 'mode', 'data', 'flags', 'budget', 'seeds', 'steps'}
+    # numbers to the right, text to the left
     lines = []
     for line in [heads] + cells:
-        padded = [x.ljust(w) if head in left else x.rjust(w)
-                  for x, w, head in zip(line, widths, heads)]
+        padded = [x.ljust(w) if kind in (None, 'steps') else x.rjust(w)
+                  for x, w, (_, _, kind) in zip(line, widths, cols)]
         lines.append('  '.join(padded).rstrip())
     return '\n'.join(lines)
 
@@ -348,7 +343,7 @@ def columns(rows, bits, baselines=None):
         baselines = []
     else:
         heads += ['seeds', 'n']
-    cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps')]
+    cols = [(head, head, None) for head in heads] + [('steps', 'steps', 'steps')]
     for head, key, kind in NUMBER_COLUMNS:
         # a byte run's tokens are bytes
         if bits == 'BPB':
@@ -391,7 +386,7 @@ def by_data(groups, markdown):
         row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
-        result = f'{cell(g, "test_bpc", "bpc")} ({fmt(g["sf"], "sf")}, n={g["n"]})'
+        result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
         row.setdefault(text_of(g), []).append((variant(g), result))
     datasets = list(dict.fromkeys(text_of(g) for g in groups))
     for row in rows.values():
@@ -405,7 +400,7 @@ def by_data(groups, markdown):
     heads = ['mode']
     if any(g['flop_budget'] for g in groups):
         heads.append('budget')
-    cols = [(head, head, 'text') for head in heads + datasets]
+    cols = [(head, head, None) for head in heads + datasets]
     return table(list(rows.values()), cols, markdown)
 
 
@@ -435,6 +430,9 @@ def pareto(ax, done, title, flag):
             ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
     ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
            title=f'{title}test {bits} against SF')
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def draw(plt, flag, done):
@@ -457,8 +455,10 @@ def parse_args(argv):
     p.add_argument('runs', nargs='+',
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
-    for flag, what in PLOTS.items():
-        p.add_argument(flag, type=common.nonblank, metavar='OUT.png', help=what)
+    p.add_argument('--plot', type=common.nonblank, metavar='OUT.png',
+                   help='also draw test BPC against SF (the Pareto figure), all runs in one panel')
+    p.add_argument('--plot-sf', type=common.nonblank, metavar='OUT.png',
+                   help='also draw test BPC against SF, a panel per dataset')
     p.add_argument('--by-data', action='store_true',
                    help='also a table of test BPC (SF, seeds), a column per dataset')
     return p.parse_args(argv)
@@ -492,71 +492,50 @@ def add_flags(rows):
         r['flags'] = ' '.join(f'{k}={r["config"].get(k, "-")}' for k in keys)
 
 
-def results(args):
-    """(runs, experiments): the rows of the tables, each unit's flags and pairs its own."""
-    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
-    groups = []
-    for bits in ('BPC', 'BPB'):
-        of_unit = [r for r in rows if r['bits'] == bits]
-        add_flags(of_unit)
-        groups += experiments(of_unit)
-    return rows, groups
-
-
-def save_plot(plt, flag, path, fig):
-    """A figure written whole or not at all, in the format its path's suffix names."""
-    kind = path.suffix[1:].lower()
-    if kind not in fig.canvas.get_supported_filetypes():
-        raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, '
-                        '.pdf, ...)')
-    for ax in fig.axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=120))
-    plt.close(fig)
-
-
 def run(argv):
-    """Draw the plots (written whole or not at all), then print the tables: nothing on
-    stdout from a plot that fails."""
+    """Print the tables, each unit's apart (no column holds both BPC and BPB), after
+    drawing the plots: nothing on stdout from a plot that fails."""
     args = parse_args(argv)
     if hasattr(sys.stdout, 'reconfigure'):
         sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
-    rows, groups = results(args)
-    done = [g for g in groups if g['test_bpc'] is not None]
-    plots = []
-    for flag in PLOTS:
-        path = getattr(args, flag[2:].replace('-', '_'))
-        if path:
-            plt = common.import_pyplot(flag)
-            save_plot(plt, flag, Path(path), draw(plt, flag, done))
-            plots.append(f'plot: {path}')
+    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
     head = ''
     if args.markdown:
         head = '### '
-    # each unit's tables apart, so that no column holds both BPC and BPB
     sections = []
+    done = []
     for bits, where in (('BPC', ''), ('BPB', ' on bytes')):
-        of_unit = [r for r in rows if r['bits'] == bits]
-        if not of_unit:
+        runs = [r for r in rows if r['bits'] == bits]
+        if not runs:
             continue
-        sections.append(f'{head}Runs{where}\n\n' + table(of_unit, columns(of_unit, bits),
-                                                         args.markdown))
-        of_unit = [g for g in groups if g['bits'] == bits]
-        baselines = sorted({b for g in of_unit for b in g['p']},
+        # each unit's flags and pairs its own
+        add_flags(runs)
+        groups = experiments(runs)
+        finished = [g for g in groups if g['test_bpc'] is not None]
+        done += finished
+        sections.append(f'{head}Runs{where}\n\n' + table(runs, columns(runs, bits), args.markdown))
+        baselines = sorted({b for g in groups for b in g['p']},
                            key=lambda b: (RANK[b.split()[0]], len(b), b))
-        if any(g['n'] > 1 for g in of_unit):
-            seeds = table(of_unit, columns(of_unit, bits, baselines), args.markdown)
+        if any(g['n'] > 1 for g in groups):
+            seeds = table(groups, columns(groups, bits, baselines), args.markdown)
             sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
             if baselines:
                 sections.append(SIGNIFICANCE)
         if args.by_data:
-            by = by_data([g for g in of_unit if g['test_bpc'] is not None], args.markdown)
+            by = by_data(finished, args.markdown)
             sections.append(f'{head}Test {bits} (SF, seeds) by dataset\n\n{by}')
-    if not args.markdown:
-        sections += plots
+    # each figure written whole or not at all, in the format its path's suffix names
+    for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf)):
+        if not path:
+            continue
+        fig = draw(common.import_pyplot(flag), flag, done)
+        kind = Path(path).suffix[1:].lower()
+        if kind not in fig.canvas.get_supported_filetypes():
+            raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, ...)')
+        fig.tight_layout()
+        common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=120))
+        if not args.markdown:
+            sections.append(f'plot: {path}')
     print('\n\n'.join(sections))
 
 

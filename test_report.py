@@ -73,10 +73,10 @@ def study(tmp_path):
     return tmp_path
 
 
-def rows_of(root, argv=()):
-    """The runs table and the seed table as report.py computes them."""
-    rows, groups = report.results(report.parse_args([str(root), *argv]))
-    return {r['run'].name: r for r in rows}, groups
+def rows_of(root):
+    """The runs table and the seed table as report.py computes them (runs of one unit)."""
+    rows = report.one_per_run([report.summarize(r) for r in report.find_runs([str(root)])])
+    return {r['run'].name: r for r in rows}, report.experiments(rows)
 
 
 def test_run_rows_and_seed_means(study):
