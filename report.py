@@ -138,10 +138,8 @@ def run_state(run, recs, done):
 def summarize(run):
     """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
     with its state (run_state), its unit (bits: BPC, or BPB where the run's config record
-    says 'byte') and its identity: the run_id of its config record (older logs: its first
-    config record)."""
+    says 'byte') and its identity: the run_id of its config record, else its folder."""
     cfg = {}
-    first = None
     recs = []
     for kind, rec in read_log(run / 'log.jsonl'):
         # a restart: --resume redoes the steps after resumed_from; a run without it starts
@@ -151,19 +149,16 @@ def summarize(run):
             recs = [r for r in recs
                     if r['step'] <= start and (start or r['kind'] == 'train')]
             cfg = rec
-            first = first or rec
         elif kind in STEP_KINDS:
             recs.append(dict(rec, kind=kind))
-    identity = cfg.get('run_id')
-    if not identity and first:
-        identity = json.dumps(first, sort_keys=True)
     # a byte run's records say bpb where a character run's say bpc
     bits = 'BPC'
     if cfg.get('unit') == 'byte':
         bits = 'BPB'
     score = bits.lower()
-    valid = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'valid']
-    test = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'test']
+    # the last evaluation of each split
+    evals = {r.get('split'): r for r in recs if r['kind'] == 'eval'}
+    done = 'test' in evals
     last = max(recs, key=lambda r: r['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
@@ -172,19 +167,20 @@ def summarize(run):
     budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
         budget_words = f'{fmt(budget, ".3g")} FLOPs'
-    return dict(run=run, id=identity or str(run), config=cfg, mode=mode_label(cfg),
+    return dict(run=run, id=cfg.get('run_id') or str(run), config=cfg, mode=mode_label(cfg),
                 boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
-                done=bool(test), state=run_state(run, recs, bool(test)), bits=bits,
+                done=done, state=run_state(run, recs, done), bits=bits,
                 flop_budget=budget, budget=budget_words,
-                valid_bpc=(valid or [{}])[-1].get(score), test_bpc=(test or [{}])[-1].get(score),
-                sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s,
+                valid_bpc=evals.get('valid', {}).get(score),
+                test_bpc=evals.get('test', {}).get(score),
+                sf=evals.get('test', evals.get('valid', {})).get('sf'), chars_per_s=chars_per_s,
                 train_chars=last.get('train_chars'), train_flops=last.get('train_flops'),
                 train_time=last.get('train_time'))
 
 
 def one_per_run(rows):
-    """Copies of one run (a backup of its folder: the same identity) → the copy that got
+    """Copies of one run (a backup of its folder: the same run_id) → the copy that got
     furthest, once, with a note naming them."""
     copies = collections.defaultdict(list)
     for row in rows:
@@ -193,12 +189,9 @@ def one_per_run(rows):
     for same in copies.values():
         best = max(same, key=lambda r: (r['done'], r['steps']))
         kept.append(best)
-        what = 'run_id'
-        if 'run_id' not in best['config']:
-            what = 'first config record'
         names = ' and '.join(str(r['run']) for r in same)
         if len(same) > 1:
-            print(f'note: {names} are one run (same {what}): counted once, as {best["run"]}',
+            print(f'note: {names} are one run (same run_id): counted once, as {best["run"]}',
                   file=sys.stderr)
     return kept
 
