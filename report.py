@@ -346,50 +346,31 @@ def columns(rows, bits, baselines=None):
 
 
 def text_of(g):
-    """The text a run trained on: its dataset's name less a Unigram
-    label set's -u<V> (study.sh names the datasets that differ only in
-    their labels fi-u200, fi-u500, ...)."""
+    """The text a run trained on (a --plot-sf panel): its dataset's name less a Unigram
+    label set's -u<V> (study.sh names the datasets that differ only in their labels
+    fi-u200, fi-u500, ...)."""
     name, _, v = g['data'].rpartition('-u')
     if name and v.isdigit():
         return name
     return g['data']
 
 
-def variant(g):
-    """The Pareto knob that sets runs of one source and text apart:
-    'α=0.2', 'V=200' or ''."""
-    if g['boundary'] == 'gumbel':
-        return f'α={g["config"].get("prior")}'
-    v = g['config'].get('unigram') or g['data'][len(text_of(g)) + 2:]   # fi-u200: 200
-    if g['boundary'] == 'unigram' and v:
-        return f'V={v}'
-    return ''
-
-
 def by_data(groups, markdown):
-    """Test BPC (SF, seeds): a column per dataset (text_of), a row per
-    source and budget; a language's own Gumbel prior in its source's
-    row, the variants of a source on one dataset (α, Unigram V: a
-    Pareto front) in one cell, each named, in the knob's order."""
-    def order(g):
-        return bool(g['flop_budget']), RANK[g['boundary']], float(variant(g)[2:] or 0)
+    """Test BPC (SF, seeds): a column per dataset, a row per source (with its knob, as
+    mode_label names it) and budget."""
     rows = {}
-    for g in sorted(groups, key=order):
-        mode = mode_label(dict(g['config'], prior=None))
-        row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
+    for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK[g['boundary']])):
+        row = rows.setdefault((g['mode'], bool(g['flop_budget'])), dict(mode=g['mode'],
+                                                                         budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
         result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
-        row.setdefault(text_of(g), []).append((variant(g), result))
-    datasets = list(dict.fromkeys(text_of(g) for g in groups))
+        row.setdefault(g['data'], []).append(result)
+    datasets = list(dict.fromkeys(g['data'] for g in groups))
     for row in rows.values():
         row['budget'] = ' / '.join(sorted(row['budgets']))
         for d in datasets:
-            results = row.get(d, [])
-            if len(results) > 1:   # variants on one dataset: each named
-                row[d] = ' / '.join(f'{name} {result}' for name, result in results)
-            else:
-                row[d] = ''.join(result for _, result in results) or '-'
+            row[d] = ' / '.join(row.get(d, [])) or '-'
     heads = ['mode']
     if any(g['flop_budget'] for g in groups):
         heads.append('budget')
@@ -430,7 +411,7 @@ def pareto(ax, done, title, flag):
 
 def draw(plt, flag, done):
     """The Pareto figure of a plot flag: --plot all finished runs in one panel, --plot-sf
-    a panel per dataset (its text, as in --by-data)."""
+    a panel per text (text_of)."""
     panels = {'': done}
     if flag == '--plot-sf' and done:
         panels = {}

@@ -191,9 +191,9 @@ def test_runs_ended_by_a_flop_budget_show_it_in_a_budget_column(tmp_path, capsys
 
 
 def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
-    """--by-data: a row per source (fixed with k) and budget, a column per dataset; a language's
-    own Gumbel prior stays in its mode's row (two on one dataset: one cell); unfinished runs and
-    datasets without a finished run are left out."""
+    """--by-data: a row per source (with its knob: fixed k, Gumbel α) and budget, a column per
+    dataset (a Unigram label set's dataset is one too); unfinished runs and datasets without a
+    finished run are left out."""
     def run(name, data, boundary='whitespace', seed=1, test=2.0, **kw):
         write_run(tmp_path, name, [config(boundary, seed=seed, data=f'data/{data}', **kw)]
                   + evals_and_steps([4.0, 3.0, 2.5], test))
@@ -204,31 +204,22 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     run('fi-g-s1', 'fi', 'gumbel', prior=0.37, test=1.7)
     run('fi-f3-s1', 'fi', 'fixed', fixed_factor=3, test=1.9)
     run('en-ws-flops-s1', 'en', max_steps=10**9, flop_budget=2e12, test=1.8)
+    run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
     write_run(tmp_path, 'he-ws-s1', [config(data='data/he')] + evals_and_steps([4.0, 3.0]))
     report.main([str(tmp_path), '--by-data', '--markdown'])
     table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    assert table[0] == '| mode | budget | en | fi |'  # he: no finished run
+    assert table[0] == '| mode | budget | en | fi | fi-u200 |'  # he: no finished run
     cells = {tuple(x.split(' | ')[:2]): x.split(' | ')[2:] for x in table[2:]}
     sd = statistics.stdev([2.0, 2.2])
     assert cells[('| whitespace', '300 steps')] == [f'2.1000 ± {sd:.4f} (5.00, n=2)',
-                                                   '1.5000 (5.00, n=1) |']
-    assert cells[('| gumbel', '300 steps')] == ['2.4000 (5.00, n=1)', '1.7000 (5.00, n=1) |']
-    assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1) |']
-    assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '- |']
-    assert len(table) == 2 + 4
-    run('fi-g3-s1', 'fi', 'gumbel', prior=0.3, test=1.6)
-    report.main([str(tmp_path), '--by-data'])
-    lines = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    [gumbel] = [x for x in lines if x.startswith('gumbel')]
-    assert ' α=0.3 1.6000 (5.00, n=1) / α=0.37 1.7000 (5.00, n=1)' in gumbel   # the knob's order
-    # Unigram label sets of one text (study.sh's fi-u200, fi-u500): the fi column, one cell
-    run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
-    run('fi-u500-s1', 'fi-u500', 'unigram', test=1.45)
-    report.main([str(tmp_path), '--by-data', '--markdown'])
-    table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    assert table[0] == '| mode | budget | en | fi |'
-    [unigram] = [x for x in table if x.startswith('| unigram')]
-    assert unigram.endswith(' | - | V=200 1.5500 (5.00, n=1) / V=500 1.4500 (5.00, n=1) |')
+                                                   '1.5000 (5.00, n=1)', '- |']
+    assert cells[('| gumbel α=0.2', '300 steps')] == ['2.4000 (5.00, n=1)', '-', '- |']
+    assert cells[('| gumbel α=0.37', '300 steps')] == ['-', '1.7000 (5.00, n=1)', '- |']
+    assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1)', '- |']
+    assert cells[('| unigram', '300 steps')] == ['-', '-', '1.5500 (5.00, n=1) |']
+    assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '-', '- |']
+    assert len(table) == 2 + 6
+
 
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown'])
