@@ -27,11 +27,12 @@ RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODE
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
                       'params', 'torch', 'device_name', 'world', 'preset', 'run_id',
                       'encoding', 'unit'}
-# The fields that choose the boundary source and its pooling (and hnet's): all others
-# (model shape, budget, training) and the dataset must match to pair a baseline's seeds.
-SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
+# The fields that choose the boundary source and its pooling (and hnet's), and the
+# budget's: all others (model shape, training), the dataset and the budget (its words)
+# must match to pair a baseline's seeds.
+NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
-                 'data', 'ratio_target', 'ratio_weight'}
+                 'data', 'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
 # (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
@@ -95,11 +96,10 @@ def read_log(log):
             kind = 'diverged'
         for key in NUMBERS:
             v = rec.get(key)
-            number = type(v) in (int, float) and not v < 0
-            if type(v) is int and v > sys.float_info.max:   # float(v) would overflow
-                number = False
-            needed = key == 'step' and kind in STEP_KINDS
-            if not number and (v is not None or needed):
+            if v is None and not (key == 'step' and kind in STEP_KINDS):
+                continue
+            too_big = type(v) is int and v > sys.float_info.max   # float(v) would overflow
+            if type(v) not in (int, float) or v < 0 or too_big:
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
         records.append((kind, rec))
     return records
@@ -212,7 +212,7 @@ def mean_std(values):
 def group_seeds(rows):
     """One group per experiment (all that defines it but the seed): the first seed's row
     with n, members, the furthest steps, the seeds, the states, its shape (model,
-    budget, data: what a baseline must share) and (mean, std) of every number."""
+    data, budget: what a baseline must share) and (mean, std) of every number."""
     groups = collections.defaultdict(list)
     for r in rows:
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in r['config'].items()
@@ -221,8 +221,9 @@ def group_seeds(rows):
     out = []
     for members in groups.values():
         first = members[0]
-        shape = tuple(kv for kv in first['key'] if kv[0] not in SOURCE_FIELDS)
-        g = dict(first, n=len(members), members=members, p={}, shape=shape + (first['data'],),
+        shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
+        shape += (first['data'], first['budget'])
+        g = dict(first, n=len(members), members=members, p={}, shape=shape,
                  steps=max(m['steps'] for m in members),
                  seeds=','.join(str(m['seed']) for m in members),
                  state='/'.join(sorted({m['state'] for m in members})))
@@ -230,11 +231,6 @@ def group_seeds(rows):
             g[key] = mean_std([m[key] for m in members])
         out.append(g)
     return out
-
-
-def unscheduled(g):
-    """A group's shape less how long it trains."""
-    return [kv for kv in g['shape'] if kv[0] not in ('max_steps', 'flop_budget')]
 
 
 def experiments(rows):
@@ -247,10 +243,10 @@ def experiments(rows):
     for g in done:
         bases = [b for b in done if b['boundary'] in BASELINES and b['shape'] == g['shape']]
         # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
-        # shape that spent as much
+        # shape (less the budget) that spent as much
         for v in done:
             if (g['flop_budget'] and v['boundary'] == 'none' and not v['flop_budget']
-                    and v['train_flops'] and unscheduled(v) == unscheduled(g)
+                    and v['train_flops'] and v['shape'][:-1] == g['shape'][:-1]
                     and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
                 bases.append(v)
         # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
@@ -470,8 +466,6 @@ def run(argv):
     """Print the tables, each unit's apart (no column holds both BPC and BPB), after
     drawing the plots: nothing on stdout from a plot that fails."""
     args = parse_args(argv)
-    if hasattr(sys.stdout, 'reconfigure'):
-        sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
     rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
     head = ''
     if args.markdown:
