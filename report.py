@@ -105,29 +105,22 @@ def read_log(log):
     return records
 
 
-def lock_held(run):
-    """Whether another process holds <run>/.lock: train.py holds it
-    while the run trains."""
-    if not (run / '.lock').is_file():
-        return False
-    try:
-        with filelock.FileLock(run / '.lock', blocking=False):
-            return False
-    except filelock.Timeout:
-        return True
-    except OSError:   # a folder this process may not write: it cannot ask
-        return False
-
-
 def run_state(run, recs, done):
-    """'' for a finished run; else what stopped it: 'running' (it holds its folder's
-    lock), 'diverged' (a diverged record), 'unfinished' (its log ends with the stopped
-    record train.py writes when it stops to be resumed, or, in older logs, at a
-    validation), else 'crashed' (it ended without a word)."""
+    """'' for a finished run; else what stopped it: 'running' (another process holds
+    its folder's lock, as train.py does while it trains), 'diverged' (a diverged
+    record), 'unfinished' (its log ends with the stopped record train.py writes when it
+    stops to be resumed, or, in older logs, at a validation), else 'crashed' (it ended
+    without a word)."""
     if done:
         return ''
-    if lock_held(run):
-        return 'running'
+    if (run / '.lock').is_file():
+        try:
+            with filelock.FileLock(run / '.lock', blocking=False):
+                pass
+        except filelock.Timeout:
+            return 'running'
+        except OSError:   # a folder this process may not write: it cannot ask
+            pass
     if any(r['kind'] == 'diverged' for r in recs):
         return 'diverged'
     if not recs or recs[-1]['kind'] in ('eval', 'stopped'):
@@ -367,10 +360,7 @@ def by_data(groups, markdown):
         row['budget'] = ' / '.join(sorted(row['budgets']))
         for d in datasets:
             row[d] = ' / '.join(row.get(d, [])) or '-'
-    heads = ['mode']
-    if any(g['flop_budget'] for g in groups):
-        heads.append('budget')
-    cols = [(head, head, None) for head in heads + datasets]
+    cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
     return table(list(rows.values()), cols, markdown)
 
 
@@ -382,32 +372,10 @@ def bits_of(rows, flag):
     return units.pop()
 
 
-def pareto(ax, done, title, flag):
-    """The paper's Pareto figure: test BPC against SF, a line per
-    source (a FLOP budget: hollow squares)."""
-    bits = bits_of(done, flag)
-    for mode in MODES:
-        for at_flops in (False, True):
-            pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
-                         for g in done if g['boundary'] == mode and g['sf'] is not None
-                         and bool(g['flop_budget']) == at_flops)
-            if not pts:
-                continue
-            x, y, x_std, y_std = zip(*pts)
-            style = dict(fmt='o-', label=mode)
-            if at_flops:
-                style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
-            ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
-    ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
-           title=f'{title}test {bits} against SF')
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
 def draw(plt, flag, done):
-    """The Pareto figure of a plot flag: --plot all finished runs in one panel, --plot-sf
-    a panel per text (text_of)."""
+    """The paper's Pareto figure, test BPC against SF, a line per source (a FLOP budget:
+    hollow squares): --plot all finished runs in one panel, --plot-sf a panel per text
+    (text_of)."""
     panels = {'': done}
     if flag == '--plot-sf' and done:
         panels = {}
@@ -415,7 +383,24 @@ def draw(plt, flag, done):
             panels.setdefault(f'{text_of(g)}: ', []).append(g)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     for ax, (title, groups) in zip(axes.flat, panels.items()):
-        pareto(ax, groups, title, flag)
+        bits = bits_of(groups, flag)
+        for mode in MODES:
+            for at_flops in (False, True):
+                pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
+                             for g in groups if g['boundary'] == mode and g['sf'] is not None
+                             and bool(g['flop_budget']) == at_flops)
+                if not pts:
+                    continue
+                x, y, x_std, y_std = zip(*pts)
+                style = dict(fmt='o-', label=mode)
+                if at_flops:
+                    style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
+                ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
+        ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
+               title=f'{title}test {bits} against SF')
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return fig
 
 
@@ -435,12 +420,9 @@ def parse_args(argv):
 
 
 def find_runs(paths):
-    """The run folders: a path is a run (with log.jsonl, or log.jsonl
-    itself) or a folder of them."""
+    """The run folders: a path is a run (with log.jsonl) or a folder of them."""
     runs = []
     for p in map(Path, paths):
-        if p.name == 'log.jsonl' and not p.is_dir():
-            p = p.parent
         os.scandir(p).close()   # the OS names a path that is missing or no folder
         found = sorted(f.parent for f in p.rglob('log.jsonl'))
         if not found:
