@@ -43,7 +43,7 @@ NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
 NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
-           'resumed_from', 'seed', 'max_steps', 'flop_budget')
+           'resumed_from', 'seed', 'flop_budget')
 # the records of steps (the others: config, a test's own)
 STEP_KINDS = ('train', 'eval', 'diverged', 'stopped')
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
@@ -334,16 +334,6 @@ def columns(rows, bits, baselines=None):
     return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 
-def text_of(g):
-    """The text a run trained on (a --plot-sf panel): its dataset's name less a Unigram
-    label set's -u<V> (study.sh names the datasets that differ only in their labels
-    fi-u200, fi-u500, ...)."""
-    name, _, v = g['data'].rpartition('-u')
-    if name and v.isdigit():
-        return name
-    return g['data']
-
-
 def by_data(groups, markdown):
     """Test BPC (SF, seeds): a column per dataset, a row per source (with its knob, as
     mode_label names it) and budget."""
@@ -374,13 +364,17 @@ def bits_of(rows, flag):
 
 def draw(plt, flag, done):
     """The paper's Pareto figure, test BPC against SF, a line per source (a FLOP budget:
-    hollow squares): --plot all finished runs in one panel, --plot-sf a panel per text
-    (text_of)."""
+    hollow squares): --plot all finished runs in one panel, --plot-sf a panel per text."""
     panels = {'': done}
     if flag == '--plot-sf' and done:
         panels = {}
         for g in done:
-            panels.setdefault(f'{text_of(g)}: ', []).append(g)
+            # the text: the dataset's name less a Unigram label set's -u<V> (study.sh
+            # names the datasets that differ only in their labels fi-u200, fi-u500, ...)
+            text, _, v = g['data'].rpartition('-u')
+            if not (text and v.isdigit()):
+                text = g['data']
+            panels.setdefault(f'{text}: ', []).append(g)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     for ax, (title, groups) in zip(axes.flat, panels.items()):
         bits = bits_of(groups, flag)
