@@ -300,8 +300,9 @@ def table(rows, cols, markdown):
     heads = [head for head, _, _ in cols]
     cells = [[cell(r, key, kind) for _, key, kind in cols] for r in rows]
     if markdown:
-        lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
-        return '\n'.join(lines + ['| ' + ' | '.join(c) + ' |' for c in cells])
+        lines = ['| ' + ' | '.join(line) + ' |' for line in [heads] + cells]
+        lines.insert(1, '|' + '---|' * len(heads))
+        return '\n'.join(lines)
     widths = [max(len(x) for x in column) for column in zip(heads, *cells)]
     # numbers to the right, text to the left
     lines = []
@@ -339,8 +340,8 @@ def by_data(groups, markdown):
     mode_label names it) and budget."""
     rows = {}
     for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK[g['boundary']])):
-        row = rows.setdefault((g['mode'], bool(g['flop_budget'])), dict(mode=g['mode'],
-                                                                         budgets=set()))
+        key = (g['mode'], bool(g['flop_budget']))
+        row = rows.setdefault(key, dict(mode=g['mode'], budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
         result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
