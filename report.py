@@ -25,29 +25,25 @@ RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODE
 # Config fields that say nothing about the experiment: runs differing only in these are
 # its seeds. (The dataset decides the encoding and the unit.)
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
-                      'params', 'torch', 'device_name', 'world', 'preset', 'tensorboard',
-                      'wandb', 'run_id', 'encoding', 'unit'}
-# The fields that choose the boundary source and its pooling (and hnet's): all others
-# (model shape, budget, training) and the dataset must match to pair a baseline's seeds.
-SOURCE_FIELDS = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
+                      'params', 'torch', 'device_name', 'world', 'preset', 'run_id',
+                      'encoding', 'unit'}
+# The fields that choose the boundary source and its pooling (and hnet's), and the
+# budget's: all others (model shape, training), the dataset and the budget (its words)
+# must match to pair a baseline's seeds.
+NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
-                 'data', 'ratio_target', 'ratio_weight'}
+                 'data', 'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
-# the plot flags: what each draws
-PLOTS = {'--plot': 'also draw test BPC against SF (the Pareto figure), all runs in one panel',
-         '--plot-sf': 'also draw test BPC against SF, a panel per dataset'}
-# fmt's format of a number by its kind (others: ',.0f'; seconds under 100: '.3g')
-FORMATS = {'bpc': '.4f', 'sf': '.2f', 'p': '.3f', 'flops': '.3g'}
-# (head, field, fmt kind) of the numbers both tables show, the seeds table as mean ± std
+# (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
-NUMBER_COLUMNS = (('train chars', 'train_chars', ''), ('train FLOPs', 'train_flops', 'flops'),
-                  ('wall s', 'train_time', 'time'), ('valid BPC', 'valid_bpc', 'bpc'),
-                  ('test BPC', 'test_bpc', 'bpc'), ('SF', 'sf', 'sf'),
-                  ('chars/s', 'chars_per_s', ''))
+NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train_flops', '.3g'),
+                  ('wall s', 'train_time', ',.0f'), ('valid BPC', 'valid_bpc', '.4f'),
+                  ('test BPC', 'test_bpc', '.4f'), ('SF', 'sf', '.2f'),
+                  ('chars/s', 'chars_per_s', ',.0f'))
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
 NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
-           'resumed_from', 'seed', 'max_steps', 'flop_budget')
+           'resumed_from', 'seed', 'flop_budget')
 # the records of steps (the others: config, a test's own)
 STEP_KINDS = ('train', 'eval', 'diverged', 'stopped')
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
@@ -100,39 +96,31 @@ def read_log(log):
             kind = 'diverged'
         for key in NUMBERS:
             v = rec.get(key)
-            number = type(v) in (int, float) and not v < 0
-            if type(v) is int and v > sys.float_info.max:   # float(v) would overflow
-                number = False
-            needed = key == 'step' and kind in STEP_KINDS
-            if not number and (v is not None or needed):
+            if v is None and not (key == 'step' and kind in STEP_KINDS):
+                continue
+            too_big = type(v) is int and v > sys.float_info.max   # float(v) would overflow
+            if type(v) not in (int, float) or v < 0 or too_big:
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
         records.append((kind, rec))
     return records
 
 
-def lock_held(run):
-    """Whether another process holds <run>/.lock: train.py holds it
-    while the run trains."""
-    if not (run / '.lock').is_file():
-        return False
-    try:
-        with filelock.FileLock(run / '.lock', blocking=False):
-            return False
-    except filelock.Timeout:
-        return True
-    except OSError:   # a folder this process may not write: it cannot ask
-        return False
-
-
 def run_state(run, recs, done):
-    """'' for a finished run; else what stopped it: 'running' (it holds its folder's
-    lock), 'diverged' (a diverged record), 'unfinished' (its log ends with the stopped
-    record train.py writes when it stops to be resumed, or, in older logs, at a
-    validation), else 'crashed' (it ended without a word)."""
+    """'' for a finished run; else what stopped it: 'running' (another process holds
+    its folder's lock, as train.py does while it trains), 'diverged' (a diverged
+    record), 'unfinished' (its log ends with the stopped record train.py writes when it
+    stops to be resumed, or, in older logs, at a validation), else 'crashed' (it ended
+    without a word)."""
     if done:
         return ''
-    if lock_held(run):
-        return 'running'
+    if (run / '.lock').is_file():
+        try:
+            with filelock.FileLock(run / '.lock', blocking=False):
+                pass
+        except filelock.Timeout:
+            return 'running'
+        except OSError:   # a folder this process may not write: it cannot ask
+            pass
     if any(r['kind'] == 'diverged' for r in recs):
         return 'diverged'
     if not recs or recs[-1]['kind'] in ('eval', 'stopped'):
@@ -143,10 +131,8 @@ def run_state(run, recs, done):
 def summarize(run):
     """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
     with its state (run_state), its unit (bits: BPC, or BPB where the run's config record
-    says 'byte') and its identity: the run_id of its config record (older logs: its first
-    config record)."""
+    says 'byte') and its identity: the run_id of its config record, else its folder."""
     cfg = {}
-    first = None
     recs = []
     for kind, rec in read_log(run / 'log.jsonl'):
         # a restart: --resume redoes the steps after resumed_from; a run without it starts
@@ -156,19 +142,16 @@ def summarize(run):
             recs = [r for r in recs
                     if r['step'] <= start and (start or r['kind'] == 'train')]
             cfg = rec
-            first = first or rec
         elif kind in STEP_KINDS:
             recs.append(dict(rec, kind=kind))
-    identity = cfg.get('run_id')
-    if not identity and first:
-        identity = json.dumps(first, sort_keys=True)
     # a byte run's records say bpb where a character run's say bpc
     bits = 'BPC'
     if cfg.get('unit') == 'byte':
         bits = 'BPB'
     score = bits.lower()
-    valid = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'valid']
-    test = [r for r in recs if r['kind'] == 'eval' and r.get('split') == 'test']
+    # the last evaluation of each split
+    evals = {r.get('split'): r for r in recs if r['kind'] == 'eval'}
+    done = 'test' in evals
     last = max(recs, key=lambda r: r['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
@@ -176,20 +159,21 @@ def summarize(run):
     budget = cfg.get('flop_budget')   # train.py --flop-budget: max_steps out of reach
     budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
-        budget_words = f'{fmt(budget, "flops")} FLOPs'
-    return dict(run=run, id=identity or str(run), config=cfg, mode=mode_label(cfg),
+        budget_words = f'{fmt(budget, ".3g")} FLOPs'
+    return dict(run=run, id=cfg.get('run_id') or str(run), config=cfg, mode=mode_label(cfg),
                 boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
-                done=bool(test), state=run_state(run, recs, bool(test)), bits=bits,
+                done=done, state=run_state(run, recs, done), bits=bits,
                 flop_budget=budget, budget=budget_words,
-                valid_bpc=(valid or [{}])[-1].get(score), test_bpc=(test or [{}])[-1].get(score),
-                sf=(test or valid or [{}])[-1].get('sf'), chars_per_s=chars_per_s,
+                valid_bpc=evals.get('valid', {}).get(score),
+                test_bpc=evals.get('test', {}).get(score),
+                sf=evals.get('test', evals.get('valid', {})).get('sf'), chars_per_s=chars_per_s,
                 train_chars=last.get('train_chars'), train_flops=last.get('train_flops'),
                 train_time=last.get('train_time'))
 
 
 def one_per_run(rows):
-    """Copies of one run (a backup of its folder: the same identity) → the copy that got
+    """Copies of one run (a backup of its folder: the same run_id) → the copy that got
     furthest, once, with a note naming them."""
     copies = collections.defaultdict(list)
     for row in rows:
@@ -198,12 +182,9 @@ def one_per_run(rows):
     for same in copies.values():
         best = max(same, key=lambda r: (r['done'], r['steps']))
         kept.append(best)
-        what = 'run_id'
-        if 'run_id' not in best['config']:
-            what = 'first config record'
         names = ' and '.join(str(r['run']) for r in same)
         if len(same) > 1:
-            print(f'note: {names} are one run (same {what}): counted once, as {best["run"]}',
+            print(f'note: {names} are one run (same run_id): counted once, as {best["run"]}',
                   file=sys.stderr)
     return kept
 
@@ -224,7 +205,7 @@ def mean_std(values):
 def group_seeds(rows):
     """One group per experiment (all that defines it but the seed): the first seed's row
     with n, members, the furthest steps, the seeds, the states, its shape (model,
-    budget, data: what a baseline must share) and (mean, std) of every number."""
+    data, budget: what a baseline must share) and (mean, std) of every number."""
     groups = collections.defaultdict(list)
     for r in rows:
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in r['config'].items()
@@ -233,8 +214,9 @@ def group_seeds(rows):
     out = []
     for members in groups.values():
         first = members[0]
-        shape = tuple(kv for kv in first['key'] if kv[0] not in SOURCE_FIELDS)
-        g = dict(first, n=len(members), members=members, p={}, shape=shape + (first['data'],),
+        shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
+        shape += (first['data'], first['budget'])
+        g = dict(first, n=len(members), members=members, p={}, shape=shape,
                  steps=max(m['steps'] for m in members),
                  seeds=','.join(str(m['seed']) for m in members),
                  state='/'.join(sorted({m['state'] for m in members})))
@@ -242,11 +224,6 @@ def group_seeds(rows):
             g[key] = mean_std([m[key] for m in members])
         out.append(g)
     return out
-
-
-def unscheduled(g):
-    """A group's shape less how long it trains."""
-    return [kv for kv in g['shape'] if kv[0] not in ('max_steps', 'flop_budget')]
 
 
 def experiments(rows):
@@ -259,10 +236,10 @@ def experiments(rows):
     for g in done:
         bases = [b for b in done if b['boundary'] in BASELINES and b['shape'] == g['shape']]
         # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
-        # shape that spent as much
+        # shape (less the budget) that spent as much
         for v in done:
             if (g['flop_budget'] and v['boundary'] == 'none' and not v['flop_budget']
-                    and v['train_flops'] and unscheduled(v) == unscheduled(g)
+                    and v['train_flops'] and v['shape'][:-1] == g['shape'][:-1]
                     and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
                 bases.append(v)
         # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
@@ -285,28 +262,28 @@ def experiments(rows):
     return out
 
 
-def fmt(v, kind):
-    """A number as the tables show it: '-' where it is missing; (mean,
-    std) as 'mean ± std'."""
+def fmt(v, spec):
+    """A number in format `spec` ('p': a p value) as the tables show it: '-' where it
+    is missing; (mean, std) as 'mean ± std'."""
     if isinstance(v, tuple):
-        text = fmt(v[0], kind)
+        text = fmt(v[0], spec)
         if v[1]:   # a std of exactly 0 (the same characters) says nothing
-            text += ' ± ' + fmt(v[1], kind)
+            text += ' ± ' + fmt(v[1], spec)
         return text
     if v is None or not math.isfinite(v):
         return '-'
-    if kind == 'p' and v < 0.001:
-        return '<0.001'
-    if kind == 'time' and v < 100:
-        return f'{v:.3g}'
-    return format(v, FORMATS.get(kind, ',.0f')).replace('e+', 'e')
+    if spec == 'p':
+        if v < 0.001:
+            return '<0.001'
+        spec = '.3f'
+    return format(v, spec).replace('e+', 'e')
 
 
 def cell(row, key, kind):
-    """The text of a table's cell: row[key] shown as `kind` ('text',
-    'steps': the steps and the run's state, 'p': the p against baseline
-    `key`, else fmt's kind, test BPC starred)."""
-    if kind == 'text':
+    """The text of a table's cell: row[key] as it is (kind None), the steps and the
+    run's state ('steps'), the p against baseline `key` ('p'), else in format `kind`,
+    test BPC starred."""
+    if kind is None:
         return str(row[key])
     if kind == 'steps':
         return f'{row["steps"]} {row["state"]}'.rstrip()
@@ -323,14 +300,15 @@ def table(rows, cols, markdown):
     heads = [head for head, _, _ in cols]
     cells = [[cell(r, key, kind) for _, key, kind in cols] for r in rows]
     if markdown:
-        lines = ['| ' + ' | '.join(heads) + ' |', '|' + '---|' * len(heads)]
-        return '\n'.join(lines + ['| ' + ' | '.join(c) + ' |' for c in cells])
+        lines = ['| ' + ' | '.join(line) + ' |' for line in [heads] + cells]
+        lines.insert(1, '|' + '---|' * len(heads))
+        return '\n'.join(lines)
     widths = [max(len(x) for x in column) for column in zip(heads, *cells)]
-    left = {'run', 'mode', 'data', 'flags', 'budget', 'seeds', 'steps'}
+    # numbers to the right, text to the left
     lines = []
     for line in [heads] + cells:
-        padded = [x.ljust(w) if head in left else x.rjust(w)
-                  for x, w, head in zip(line, widths, heads)]
+        padded = [x.ljust(w) if kind in (None, 'steps') else x.rjust(w)
+                  for x, w, (_, _, kind) in zip(line, widths, cols)]
         lines.append('  '.join(padded).rstrip())
     return '\n'.join(lines)
 
@@ -348,7 +326,7 @@ def columns(rows, bits, baselines=None):
         baselines = []
     else:
         heads += ['seeds', 'n']
-    cols = [(head, head, 'text') for head in heads] + [('steps', 'steps', 'steps')]
+    cols = [(head, head, None) for head in heads] + [('steps', 'steps', 'steps')]
     for head, key, kind in NUMBER_COLUMNS:
         # a byte run's tokens are bytes
         if bits == 'BPB':
@@ -357,55 +335,23 @@ def columns(rows, bits, baselines=None):
     return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 
-def text_of(g):
-    """The text a run trained on: its dataset's name less a Unigram
-    label set's -u<V> (study.sh names the datasets that differ only in
-    their labels fi-u200, fi-u500, ...)."""
-    name, _, v = g['data'].rpartition('-u')
-    if name and v.isdigit():
-        return name
-    return g['data']
-
-
-def variant(g):
-    """The Pareto knob that sets runs of one source and text apart:
-    'α=0.2', 'V=200' or ''."""
-    if g['boundary'] == 'gumbel':
-        return f'α={g["config"].get("prior")}'
-    v = g['config'].get('unigram') or g['data'][len(text_of(g)) + 2:]   # fi-u200: 200
-    if g['boundary'] == 'unigram' and v:
-        return f'V={v}'
-    return ''
-
-
 def by_data(groups, markdown):
-    """Test BPC (SF, seeds): a column per dataset (text_of), a row per
-    source and budget; a language's own Gumbel prior in its source's
-    row, the variants of a source on one dataset (α, Unigram V: a
-    Pareto front) in one cell, each named, in the knob's order."""
-    def order(g):
-        return bool(g['flop_budget']), RANK[g['boundary']], float(variant(g)[2:] or 0)
+    """Test BPC (SF, seeds): a column per dataset, a row per source (with its knob, as
+    mode_label names it) and budget."""
     rows = {}
-    for g in sorted(groups, key=order):
-        mode = mode_label(dict(g['config'], prior=None))
-        row = rows.setdefault((mode, bool(g['flop_budget'])), dict(mode=mode, budgets=set()))
+    for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK[g['boundary']])):
+        key = (g['mode'], bool(g['flop_budget']))
+        row = rows.setdefault(key, dict(mode=g['mode'], budgets=set()))
         # a FLOP budget of one shape differs between datasets
         row['budgets'].add(g['budget'])
-        result = f'{cell(g, "test_bpc", "bpc")} ({fmt(g["sf"], "sf")}, n={g["n"]})'
-        row.setdefault(text_of(g), []).append((variant(g), result))
-    datasets = list(dict.fromkeys(text_of(g) for g in groups))
+        result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
+        row.setdefault(g['data'], []).append(result)
+    datasets = list(dict.fromkeys(g['data'] for g in groups))
     for row in rows.values():
         row['budget'] = ' / '.join(sorted(row['budgets']))
         for d in datasets:
-            results = row.get(d, [])
-            if len(results) > 1:   # variants on one dataset: each named
-                row[d] = ' / '.join(f'{name} {result}' for name, result in results)
-            else:
-                row[d] = ''.join(result for _, result in results) or '-'
-    heads = ['mode']
-    if any(g['flop_budget'] for g in groups):
-        heads.append('budget')
-    cols = [(head, head, 'text') for head in heads + datasets]
+            row[d] = ' / '.join(row.get(d, [])) or '-'
+    cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
     return table(list(rows.values()), cols, markdown)
 
 
@@ -417,37 +363,39 @@ def bits_of(rows, flag):
     return units.pop()
 
 
-def pareto(ax, done, title, flag):
-    """The paper's Pareto figure: test BPC against SF, a line per
-    source (a FLOP budget: hollow squares)."""
-    bits = bits_of(done, flag)
-    for mode in MODES:
-        for at_flops in (False, True):
-            pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
-                         for g in done if g['boundary'] == mode and g['sf'] is not None
-                         and bool(g['flop_budget']) == at_flops)
-            if not pts:
-                continue
-            x, y, x_std, y_std = zip(*pts)
-            style = dict(fmt='o-', label=mode)
-            if at_flops:
-                style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
-            ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
-    ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
-           title=f'{title}test {bits} against SF')
-
-
 def draw(plt, flag, done):
-    """The Pareto figure of a plot flag: --plot all finished runs in one panel, --plot-sf
-    a panel per dataset (its text, as in --by-data)."""
+    """The paper's Pareto figure, test BPC against SF, a line per source (a FLOP budget:
+    hollow squares): --plot all finished runs in one panel, --plot-sf a panel per text."""
     panels = {'': done}
     if flag == '--plot-sf' and done:
         panels = {}
         for g in done:
-            panels.setdefault(f'{text_of(g)}: ', []).append(g)
+            # the text: the dataset's name less a Unigram label set's -u<V> (study.sh
+            # names the datasets that differ only in their labels fi-u200, fi-u500, ...)
+            text, _, v = g['data'].rpartition('-u')
+            if not (text and v.isdigit()):
+                text = g['data']
+            panels.setdefault(f'{text}: ', []).append(g)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     for ax, (title, groups) in zip(axes.flat, panels.items()):
-        pareto(ax, groups, title, flag)
+        bits = bits_of(groups, flag)
+        for mode in MODES:
+            for at_flops in (False, True):
+                pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
+                             for g in groups if g['boundary'] == mode and g['sf'] is not None
+                             and bool(g['flop_budget']) == at_flops)
+                if not pts:
+                    continue
+                x, y, x_std, y_std = zip(*pts)
+                style = dict(fmt='o-', label=mode)
+                if at_flops:
+                    style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
+                ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
+        ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
+               title=f'{title}test {bits} against SF')
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return fig
 
 
@@ -457,20 +405,19 @@ def parse_args(argv):
     p.add_argument('runs', nargs='+',
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
-    for flag, what in PLOTS.items():
-        p.add_argument(flag, type=common.nonblank, metavar='OUT.png', help=what)
+    p.add_argument('--plot', type=common.nonblank, metavar='OUT.png',
+                   help='also draw test BPC against SF (the Pareto figure), all runs in one panel')
+    p.add_argument('--plot-sf', type=common.nonblank, metavar='OUT.png',
+                   help='also draw test BPC against SF, a panel per dataset')
     p.add_argument('--by-data', action='store_true',
                    help='also a table of test BPC (SF, seeds), a column per dataset')
     return p.parse_args(argv)
 
 
 def find_runs(paths):
-    """The run folders: a path is a run (with log.jsonl, or log.jsonl
-    itself) or a folder of them."""
+    """The run folders: a path is a run (with log.jsonl) or a folder of them."""
     runs = []
     for p in map(Path, paths):
-        if p.name == 'log.jsonl' and not p.is_dir():
-            p = p.parent
         os.scandir(p).close()   # the OS names a path that is missing or no folder
         found = sorted(f.parent for f in p.rglob('log.jsonl'))
         if not found:
@@ -492,71 +439,48 @@ def add_flags(rows):
         r['flags'] = ' '.join(f'{k}={r["config"].get(k, "-")}' for k in keys)
 
 
-def results(args):
-    """(runs, experiments): the rows of the tables, each unit's flags and pairs its own."""
-    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
-    groups = []
-    for bits in ('BPC', 'BPB'):
-        of_unit = [r for r in rows if r['bits'] == bits]
-        add_flags(of_unit)
-        groups += experiments(of_unit)
-    return rows, groups
-
-
-def save_plot(plt, flag, path, fig):
-    """A figure written whole or not at all, in the format its path's suffix names."""
-    kind = path.suffix[1:].lower()
-    if kind not in fig.canvas.get_supported_filetypes():
-        raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, '
-                        '.pdf, ...)')
-    for ax in fig.axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=120))
-    plt.close(fig)
-
-
 def run(argv):
-    """Draw the plots (written whole or not at all), then print the tables: nothing on
-    stdout from a plot that fails."""
+    """Print the tables, each unit's apart (no column holds both BPC and BPB), after
+    drawing the plots: nothing on stdout from a plot that fails."""
     args = parse_args(argv)
-    if hasattr(sys.stdout, 'reconfigure'):
-        sys.stdout.reconfigure(errors='replace')  # '±', 'α' on a terminal without them
-    rows, groups = results(args)
-    done = [g for g in groups if g['test_bpc'] is not None]
-    plots = []
-    for flag in PLOTS:
-        path = getattr(args, flag[2:].replace('-', '_'))
-        if path:
-            plt = common.import_pyplot(flag)
-            save_plot(plt, flag, Path(path), draw(plt, flag, done))
-            plots.append(f'plot: {path}')
+    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
     head = ''
     if args.markdown:
         head = '### '
-    # each unit's tables apart, so that no column holds both BPC and BPB
     sections = []
+    done = []
     for bits, where in (('BPC', ''), ('BPB', ' on bytes')):
-        of_unit = [r for r in rows if r['bits'] == bits]
-        if not of_unit:
+        runs = [r for r in rows if r['bits'] == bits]
+        if not runs:
             continue
-        sections.append(f'{head}Runs{where}\n\n' + table(of_unit, columns(of_unit, bits),
-                                                         args.markdown))
-        of_unit = [g for g in groups if g['bits'] == bits]
-        baselines = sorted({b for g in of_unit for b in g['p']},
+        # each unit's flags and pairs its own
+        add_flags(runs)
+        groups = experiments(runs)
+        finished = [g for g in groups if g['test_bpc'] is not None]
+        done += finished
+        sections.append(f'{head}Runs{where}\n\n' + table(runs, columns(runs, bits), args.markdown))
+        baselines = sorted({b for g in groups for b in g['p']},
                            key=lambda b: (RANK[b.split()[0]], len(b), b))
-        if any(g['n'] > 1 for g in of_unit):
-            seeds = table(of_unit, columns(of_unit, bits, baselines), args.markdown)
+        if any(g['n'] > 1 for g in groups):
+            seeds = table(groups, columns(groups, bits, baselines), args.markdown)
             sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
             if baselines:
                 sections.append(SIGNIFICANCE)
         if args.by_data:
-            by = by_data([g for g in of_unit if g['test_bpc'] is not None], args.markdown)
+            by = by_data(finished, args.markdown)
             sections.append(f'{head}Test {bits} (SF, seeds) by dataset\n\n{by}')
-    if not args.markdown:
-        sections += plots
+    # each figure written whole or not at all, in the format its path's suffix names
+    for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf)):
+        if not path:
+            continue
+        fig = draw(common.import_pyplot(flag), flag, done)
+        kind = Path(path).suffix[1:].lower()
+        if kind not in fig.canvas.get_supported_filetypes():
+            raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, ...)')
+        fig.tight_layout()
+        common.write_atomic(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=120))
+        if not args.markdown:
+            sections.append(f'plot: {path}')
     print('\n\n'.join(sections))
 
 

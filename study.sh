@@ -88,7 +88,6 @@ mfu=0.4
 peak_tflops=989
 bench=${at}out/bench-paper.json
 die() { echo "error: $*" >&2; exit "${code:-1}"; }
-usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     # a flag with a value sets the variable of its name (- as _)
@@ -99,7 +98,8 @@ while [ $# -gt 0 ]; do
       printf -v "${flag//-/_}" %s "${2-}"
       shift ;;
     --dry-run) dry=1 ;;
-    -h|--help) usage; exit 0 ;;
+    # the usage: the comment at the top
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) code=2 die "unknown flag $1 (train.py flags go after --)" ;;
   esac
@@ -134,9 +134,6 @@ for flag in steps jobs nproc; do
 done
 per_run=${nproc:-1}
 [[ $gpus =~ ^([0-9]+(,[0-9]+)*)?$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
-for s in $seeds $pareto_seeds; do
-  [[ $s =~ ^[0-9]+$ ]] || code=2 die "seeds must be whole numbers, not '$s'"
-done
 for n in $scaling_layers; do
   [[ $n =~ ^[0-9]+$ && $n -ge 5 ]] || code=2 die "--scaling-layers are totals >= 5, not '$n'"
 done
@@ -182,44 +179,44 @@ dataset() {
     echo "text8-head-u${2:-10000}"
   fi
 }
-# The plan: one line per run, "name data train.py-flags", names unique per experiment.
+# The plan: one line per run, "name data train.py-flags", names unique per experiment;
+# add gives a run the seed $s of the loop it is in.
 plan=()
 add() {
   local p
   for p in "${plan[@]}"; do
     [ "${p%% *}" = "$1" ] && return
   done
-  plan+=("$*")
+  plan+=("$* --seed $s")
 }
 for s in $seeds; do
   case $part in
     # names as the pareto part's, so the runs both parts have run once
     seeds|all)
       for m in none fixed2 whitespace unigram-u10000 entropy gumbel-a0.20 hnet; do
-        add "$m-s$s" "$(dataset text8)" $(mode_flags ${m%%-*} text8) --seed "$s"
+        add "$m-s$s" "$(dataset text8)" $(mode_flags ${m%%-*} text8)
       done ;;
     languages|table1)
       for l in $langs; do
         d=$(dataset "$l")
         [ "$part" = table1 ] && d=$l
         for m in $modes; do
-          add "$l-$m-s$s" "$d" $(mode_flags "$m" "$l") --seed "$s"
+          add "$l-$m-s$s" "$d" $(mode_flags "$m" "$l")
           [[ $part == languages && $m != none ]] && add "$l-$m-flops-s$s" "$d" \
-            $(mode_flags "$m" "$l") --seed "$s" --flop-budget "vanilla:$steps"
+            $(mode_flags "$m" "$l") --flop-budget "vanilla:$steps"
         done
       done ;;
     table2)
       for m in $modes; do
         for pool in mean last; do
-          add "$m-$pool-s$s" "$(dataset text8)" $(mode_flags $m text8) --pooling $pool \
-            --seed "$s"
+          add "$m-$pool-s$s" "$(dataset text8)" $(mode_flags $m text8) --pooling $pool
         done
       done ;;
     scaling)
       for n in $scaling_layers; do
         for m in $modes; do
           add "$m-l$n-s$s" "$(dataset text8)" $(mode_flags $m text8) \
-            --layers "2,$((n - 4)),2" --seed "$s"
+            --layers "2,$((n - 4)),2"
         done
       done ;;
   esac
@@ -231,15 +228,15 @@ if [[ $part =~ ^(pareto|all)$ ]]; then
       r=$l-
       [ "$l" = text8 ] && r=
       for v in 200 500 1000 3000 5000 10000; do
-        add "${r}unigram-u$v-s$s" "$(dataset "$l" $v)" --boundary unigram --seed "$s"
+        add "${r}unigram-u$v-s$s" "$(dataset "$l" $v)" --boundary unigram
       done
       for a in 0.20 0.25 0.30 0.37 0.45; do
-        add "${r}gumbel-a$a-s$s" "$(dataset "$l")" --boundary gumbel --prior $a --seed "$s"
+        add "${r}gumbel-a$a-s$s" "$(dataset "$l")" --boundary gumbel --prior $a
       done
       # fixed k = 1 is vanilla
-      add "${r}none-s$s" "$(dataset "$l")" --boundary none --seed "$s"
+      add "${r}none-s$s" "$(dataset "$l")" --boundary none
       for k in 2 3 4 5 6; do
-        add "${r}fixed$k-s$s" "$(dataset "$l")" $(mode_flags fixed$k "$l") --seed "$s"
+        add "${r}fixed$k-s$s" "$(dataset "$l")" $(mode_flags fixed$k "$l")
       done
     done
   done
@@ -274,7 +271,8 @@ prep_cmd() {
   fi
   case $name in
     text8-head-u*) cmd=(--input "$input" --dataset text8) ;;
-    text8) cmd=(--dataset text8) ;;    # the whole text8, downloaded
+    # the whole text8, downloaded
+    text8) cmd=(--dataset text8) ;;
     wiki40b-*|cc100-*) cmd=(--dataset "${name%%-*}" --lang "${name#*-}") ;;
     *) cmd=(--input "$raw_dir/$lang.txt" --lang "$lang") ;;
   esac
@@ -351,7 +349,8 @@ def run_flops(argv, preset, assume_sf):
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
     cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
-    if args.flop_budget:  # the budget, not the steps, ends such a run
+    # the budget, not the steps, ends such a run
+    if args.flop_budget:
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])
     sf = {'none': 1, 'fixed': cfg.fixed_factor}.get(cfg.boundary, assume_sf)
     kept = 1 + a['seq_len'] / sf
@@ -371,17 +370,14 @@ def cost(total, device, mfu, peak, bench):
     except (OSError, ValueError, AttributeError):
         measured = {}
     speed = measured.get('flops_per_s')
-    unit = 'hours'
-    if device.startswith('cuda'):
-        unit = 'GPU-hours'
     if speed:
         hours = total / speed / 3600
-        return (f'; about {hours:,.1f} {unit} on {name} at {speed:.3g} FLOP/s (measured by '
-                f"bench.py --preset paper, {measured.get('date')})")
+        return (f'; about {hours:,.1f} hours on {name} at {speed:.3g} FLOP/s (measured '
+                f"{measured.get('date')})")
     if not device.startswith('cuda'):
         return ''
     hours = total / (mfu * peak * 1e12) / 3600
-    return f'; about {hours:,.0f} {unit} at {mfu:.0%} MFU of {peak:g} TFLOP/s (assumed)'
+    return f'; about {hours:,.0f} GPU-hours at {mfu:.0%} MFU of {peak:g} TFLOP/s (assumed)'
 
 
 def plan():
@@ -429,8 +425,7 @@ interrupted() {
     pkill -TERM -P "$pid" 2>/dev/null
   done
   wait
-  echo "error: interrupted; run the same command to resume" >&2
-  exit "$1"
+  code=$1 die "interrupted; run the same command to resume"
 }
 trap 'interrupted 130' INT
 trap 'interrupted 75' TERM
@@ -546,10 +541,9 @@ elif ((${#dirs[@]})); then
   report "$part" "${dirs[@]}"
 fi
 # A failure first; runs stopped to be resumed are no failure, but the study is unfinished.
-if ((${#failed[@]})); then
-  die "failed: ${failed[*]} ${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see" \
-      "above or <run>.log in $out); run the same command again to retry"
-fi
+((${#failed[@]})) && die "failed: ${failed[*]}" \
+  "${stopped[*]:+(stopped to be resumed: ${stopped[*]}) }(see <run>.log in $out); run the" \
+  "same command to retry"
 if ((${#stopped[@]})); then
   code=75 die "stopped to be resumed: ${stopped[*]}; run the same command again"
 fi

@@ -73,10 +73,10 @@ def study(tmp_path):
     return tmp_path
 
 
-def rows_of(root, argv=()):
-    """The runs table and the seed table as report.py computes them."""
-    rows, groups = report.results(report.parse_args([str(root), *argv]))
-    return {r['run'].name: r for r in rows}, groups
+def rows_of(root):
+    """The runs table and the seed table as report.py computes them (runs of one unit)."""
+    rows = report.one_per_run([report.summarize(r) for r in report.find_runs([str(root)])])
+    return {r['run'].name: r for r in rows}, report.experiments(rows)
 
 
 def test_run_rows_and_seed_means(study):
@@ -191,9 +191,9 @@ def test_runs_ended_by_a_flop_budget_show_it_in_a_budget_column(tmp_path, capsys
 
 
 def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
-    """--by-data: a row per source (fixed with k) and budget, a column per dataset; a language's
-    own Gumbel prior stays in its mode's row (two on one dataset: one cell); unfinished runs and
-    datasets without a finished run are left out."""
+    """--by-data: a row per source (with its knob: fixed k, Gumbel α) and budget, a column per
+    dataset (a Unigram label set's dataset is one too); unfinished runs and datasets without a
+    finished run are left out."""
     def run(name, data, boundary='whitespace', seed=1, test=2.0, **kw):
         write_run(tmp_path, name, [config(boundary, seed=seed, data=f'data/{data}', **kw)]
                   + evals_and_steps([4.0, 3.0, 2.5], test))
@@ -204,31 +204,22 @@ def test_by_data_puts_each_dataset_in_a_column(tmp_path, capsys):
     run('fi-g-s1', 'fi', 'gumbel', prior=0.37, test=1.7)
     run('fi-f3-s1', 'fi', 'fixed', fixed_factor=3, test=1.9)
     run('en-ws-flops-s1', 'en', max_steps=10**9, flop_budget=2e12, test=1.8)
+    run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
     write_run(tmp_path, 'he-ws-s1', [config(data='data/he')] + evals_and_steps([4.0, 3.0]))
     report.main([str(tmp_path), '--by-data', '--markdown'])
     table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    assert table[0] == '| mode | budget | en | fi |'  # he: no finished run
+    assert table[0] == '| mode | budget | en | fi | fi-u200 |'  # he: no finished run
     cells = {tuple(x.split(' | ')[:2]): x.split(' | ')[2:] for x in table[2:]}
     sd = statistics.stdev([2.0, 2.2])
     assert cells[('| whitespace', '300 steps')] == [f'2.1000 ± {sd:.4f} (5.00, n=2)',
-                                                   '1.5000 (5.00, n=1) |']
-    assert cells[('| gumbel', '300 steps')] == ['2.4000 (5.00, n=1)', '1.7000 (5.00, n=1) |']
-    assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1) |']
-    assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '- |']
-    assert len(table) == 2 + 4
-    run('fi-g3-s1', 'fi', 'gumbel', prior=0.3, test=1.6)
-    report.main([str(tmp_path), '--by-data'])
-    lines = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    [gumbel] = [x for x in lines if x.startswith('gumbel')]
-    assert ' α=0.3 1.6000 (5.00, n=1) / α=0.37 1.7000 (5.00, n=1)' in gumbel   # the knob's order
-    # Unigram label sets of one text (study.sh's fi-u200, fi-u500): the fi column, one cell
-    run('fi-u200-s1', 'fi-u200', 'unigram', test=1.55)
-    run('fi-u500-s1', 'fi-u500', 'unigram', test=1.45)
-    report.main([str(tmp_path), '--by-data', '--markdown'])
-    table = capsys.readouterr().out.split('by dataset')[1].strip().splitlines()
-    assert table[0] == '| mode | budget | en | fi |'
-    [unigram] = [x for x in table if x.startswith('| unigram')]
-    assert unigram.endswith(' | - | V=200 1.5500 (5.00, n=1) / V=500 1.4500 (5.00, n=1) |')
+                                                   '1.5000 (5.00, n=1)', '- |']
+    assert cells[('| gumbel α=0.2', '300 steps')] == ['2.4000 (5.00, n=1)', '-', '- |']
+    assert cells[('| gumbel α=0.37', '300 steps')] == ['-', '1.7000 (5.00, n=1)', '- |']
+    assert cells[('| fixed k=3', '300 steps')] == ['-', '1.9000 (5.00, n=1)', '- |']
+    assert cells[('| unigram', '300 steps')] == ['-', '-', '1.5500 (5.00, n=1) |']
+    assert cells[('| whitespace', '2e12 FLOPs')] == ['1.8000 (5.00, n=1)', '-', '- |']
+    assert len(table) == 2 + 6
+
 
 def test_markdown(study, capsys):
     report.main([str(study), '--markdown'])
@@ -296,7 +287,7 @@ def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsy
     seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
     assert all(significant(seeds['whitespace'][f'p vs {b}']) for b in ('none', 'fixed k=2'))
     assert seeds['whitespace']['test BPC'].endswith(' *')
-    assert ' * (' in data['whitespace']['text8-head']
+    assert ' * (' in data['whitespace @ 300 steps']['text8-head']
     assert significant(seeds['entropy']['p vs none']) and '*' not in seeds['entropy']['test BPC']
     close = {s: b + d for (s, b), d in zip(WS.items(), (0.10, -0.15, 0.08))}   # a bit worse
     seeded_runs(tmp_path, {'fixed3': close})
@@ -304,7 +295,7 @@ def test_star_only_where_every_baseline_is_beaten_at_p_below_005(tmp_path, capsy
     out = capsys.readouterr().out
     seeds, data = md_table(out, 'over seeds'), md_table(out, 'by dataset')
     assert not significant(seeds['whitespace']['p vs fixed k=3'])
-    assert '*' not in seeds['whitespace']['test BPC'] + data['whitespace']['text8-head']
+    assert '*' not in seeds['whitespace']['test BPC'] + data['whitespace @ 300 steps']['text8-head']
 
 
 def test_no_star_for_a_baseline_nor_without_vanilla(tmp_path, capsys):
@@ -441,7 +432,7 @@ def test_byte_runs_are_tables_of_their_own_in_bpb(tmp_path, capsys):
     assert seeds['whitespace']['p vs none'] == \
         f'{hand_p(ws_bytes.values(), none_bytes.values()):.3f}'
     assert seeds['none']['test BPB'].startswith(f'{statistics.mean(none_bytes.values()):.4f} ± ')
-    assert md_table(on_bytes, 'by dataset')['none']['en'].endswith(' (5.00, n=3)')
+    assert md_table(on_bytes, 'by dataset')['none @ 300 steps']['en'].endswith(' (5.00, n=3)')
     runs = md_table(out, 'Runs on bytes')
     assert {r['valid BPB'] for r in runs.values()} == {'3.0000'}
     assert {r['train bytes'] for r in runs.values()} == {f'{100 * CHARS_PER_STEP:,}'}
@@ -597,7 +588,7 @@ def test_odd_run_paths_are_one_line(tmp_path, capsys):
                         ('through-a-file', 'Not a directory'), ('fifo', 'Not a directory'),
                         ('dir', 'is not a run'), ('log-is-a-dir', 'is not a regular file'),
                         ('log-is-a-fifo', 'is not a regular file'),
-                        ('log-fifo-itself', 'is not a regular file')):
+                        ('log-fifo-itself', 'Not a directory')):
         with no_hang():
             one_error_line(capsys, report.main([str(odd[case])]), 1, words)
     with no_hang():   # found by the search below a folder
@@ -778,22 +769,18 @@ def test_fuzz_keeps_the_contract(data, capsys, monkeypatch):
 # A run's identity and state
 # ---------------------------------------------------------------------------------------------
 def test_a_backup_copy_of_a_run_is_counted_once(tmp_path, capsys):
-    """Copies of one run (same run_id; a log without one: the same first config record) are one
-    row, the copy that got furthest, with a note: never two seeds of one experiment."""
+    """Copies of one run (same run_id) are one row, the copy that got furthest, with a note:
+    never two seeds of one experiment."""
     run = [config(run_id='a1')] + evals_and_steps([4.0, 3.0, 2.5], 2.4)
     write_run(tmp_path, 'ws', run)
     write_run(tmp_path, 'ws.bak', run[:4])   # copied while it trained
-    old = [config(seed=2)] + evals_and_steps([4.0, 3.0], 2.9)
-    write_run(tmp_path, 'old', old)
-    write_run(tmp_path, 'old-backup', old)
     write_run(tmp_path, 'other-seed', [config(seed=3, run_id='b2')] + evals_and_steps([4.0], 3.1))
     assert report.main([str(tmp_path), '--by-data']) == 0
     out, err = capsys.readouterr()
     runs = out.split('Mean')[0]
-    assert '/ws ' in runs and 'ws.bak' not in runs and runs.count('/old') == 1
+    assert '/ws ' in runs and 'ws.bak' not in runs
     assert f'{tmp_path}/ws and {tmp_path}/ws.bak are one run (same run_id): counted once' in err
-    assert 'old-backup are one run (same first config record): counted once' in err
-    assert 'n=2' not in out and '1337,1337' not in out
+    assert '1337,1337' not in out and '3,1337' in out   # the copy is no second seed
 
 
 def test_runs_that_did_not_finish_say_why(tmp_path, capsys):
