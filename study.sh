@@ -132,6 +132,10 @@ for flag in steps jobs nproc; do
   [[ ${!flag:-1} =~ ^[1-9][0-9]*$ ]] ||
     code=2 die "--$flag must be a positive whole number, not '${!flag}'"
 done
+for flag in assume_sf mfu peak_tflops; do
+  [[ ${!flag} =~ ^[0-9]*\.?[0-9]+$ && ! ${!flag} =~ ^[0.]+$ ]] ||
+    code=2 die "--${flag//_/-} must be a positive number, not '${!flag}'"
+done
 per_run=${nproc:-1}
 [[ $gpus =~ ^([0-9]+(,[0-9]+)*)?$ ]] || code=2 die "--gpus must be ids like 0,1,2,3"
 for n in $scaling_layers; do

@@ -351,7 +351,9 @@ def test_study_reports_runs_stopped_to_be_resumed_and_resumes_them(tmp_path):
     ['--part', 'table2', '--steps', '2', '--', '--bogus-flag'],
     ['--part', 'table2', '--dry-run', '--', '--layers', '1,2'],
     ['--part', 'table2', '--gpus', '0,1,2', '--nproc', '2'],
-], ids=['mode', 'part', 'train-flag', 'train-flag-dry-run', 'gpus-nproc'])
+    ['--part', 'table1', '--dry-run', '--mfu', 'abc'],
+    ['--part', 'table1', '--dry-run', '--peak-tflops', '0'],
+], ids=['mode', 'part', 'train-flag', 'train-flag-dry-run', 'gpus-nproc', 'mfu', 'peak'])
 def test_study_refuses_bad_input_before_anything(tmp_path, flags):
     """A mistake in a mode, a part, or a train.py flag after -- (train.py's own parser says so),
     from any working directory: exit 2, one error line, nothing printed, prepared or run."""
