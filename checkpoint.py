@@ -177,11 +177,9 @@ def read_checkpoint(path, trust=False):
 
 
 def load_weights(model, state, path):
-    """A (possibly compiled or DDP) state dict into model; a UserError where it does not
-    fit."""
+    """A state dict into model; a UserError where it does not fit."""
     try:
-        model.load_state_dict({re.sub(r'^((_orig_mod|module)\.)+', '', k): v
-                               for k, v in state.items()})
+        model.load_state_dict(state)
     except RuntimeError as e:
         # missing, unexpected or other-shaped weights: the first kind named
         why = (str(e).splitlines() + [''])[1].strip()[:200]
@@ -206,17 +204,19 @@ def import_flags(imports):
     return flags
 
 
-def resume_command(out, *flags):
-    """The command that continues the run in folder `out`, quoted for the shell."""
-    return shlex.join(['python', 'train.py', '--out', str(out), '--resume', *flags])
+def resume_command(out, imports=(), *flags):
+    """The command that continues the run in folder `out` (its --import flags, then
+    flags), quoted for the shell."""
+    command = ['python', 'train.py', '--out', str(out), '--resume', *import_flags(imports)]
+    return shlex.join(command + list(flags))
 
 
-def kept(path, saved_step):
-    """What a stopped run leaves behind, in words."""
+def kept(path, saved_step, imports=(), *flags):
+    """What a stopped run leaves behind, in words, with the command that continues it."""
     if saved_step is None:
         return 'no checkpoint was written yet'
     return (f'the last good checkpoint is {path} (step {saved_step}); continue with: '
-            f'{resume_command(Path(path).parent)}')
+            f'{resume_command(Path(path).parent, imports, *flags)}')
 
 
 def save_checkpoint(path, state, saved_step):
@@ -235,7 +235,7 @@ def save_checkpoint(path, state, saved_step):
         # torch.save reports a failed write as a RuntimeError
         why = getattr(e, 'strerror', None) or first_line(e)
         raise UserError(f'cannot save checkpoint {path}: {why}; '
-                        f'{kept(path, saved_step)}') from None
+                        f'{kept(path, saved_step, state.get("imports", ()))}') from None
 
 
 def training_state(model, optimizer, scaler, counters, cfg, data_identity, args):
@@ -267,9 +267,8 @@ def restore_training(ckpt, model, optimizer, scaler, device):
     random.setstate(rng['python'])
 
 
-def check_resumable(ckpt, cfg, data_identity, data):
-    """A resumed run keeps its data and vocabulary and its model (but for the speed-only
-    fields)."""
+def check_resumable(ckpt, data_identity, data):
+    """A resumed run keeps its data and vocabulary (its model flags: resolve_args)."""
     then = ckpt['dataset']
     if then['fingerprint'] != data_identity['dataset']['fingerprint']:
         raise UserError(f'--data {data} is not the data the run in '
@@ -278,9 +277,3 @@ def check_resumable(ckpt, cfg, data_identity, data):
     if ckpt['vocab']['alphabet'] != data_identity['vocab']['alphabet']:
         raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary '
                         f'(alphabet) than {data}')
-    old = config_from_dict(ckpt['config'])
-    diff = [k for k, v in dataclasses.asdict(old).items()
-            if k not in ('attention', 'attn_chunk') and v != getattr(cfg, k)]
-    if diff:
-        raise UserError(f'checkpoint {ckpt["path"]} has another model config than these '
-                        f'flags and data ({", ".join(diff)})')

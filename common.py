@@ -55,17 +55,18 @@ def error_line(e):
 
 
 def main(run, rank=0):
-    """The error boundary of every script: run() → its exit code. A UserError, an OSError
+    """The error boundary of every script: run() → its exit code (what run returns, or 0).
+    A UserError, an OSError
     (a full or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line
     on stderr (only rank 0 of torchrun's processes prints) and exit code 1, 2 for flags,
     130 for Ctrl-C."""
     try:
-        run()
+        code = run()
         try:   # a full or closed stdout fails here, inside the boundary
             sys.stdout.flush()
         except OSError as e:
             raise type(e)(e.errno, e.strerror, 'stdout') from None
-        return 0
+        return code or 0
     except (Exception, KeyboardInterrupt) as e:
         said = error_line(e)
         if said is None:

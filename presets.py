@@ -87,13 +87,9 @@ def model_defaults():
 
 def layer_counts(value):
     """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000) → a
-    tuple of three ints. Also takes the three counts as a list or tuple (a checkpoint's
-    flags)."""
-    counts = value
-    if isinstance(value, str):
-        counts = value.split(',')
-    three = isinstance(counts, (list, tuple)) and len(counts) == 3
-    if not three or not all(str(n).strip().isdigit() and int(n) <= 1000 for n in counts):
+    tuple of three ints."""
+    counts = value.split(',')
+    if len(counts) != 3 or not all(n.strip().isdigit() and int(n) <= 1000 for n in counts):
         raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
                                          f'got {value!r}')
     return tuple(int(n) for n in counts)
