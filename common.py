@@ -44,11 +44,9 @@ def error_line(e):
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
-    # out of memory: Python's MemoryError, or a RuntimeError saying so (torch's
-    # OutOfMemoryError is one)
-    message = str(e)
-    said = isinstance(e, RuntimeError) and ("can't allocate" in message
-                                            or 'out of memory' in message)
+    # out of memory: Python's MemoryError, or an error saying so (torch's
+    # OutOfMemoryError, a RuntimeError)
+    said = "can't allocate" in str(e) or 'out of memory' in str(e)
     if said or isinstance(e, MemoryError):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None

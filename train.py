@@ -38,7 +38,7 @@ from common import UserError
 import dataset
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
-from presets import budget_flops, model_config, resolve_args
+from presets import budget_flops, model_config, resolve_args, save_schedule
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):
@@ -410,15 +410,6 @@ def start_log(t, amp):
               'unit': dataset.unit(vocab)}
     t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
     return t.logger
-
-
-def save_schedule(save_interval):
-    """--save-interval → (every N steps, every N seconds of training); None: not so."""
-    if not save_interval:
-        return None, None
-    if save_interval.endswith('m'):
-        return None, 60 * float(save_interval[:-1])
-    return int(save_interval), None
 
 
 def train(t, splits, labels):
