@@ -82,9 +82,9 @@ _NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.nd
 
 def read_checkpoint(path, trust=False):
     """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified, loaded weights_only (trust=True: any pickle), its config valid, its
-    boundary source registered (else: the --import it needs), weights and optimizer state
-    finite; else one UserError line."""
+    verified (so its fields are as train.py wrote them), loaded weights_only (trust=True:
+    any pickle), its config valid, its boundary source registered (else: the --import it
+    needs), weights and optimizer state finite; else one UserError line."""
     path = Path(path)
     if path.is_dir():
         path = path / 'ckpt.pt'
@@ -129,9 +129,11 @@ def read_checkpoint(path, trust=False):
 
 
 def load_weights(model, state, path):
-    """A state dict into model; a UserError where it does not fit."""
+    """A (possibly compiled or DDP) state dict into model; a UserError where it does not
+    fit."""
     try:
-        model.load_state_dict(state)
+        model.load_state_dict({re.sub(r'^((_orig_mod|module)\.)+', '', k): v
+                               for k, v in state.items()})
     except RuntimeError as e:
         # missing, unexpected or other-shaped weights: the first kind named
         why = (str(e).splitlines() + [''])[1].strip()[:200]

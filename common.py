@@ -36,9 +36,9 @@ def error_line(e):
     if isinstance(e, BrokenPipeError):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
-        where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        if where:
-            where += ': '
+        where = ''
+        if e.filename is not None:
+            where = f'{e.filename}: '
         return where + (e.strerror or first_line(e)), 1
     # a name (or text) in another encoding than the system's: a Latin-1 file name
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
@@ -53,18 +53,17 @@ def error_line(e):
 
 
 def main(run, rank=0):
-    """The error boundary of every script: run() → its exit code (what run returns, or 0).
-    A UserError, an OSError
+    """The error boundary of every script: run() → its exit code. A UserError, an OSError
     (a full or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line
     on stderr (only rank 0 of torchrun's processes prints) and exit code 1, 2 for flags,
     130 for Ctrl-C."""
     try:
-        code = run()
+        run()
         try:   # a full or closed stdout fails here, inside the boundary
             sys.stdout.flush()
         except OSError as e:
             raise type(e)(e.errno, e.strerror, 'stdout') from None
-        return code or 0
+        return 0
     except (Exception, KeyboardInterrupt) as e:
         said = error_line(e)
         if said is None:

@@ -348,8 +348,7 @@ def run(argv, procs):
     check_pooling(cfg, splits['train'], args.seq_len, args.data)
     state = RunState()
     if ckpt is not None:
-        # counters a checkpoint lacks or has null: from 0
-        counters = {k: ckpt[k] for k in vars(state) if ckpt.get(k) is not None}
+        counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
         state = RunState(**counters, saved=ckpt['step'])
         check_resumable(ckpt, data_identity, args.data)
     rt.check_model_memory(cfg, args.device)
@@ -547,7 +546,9 @@ def main(argv=None):
     procs = rt.Processes.of_torchrun()
     if argv is None:
         argv = sys.argv[1:]
-    return common.main(lambda: run(argv, procs), procs.rank)
+    code = [0]
+    failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
+    return failed or code[-1]
 
 
 if __name__ == '__main__':
