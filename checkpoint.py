@@ -1,6 +1,6 @@
 """ckpt.pt: the sealed atomic write; the read that verifies the seal (only train.py's
 save writes it: the one check of a damaged or foreign file), loads weights_only and refuses
-NaN or inf; the training state it holds, restored exactly on --resume."""
+weights that are NaN or inf; the training state it holds, restored exactly on --resume."""
 import dataclasses
 import hashlib
 import io
@@ -20,7 +20,6 @@ from dynpool import Config, DynamicPoolingLM
 # last bytes, which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte
 # before the hex digits.
 CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
-_EOCD = b'PK\x05\x06'  # zip's end-of-central-directory record: 22 bytes, then the comment
 _SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
 
 
@@ -37,8 +36,9 @@ def write_sealed(f, data):
 
 def verify_checksum(data, path):
     """A UserError unless the checkpoint's bytes end in their checksum and match it."""
+    # (zip's end-of-central-directory record: 22 bytes, then the comment)
     tail = bytes(data[-22 - _SEAL:])
-    if len(tail) < 22 + _SEAL or (tail[:4] != _EOCD and tail[22:-64] != CHECKSUM_TAG):
+    if tail[22:-64] != CHECKSUM_TAG:
         raise UserError(f'checkpoint {path} is corrupt or not one: it does not end in the '
                         'checksum train.py writes (cut short, another kind of file, or written '
                         'before checkpoints carried one)')
@@ -46,22 +46,6 @@ def verify_checksum(data, path):
         raise UserError(f'checkpoint {path} is corrupt: its content does not match the '
                         'SHA-256 checksum written with it (a damaged disk or copy); use '
                         'another copy')
-
-
-def non_finite_tensor(obj, name=''):
-    """The name of obj's first tensor holding NaN or inf ('optimizer.state.3.exp_avg'), or
-    None."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() and not torch.isfinite(obj).all():
-            return name
-        return None
-    items = ()
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    found = (non_finite_tensor(v, f'{name}.{k}'.lstrip('.')) for k, v in items)
-    return next((f for f in found if f is not None), None)
 
 
 def config_from_dict(d, **extra):
@@ -84,7 +68,7 @@ def read_checkpoint(path, trust=False):
     """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
     verified (so its fields are as train.py wrote them), loaded weights_only (trust=True:
     any pickle), its config valid, its boundary source registered (else: the --import it
-    needs), weights and optimizer state finite; else one UserError line."""
+    needs), weights finite; else one UserError line."""
     path = Path(path)
     if path.is_dir():
         path = path / 'ckpt.pt'
@@ -121,10 +105,11 @@ def read_checkpoint(path, trust=False):
         config_from_dict(ckpt['config'])
     except UserError as e:
         raise UserError(f'checkpoint {path}: {e}') from None
-    bad = non_finite_tensor({k: ckpt[k] for k in ('model', 'optimizer') if k in ckpt})
-    if bad:
-        raise UserError(f'checkpoint {path}: {bad} holds NaN or inf values (saved from a run '
-                        'that diverged?); use an earlier checkpoint')
+    # (what sample.py and bench.py run; train.py never saves a step that was not finite)
+    for name, weights in ckpt['model'].items():
+        if weights.is_floating_point() and not torch.isfinite(weights).all():
+            raise UserError(f'checkpoint {path}: model.{name} holds NaN or inf values (saved '
+                            'from a run that diverged?); use an earlier checkpoint')
     return dict(ckpt, path=str(path))
 
 

@@ -92,10 +92,9 @@ def _number(kind, rule, lo, hi, lo_open=False, hi_open=False):
             v = kind(s)
         except ValueError:
             v = None
-        if v is None or (kind is float and not math.isfinite(v)):
+        bad = v is None or (kind is float and not math.isfinite(v))
+        if bad or v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-        if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {s.strip()}')
         return v
     return parse
 

@@ -243,12 +243,12 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
              procs=rt.Processes(), desc='evaluating'):
     """BPC over overlapping windows and the mean SF; one device read. A progress bar on
     stderr where it is a terminal (rank 0)."""
-    # this process's share of the windows
-    wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]
+    windows = eval_windows(len(tokens) - 1, window, step)
+    wins = windows[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
-    # the sums of nats, characters, SFs and windows with an SF
-    sums = torch.zeros(4, dtype=rt.sum_dtype(device), device=device)
+    # the sums of nats, characters and SFs (a window each; none where nothing pools)
+    sums = torch.zeros(3, dtype=rt.sum_dtype(device), device=device)
     starts = range(0, len(wins), batch_size)
     for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
@@ -272,14 +272,13 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         sums[1] += scored.sum()
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
-            sums[3] += len(group)
     if procs.world > 1:
         torch.distributed.all_reduce(sums)
-    nats, chars, sf_sum, sf_n = sums.tolist()
+    nats, chars, sf_sum = sums.tolist()
     model.train(was_training)
     r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars))
-    if sf_n:
-        r['sf'] = sf_sum / sf_n
+    if sf_sum:
+        r['sf'] = sf_sum / len(windows)
     return r
 
 
