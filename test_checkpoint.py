@@ -6,6 +6,7 @@ Run: python -m pytest -q test_checkpoint.py
 import hashlib
 import io
 import random
+import shlex
 import zipfile
 
 import pytest
@@ -163,3 +164,15 @@ def test_write_atomic_temporary_names_are_those_prepare_data_clears(tmp_path):
     for target in ('train.unigram-60.bin', 'meta.json', 'unigram-60.model'):
         write_atomic(tmp_path / target, write)
     assert all(prepare_data.LEFTOVER.fullmatch(name) for name in names), names
+
+
+def test_kept_names_the_command_that_continues_the_run_with_its_imports(tmp_path):
+    """What a stopped run (Ctrl-C, a failed save, a divergence) says: the command that continues
+    it imports the run's sources again, then takes the extra flags."""
+    path = tmp_path / 'my run' / 'ckpt.pt'
+    said = checkpoint.kept(path, 4, [str(tmp_path / 'every.py')], '--lr', '0.0001')
+    command = shlex.split(said.split('continue with: ')[1])
+    assert said.startswith(f'the last good checkpoint is {path} (step 4)'), said
+    assert command == ['python', 'train.py', '--out', str(path.parent), '--resume', '--import',
+                       str(tmp_path / 'every.py'), '--lr', '0.0001']
+    assert checkpoint.kept(path, None, ['every.py']) == 'no checkpoint was written yet'

@@ -104,6 +104,35 @@ def test_train_eval_windows_score_every_position_once(n, window, step):
     assert (scored == 1).all()
 
 
+@pytest.mark.parametrize('boundary', ['none', 'entropy'])
+def test_train_eval_sf_is_the_mean_over_windows(boundary):
+    """evaluate's SF: the mean over windows of the shortening factor of each window's batch (the
+    model's SF of a batch: its tokens over its segments), 1.0 for a model that does not pool."""
+    torch.manual_seed(0)
+    text = random_words(90, seed=3)
+    alphabet = sorted(set(text))
+    tokens = np.array([alphabet.index(c) for c in text], dtype=np.uint8)
+    cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64,
+                 layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
+    model = DynamicPoolingLM(cfg).eval()
+    r = train.evaluate(model, tokens, 24, 8, batch_size=4, device='cpu')
+    windows = train.eval_windows(len(tokens) - 1, 24, 8)
+    assert len(windows) > 4
+    sfs = []
+    with torch.no_grad():
+        for i in range(0, len(windows), 4):
+            group = windows[i:i + 4]
+            x = np.stack([tokens[start:end] for start, end, _ in group]).astype(np.int64)
+            out = model(torch.from_numpy(x))
+            sf = 1.0
+            if out.shortening_factor is not None:
+                sf = out.shortening_factor.item()
+            sfs += [sf] * len(group)
+    assert r['sf'] == pytest.approx(sum(sfs) / len(sfs), rel=1e-6)
+    if boundary == 'entropy':
+        assert len(set(sfs)) > 1   # (windows that differ: a mean, not one window's)
+
+
 @pytest.mark.parametrize('boundary', ['none', 'whitespace', 'entropy'])
 def test_train_windowed_eval_equals_naive_per_character(boundary):
     """Batched overlapping-window evaluation == scoring each character alone, with the context the
