@@ -4,6 +4,7 @@ Run:   python -m pytest -q test_train.py
 """
 
 
+import argparse
 import io
 import json
 import math
@@ -1201,6 +1202,18 @@ def test_train_save_interval_in_steps_or_minutes(synth, tmp_path, monkeypatch, i
                                         '--save-interval', interval, '--out', str(tmp_path / 'o')])
     assert steps == saved
     assert [r['step'] for r in read_log(tmp_path / 'o') if r['kind'] == 'eval'] == [0, 5, 5]
+
+
+def test_save_interval_reads_steps_or_minutes_in_one_place():
+    """presets.save_schedule: '500' every 500 steps, '30m' every 1800 seconds of training, none
+    where not given; the flag's type refuses what it cannot read, and keeps the text."""
+    assert presets.save_schedule('500') == (500, None)
+    assert presets.save_schedule('30m') == (None, 1800.0)
+    assert presets.save_schedule(None) == (None, None)
+    assert presets.save_interval(' 2.5m ') == '2.5m'
+    for bad in ('0', '-1m', 'm', '5s', 'nanm'):
+        with pytest.raises(argparse.ArgumentTypeError):
+            presets.save_interval(bad)
 
 
 def test_train_clock_is_monotonic(synth, tmp_path, monkeypatch):
