@@ -36,19 +36,17 @@ def error_line(e):
     if isinstance(e, BrokenPipeError):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
-        where = ' -> '.join(str(f) for f in (e.filename, e.filename2) if f is not None)
-        if where:
-            where += ': '
+        where = ''
+        if e.filename is not None:
+            where = f'{e.filename}: '
         return where + (e.strerror or first_line(e)), 1
     # a name (or text) in another encoding than the system's: a Latin-1 file name
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
         return f'{part!r} is not {e.encoding} ({e.reason}): a name in another encoding?', 1
-    # out of memory: Python's MemoryError, or a RuntimeError saying so (torch's
-    # OutOfMemoryError is one)
-    message = str(e)
-    said = isinstance(e, RuntimeError) and ("can't allocate" in message
-                                            or 'out of memory' in message)
+    # out of memory: Python's MemoryError, or an error saying so (torch's
+    # OutOfMemoryError, a RuntimeError)
+    said = "can't allocate" in str(e) or 'out of memory' in str(e)
     if said or isinstance(e, MemoryError):
         return f'out of memory ({first_line(e)}); try a smaller batch, length or model', 1
     return None
@@ -94,10 +92,9 @@ def _number(kind, rule, lo, hi, lo_open=False, hi_open=False):
             v = kind(s)
         except ValueError:
             v = None
-        if v is None or (kind is float and not math.isfinite(v)):
+        bad = v is None or (kind is float and not math.isfinite(v))
+        if bad or v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-        if v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
-            raise argparse.ArgumentTypeError(f'must be {rule}, got {s.strip()}')
         return v
     return parse
 

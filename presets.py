@@ -87,13 +87,9 @@ def model_defaults():
 
 def layer_counts(value):
     """Argument type: pre,shortened,post layer counts like 2,8,2 (each 0 to 1000) → a
-    tuple of three ints. Also takes the three counts as a list or tuple (a checkpoint's
-    flags)."""
-    counts = value
-    if isinstance(value, str):
-        counts = value.split(',')
-    three = isinstance(counts, (list, tuple)) and len(counts) == 3
-    if not three or not all(str(n).strip().isdigit() and int(n) <= 1000 for n in counts):
+    tuple of three ints."""
+    counts = value.split(',')
+    if len(counts) != 3 or not all(n.strip().isdigit() and int(n) <= 1000 for n in counts):
         raise argparse.ArgumentTypeError(f'must be three counts like 2,8,2 (each 0 to 1000), '
                                          f'got {value!r}')
     return tuple(int(n) for n in counts)
@@ -108,14 +104,21 @@ def flop_budget(s):
     return positive_float(s)
 
 
+def save_schedule(save_interval):
+    """--save-interval, a checkpoint every N steps ('500') or every N minutes of training
+    ('30m') → (every N steps, every N seconds of training); None: not so. Its argument
+    type too (ArgumentTypeError where it is neither)."""
+    if not save_interval:
+        return None, None
+    if save_interval.endswith('m'):
+        return None, 60 * positive_float(save_interval[:-1])
+    return positive_int(save_interval), None
+
+
 def save_interval(s):
-    """Argument type: a checkpoint every N steps ('500') or every N minutes of training
-    ('30m')."""
+    """Argument type: save_schedule's text → the text (flags stay plain values)."""
     s = s.strip()
-    if s.endswith('m'):
-        positive_float(s[:-1])
-    else:
-        positive_int(s)
+    save_schedule(s)
     return s
 
 
@@ -266,8 +269,6 @@ def resolve_args(argv, procs=rt.Processes()):
     taken = {}
     if args.resume:
         ckpt = read_checkpoint(out / 'ckpt.pt')
-        if {'args', 'optimizer', 'scaler', 'rng', 'epoch', 'pos', 'dataset'} - ckpt.keys():
-            raise UserError(f'{out / "ckpt.pt"} lacks the training state to resume from')
         saved = ckpt['args']
         for k in sorted(given & {*KEPT_ON_RESUME, *model}):
             if getattr(args, k) != saved.get(k):
@@ -283,7 +284,7 @@ def resolve_args(argv, procs=rt.Processes()):
     # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
-    defaults = {**COMMON, **model, **preset, **dataset_defaults(args.data or data, model),
+    defaults = {**COMMON, **model, **preset, **dataset_defaults(data, model),
                 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
         defaults['max_steps'] = 10**9

@@ -38,7 +38,7 @@ from common import UserError
 import dataset
 from dataset import fingerprint, load_data
 from dynpool import Config, DynamicPoolingLM
-from presets import budget_flops, model_config, resolve_args
+from presets import budget_flops, model_config, resolve_args, save_schedule
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):
@@ -139,7 +139,6 @@ class Trainer:
     logger: rt.Logger | None = None
     data_identity: dict | None = None  # the vocabulary and the data's fingerprint
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
-    argv: list = dataclasses.field(default_factory=list)  # the command, for suggestions
     saved_time: float = 0.0           # state.train_time at the last save
 
     def say(self, line):
@@ -147,14 +146,10 @@ class Trainer:
         if self.procs.rank == 0:
             print(line, flush=True)
 
-    def unit(self):
-        """What a token of the data is: 'byte' where its encoding is bytes, else 'char'."""
-        return dataset.unit(self.data_identity['vocab'])
-
     def bits(self):
-        """The key of the bits per unit in records and terminal lines: bpb where the unit
-        is a byte, else bpc (never both in one run)."""
-        if self.unit() == 'byte':
+        """The key of the bits per unit in records and terminal lines: bpb where the data
+        is bytes, else bpc (never both in one run)."""
+        if dataset.unit(self.data_identity['vocab']) == 'byte':
             return 'bpb'
         return 'bpc'
 
@@ -246,14 +241,14 @@ def eval_windows(n, window, step):
 @torch.inference_mode()
 def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
              procs=rt.Processes(), desc='evaluating'):
-    """BPC over overlapping windows, the mean SF and a predictor's mean p; one device
-    read. A progress bar on stderr where it is a terminal (rank 0)."""
-    # this process's share of the windows
-    wins = eval_windows(len(tokens) - 1, window, step)[procs.rank::procs.world]
+    """BPC over overlapping windows and the mean SF; one device read. A progress bar on
+    stderr where it is a terminal (rank 0)."""
+    windows = eval_windows(len(tokens) - 1, window, step)
+    wins = windows[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
-    # the sums of nats, characters, SFs, windows with an SF, and a predictor's p
-    sums = torch.zeros(5, dtype=rt.sum_dtype(device), device=device)
+    # the sums of nats, characters and SFs (a window each; none where nothing pools)
+    sums = torch.zeros(3, dtype=rt.sum_dtype(device), device=device)
     starts = range(0, len(wins), batch_size)
     for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         group = wins[i:i + batch_size]  # all windows have the same length, so they stack
@@ -277,18 +272,13 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
         sums[1] += scored.sum()
         if out.shortening_factor is not None:
             sums[2] += out.shortening_factor * len(group)
-            sums[3] += len(group)
-        if out.boundary_logits is not None:  # a predictor's p = σ(logit)
-            sums[4] += torch.where(scored, torch.sigmoid(out.boundary_logits.float()), 0.0).sum()
     if procs.world > 1:
         torch.distributed.all_reduce(sums)
-    nats, chars, sf_sum, sf_n, p_sum = sums.tolist()
+    nats, chars, sf_sum = sums.tolist()
     model.train(was_training)
-    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars), boundary_p=None)
-    if sf_n:
-        r['sf'] = sf_sum / sf_n
-    if hasattr(model.source, 'predictor'):
-        r['boundary_p'] = p_sum / max(chars, 1)
+    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars))
+    if sf_sum:
+        r['sf'] = sf_sum / len(windows)
     return r
 
 
@@ -305,13 +295,11 @@ def eval_and_log(t, splits, split, max_chars):
                  args.device, t.autocast, t.procs, f'step {state.step} {split}')
     subset = len(tokens) < len(splits[split])
     rec = dict(kind='eval', step=state.step, split=split, **{t.bits(): r['bpc']}, sf=r['sf'],
-               boundary_p=r['boundary_p'], eval_chars=r['chars'], subset=subset,
-               train_chars=state.train_chars, train_flops=state.train_flops,
-               train_time=round(state.train_time, 3), mem_mb=round(rt.peak_mem_mb(args.device)))
+               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
+               train_flops=state.train_flops, train_time=round(state.train_time, 3),
+               mem_mb=round(rt.peak_mem_mb(args.device)))
     t.logger.log(rec)
     line = f'step {state.step} | {split} {t.bits()} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
-    if r['boundary_p'] is not None:
-        line += f'mean p {r["boundary_p"]:.3f} | '
     line += f'{r["chars"]:,} chars'
     if subset:
         line += ' (a subset)'
@@ -323,20 +311,13 @@ def eval_and_log(t, splits, split, max_chars):
 
 def diverged(t, what):
     """Stop a run whose loss or validation is not finite, before it saves: log it, and
-    say how to go on from the last finite checkpoint (or from the start) at a lower learning
-    rate."""
+    say how to go on from the last finite checkpoint at a lower learning rate."""
     state = t.state
     t.logger.log(dict(kind='diverged', diverged=True, step=state.step, why=what,
                       checkpoint_step=state.saved))
-    lower = f'{t.args.lr / 10:g}'
-    if state.saved is None:
-        again = shlex.join(['python', 'train.py', *t.argv, '--lr', lower])
-        how = f'no checkpoint was written; start again with a lower learning rate: {again}'
-    else:
-        again = resume_command(t.args.out, *import_flags(t.args.imports), '--lr', lower)
-        how = (f'kept the last finite checkpoint, {Path(t.args.out) / "ckpt.pt"} (step '
-               f'{state.saved}); continue it with a lower learning rate: {again}')
-    raise UserError(f'the run diverged at step {state.step} ({what}); {how}')
+    left = kept(Path(t.args.out) / 'ckpt.pt', state.saved, t.args.imports,
+                '--lr', f'{t.args.lr / 10:g}')
+    raise UserError(f'the run diverged at step {state.step} ({what}); {left}')
 
 
 def identify_data(meta, splits, data):
@@ -366,15 +347,15 @@ def run(argv, procs):
     check_pooling(cfg, splits['train'], args.seq_len, args.data)
     state = RunState()
     if ckpt is not None:
-        # counters a checkpoint lacks or has null: from 0
-        counters = {k: ckpt[k] for k in vars(state) if ckpt.get(k) is not None}
+        counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
         state = RunState(**counters, saved=ckpt['step'])
-        check_resumable(ckpt, cfg, data_identity, args.data)
+        check_resumable(ckpt, data_identity, args.data)
     rt.check_model_memory(cfg, args.device)
     out = Path(args.out)
 
     def interrupted():
-        return f'interrupted at step {state.step}; {kept(out / "ckpt.pt", state.saved)}'
+        left = kept(out / 'ckpt.pt', state.saved, args.imports)
+        return f'interrupted at step {state.step}; {left}'
     with rt.run_guard(out, procs, interrupted) as stop:
         rt.start_processes(args.device, procs)
         torch.manual_seed(args.seed)  # same on every rank: identical initial weights
@@ -388,7 +369,7 @@ def run(argv, procs):
                     raw_model=model, optimizer=optimizer, scaler=scaler,
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    argv=list(argv), saved_time=state.train_time)
+                    saved_time=state.train_time)
         with closing(start_log(t, amp)):
             why = train(t, splits, labels)
             if why is not None:
@@ -398,7 +379,7 @@ def run(argv, procs):
                 if args.flop_budget:
                     total = f'{args.flop_budget:.3g} FLOPs'
                 t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(out, *import_flags(args.imports))}')
+                      f'{resume_command(out, args.imports)}')
                 return rt.EXIT_PREEMPTED if stop else 0
             eval_and_log(t, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(t, splits, 'test', args.eval_max_chars)
@@ -420,21 +401,13 @@ def start_log(t, amp):
     device_name = platform.machine()
     if args.device.startswith('cuda'):
         device_name = torch.cuda.get_device_name(args.device)
-    config = dict(kind='config', **vars(args), params=params, world=t.procs.world,
-                  device_name=device_name, torch=torch.__version__, resumed_from=t.state.saved,
-                  encoding=t.data_identity['vocab']['encoding'], unit=t.unit())
-    config['amp'] = amp
+    vocab = t.data_identity['vocab']
+    config = {'kind': 'config', **vars(args), 'amp': amp, 'params': params,
+              'world': t.procs.world, 'device_name': device_name, 'torch': torch.__version__,
+              'resumed_from': t.state.saved, 'encoding': vocab['encoding'],
+              'unit': dataset.unit(vocab)}
     t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
     return t.logger
-
-
-def save_schedule(save_interval):
-    """--save-interval → (every N steps, every N seconds of training); None: not so."""
-    if not save_interval:
-        return None, None
-    if save_interval.endswith('m'):
-        return None, 60 * float(save_interval[:-1])
-    return int(save_interval), None
 
 
 def train(t, splits, labels):
