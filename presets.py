@@ -37,7 +37,7 @@ CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1
                   eval_step=128, eval_subset_chars=20_000, eval_max_chars=0,
                   eval_batch_size=8, log_interval=10)
 COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25,
-              seed=1337, amp='auto', compile=False, attention='auto', tensorboard=False)
+              seed=1337, amp='auto', compile=False, attention='auto')
 # Flags that define the model or the data order: a resumed run must keep them, and those
 # of model_defaults().
 KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
@@ -240,10 +240,6 @@ def add_schedule_flags(p):
                    help='windows per evaluation batch')
     p.add_argument('--log-interval', type=positive_int,
                    help='a train record every N steps')
-    p.add_argument('--tensorboard', **SWITCH,
-                   help='also log to TensorBoard in <out>/tensorboard (needs tensorboard)')
-    p.add_argument('--wandb', type=nonblank,
-                   help='also log to this Weights & Biases project (needs wandb; default off)')
 
 
 def show(value):

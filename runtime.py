@@ -273,13 +273,11 @@ def after(record, step):
 
 
 class Logger:
-    """Records to log.jsonl (rank 0, whole lines), TensorBoard, W&B; drops lines cut short
-    and those a resumed run redoes."""
+    """Records to log.jsonl (rank 0, whole lines); drops lines cut short and those a
+    resumed run redoes."""
 
     def __init__(self, out_dir, args, config_record, rank=0, resumed_from=None):
         self.path = out_dir / 'log.jsonl'
-        self.tb = None
-        self.wandb = None
         self.rank = rank
         if rank != 0:
             return
@@ -321,10 +319,6 @@ class Logger:
             raise
         finally:
             os.close(fd)
-
-    def close(self):
-        """Nothing to close: each record is written whole when logged (train.py closes the
-        log at the run's end)."""
 
 
 class StepStats:

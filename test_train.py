@@ -811,143 +811,6 @@ def test_train_non_finite_step_is_skipped_on_the_device():
     assert all(int(optimizer.state[p]['step']) == 1 for p in model.parameters())
 
 
-# ----------------------------------------------------------------------------- optional loggers
-def test_train_missing_logger_package_is_one_line(synth, tmp_path, capsys, monkeypatch):
-    for flag, module in ((['--tensorboard'], 'torch.utils.tensorboard'),
-                         (['--wandb', 'dynpool'], 'wandb')):
-        monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
-        msg = user_error(tiny_args(synth, 'none') + flag + ['--out', str(tmp_path / 'o')],
-                                capsys, code=1)
-        assert flag[0] in msg and 'pip install' in msg, msg
-        assert not (tmp_path / 'o' / 'log.jsonl').exists()  # (the run folder holds only .lock)
-
-
-def test_train_tensorboard_and_wandb_get_the_records(synth, tmp_path, monkeypatch):
-    calls = []
-
-    class Writer:
-        def __init__(self, logdir):
-            calls.append(('tb', Path(logdir).name))
-
-        def add_scalar(self, k, v, step):
-            calls.append(('tb', k, v, step))
-
-        def close(self):
-            calls.append(('tb', 'close'))
-
-    class Run:
-        def log(self, scalars, step):
-            calls.append(('wandb', scalars, step))
-
-        def finish(self):
-            calls.append(('wandb', 'finish'))
-
-    def init(project, name, config):
-        calls.append(('wandb', project, config['kind']))
-        return Run()
-    monkeypatch.setitem(sys.modules, 'torch.utils.tensorboard', type(sys)('tb'))
-    sys.modules['torch.utils.tensorboard'].SummaryWriter = Writer
-    monkeypatch.setitem(sys.modules, 'wandb', type(sys)('wandb'))
-    sys.modules['wandb'].init = init
-    out = tmp_path / 'run'
-    trained(tiny_args(synth, 'whitespace') + ['--max-steps', '2', '--tensorboard', '--wandb', 'dp',
-                                                               '--out', str(out)])
-    assert calls[:2] == [('tb', 'tensorboard'), ('wandb', 'dp', 'config')]
-    assert calls[-2:] == [('tb', 'close'), ('wandb', 'finish')]
-    last_train = [r for r in read_log(out) if r['kind'] == 'train'][-1]
-    assert ('tb', 'train/bpc', last_train['bpc'], 2) in calls
-    test = [r for r in read_log(out) if r['kind'] == 'eval'][-1]
-    numbers = ('bpc', 'sf', 'eval_chars', 'train_chars', 'train_flops', 'train_time', 'mem_mb')
-    assert ('wandb', {f'test/{k}': test[k] for k in numbers}, 2) in calls
-
-
-
-def test_train_log_and_terminal_progress_and_the_sample_command(synth, tmp_path, capsys):
-    """The terminal shows one short line per train record (position, loss, speed), the config as
-    a summary, not the record, and at the end the checkpoint and a sample.py command that runs."""
-    import sample
-    out = tmp_path / 'run'
-    trained(tiny_args(synth, 'whitespace') + ['--max-steps', '3', '--out', str(out)])
-    lines = capsys.readouterr().out.splitlines()
-    steps = [ln for ln in lines if ln.startswith('step ') and '| loss ' in ln]
-    assert [ln.split(' | ')[0] for ln in steps] == ['step 1/3', 'step 2/3', 'step 3/3']
-    assert all(' ms/step | ' in ln and ' chars/s | ETA ' in ln for ln in steps), steps
-    assert not any(ln.startswith('kind ') for ln in lines), 'log.jsonl records, not for people'
-    assert lines[-1].startswith('test bpc ')
-    command = shlex.split(lines[-2].split('sample with: ')[1])
-    assert command == ['python', 'sample.py', '--ckpt', str(out)]
-    sample.main(command[2:] + ['--chars', '5', '--device', 'cpu'])
-    assert capsys.readouterr().out.strip()
-
-
-def test_train_flop_budget_schedule_and_last_step(synth, tmp_path, capsys):
-    """--flop-budget: warm-up by steps; after it the cosine's progress is (FLOPs spent - FLOPs at
-    the end of warm-up) / (budget - FLOPs at the end of warm-up); the first step whose cumulative
-    FLOPs reach the budget is the last, and the run is finished (evaluated on test)."""
-    cfg = Config(vocab_size=9, d_model=32, n_head=2, d_head=16, d_inner=64, layers=(1, 1, 1),
-                 boundary='whitespace', whitespace_id=0)
-    budget = 5.5 * step_flops(cfg, 4, 32, 1 + 32 / 4.5)  # about 5 or 6 steps (SF near 4.5)
-    out, lr, warmup = tmp_path / 'budget', 3e-3, 2
-    trained(tiny_args(synth, 'whitespace') + ['--flop-budget', repr(budget), '--out', str(out)])
-    log = read_log(out)
-    assert log[0]['max_steps'] == 10**9  # the budget ends the run
-    trains = [r for r in log if r['kind'] == 'train']
-    flops = [0.0] + [r['train_flops'] for r in trains]  # cumulative FLOPs before step k is flops[k]
-    assert flops[-1] >= budget * (1 - 1e-9) > flops[-2], flops
-    at_warmup = flops[warmup]
-    for k, r in enumerate(trains):  # record k is step k+1, run with the lr of step index k
-        if k < warmup:
-            expected = lr * (k + 1) / warmup
-        else:
-            progress = min(1.0, (flops[k] - at_warmup) / (budget - at_warmup))
-            expected = lr * 0.5 * (1 + math.cos(math.pi * progress))
-        assert r['lr'] == pytest.approx(expected, rel=1e-9, abs=1e-15), (k, flops)
-    assert [r['split'] for r in log if r['kind'] == 'eval'][-2:] == ['valid', 'test']
-
-
-def test_train_flop_budget_of_n_vanilla_steps(tmp_path):
-    """--flop-budget vanilla:N is N steps' FLOPs of the vanilla model of the run's shape (what
-    study.sh gives each pooled run)."""
-    data = write_dataset(tmp_path / 'u', random_words(6000))
-    trained(tiny_args(data, 'unigram') + ['--flop-budget', 'vanilla:2', '--out',
-                                          str(tmp_path / 'o')])
-    log = read_log(tmp_path / 'o')
-    cfg = Config(**{**torch.load(tmp_path / 'o' / 'ckpt.pt', weights_only=False)['config'],
-                    'boundary': 'none'})
-    assert log[0]['flop_budget'] == pytest.approx(2 * step_flops(cfg, 4, 32), rel=1e-12)
-    assert log[-1]['split'] == 'test' and log[-1]['train_flops'] >= log[0]['flop_budget'] * 0.999
-
-
-def test_train_prior_defaults_to_the_datasets(tmp_path):
-    """A dataset's meta.json "defaults" give the Gumbel prior where --prior is not given (Finnish:
-    0.37); a given --prior wins; without defaults, the model's."""
-    data = write_dataset(tmp_path / 'fi', random_words(5000))
-    meta = json.loads((data / 'meta.json').read_text())
-    plain = presets.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
-    (data / 'meta.json').write_text(json.dumps({**meta,
-                                                'defaults': {'prior': 0.37, 'unigram': 200}}))
-    fi = presets.resolve_args(tiny_args(data, 'gumbel') + ['--out', str(tmp_path / 'o')])[0]
-    given = presets.resolve_args(tiny_args(data, 'gumbel')
-                               + ['--prior', '0.3', '--out', str(tmp_path / 'o')])[0]
-    assert (plain.prior, fi.prior, given.prior) == (Config.prior, 0.37, 0.3)
-
-
-def test_train_help_shows_every_default(capsys):
-    """--help: every flag says its default, the model's and the presets' with their values."""
-    with pytest.raises(SystemExit) as e:
-        train.main(['--help'])
-    assert e.value.code == 0
-    text = ' '.join(capsys.readouterr().out.split())
-    parser = presets.parser()
-    for action in parser._actions:
-        if action.dest != 'help':
-            assert 'default' in action.help, action.option_strings
-    for words in ('default entropy', 'segment length k (default 2)', 'default GPU 512, CPU 128',
-                  'default GPU 2,8,2, CPU 1,4,1', 'temperature (default 0.5)',
-                  "default the dataset's"):
-        assert words in text, words
-
-
 # ------------------------------------------------------------------------ GPU paths, checked on CPU
 def test_train_fp16_resumes_a_checkpoint_saved_without_loss_scaling(done_run):
     """(issue 20.1) A bf16 or fp32 run saves its disabled GradScaler's empty state; resuming it with
@@ -1049,11 +912,11 @@ ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cu
 # train.py's flags as its parser declares them: {'--flag': argparse action}
 ACTIONS = {a.option_strings[0]: a for a in presets.parser()._actions if a.dest != 'help'}
 SWITCHES = {flag for flag, action in ACTIONS.items() if action.nargs == 0}
-SWITCHES -= {'--tensorboard', '--compile'}
-# (--data and --out are drawn apart; the slow or networked loggers and compile are left out, and the
+SWITCHES -= {'--compile'}
+# (--data and --out are drawn apart; compile is left out, and the
 # evaluation sizes stay tiny: the contract, not the evaluation's speed, is under test)
 FUZZED = sorted(flag for flag in ACTIONS if flag not in (
-    '--data', '--out', '--tensorboard', '--wandb', '--compile', '--eval-subset-chars',
+    '--data', '--out', '--compile', '--eval-subset-chars',
     '--eval-max-chars', '--eval-batch-size'))
 
 

@@ -20,7 +20,7 @@ import shlex
 import sys
 import time
 from collections import namedtuple
-from contextlib import closing, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -370,19 +370,19 @@ def run(argv, procs):
                     stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                     procs=procs, state=state, data_identity=data_identity, stop=stop,
                     saved_time=state.train_time)
-        with closing(start_log(t, amp)):
-            why = train(t, splits, labels)
-            if why is not None:
-                # a clean stop to be resumed, told apart from a crash by report.py
-                t.logger.log(dict(kind='stopped', step=state.step, why=why))
-                total = args.max_steps
-                if args.flop_budget:
-                    total = f'{args.flop_budget:.3g} FLOPs'
-                t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                      f'{resume_command(out, args.imports)}')
-                return rt.EXIT_PREEMPTED if stop else 0
-            eval_and_log(t, splits, 'valid', args.eval_max_chars)
-            r = eval_and_log(t, splits, 'test', args.eval_max_chars)
+        start_log(t, amp)
+        why = train(t, splits, labels)
+        if why is not None:
+            # a clean stop to be resumed, told apart from a crash by report.py
+            t.logger.log(dict(kind='stopped', step=state.step, why=why))
+            total = args.max_steps
+            if args.flop_budget:
+                total = f'{args.flop_budget:.3g} FLOPs'
+            t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
+                  f'{resume_command(out, args.imports)}')
+            return rt.EXIT_PREEMPTED if stop else 0
+        eval_and_log(t, splits, 'valid', args.eval_max_chars)
+        r = eval_and_log(t, splits, 'test', args.eval_max_chars)
     sample = shlex.join(['python', 'sample.py', *import_flags(args.imports), '--ckpt', args.out])
     t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
     t.say(f'test {t.bits()} {r[t.bits()]:.4f} sf {r["sf"]:.2f}')
