@@ -155,15 +155,14 @@ def text_pieces(f, label, encoding):
     (file_pieces refuses non-UTF-8)."""
     decoder = codecs.getincrementaldecoder(_DECODING[encoding])()
     buf = ''
-    total = 0
-    for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
-        final = raw is None
-        raw = raw or b''
-        if raw.find(0) >= 0:
-            raise UserError(f'{label} looks binary (NUL byte at offset {total + raw.find(0)}); '
-                            'expected UTF-8 text (UTF-16 files must be converted first)')
-        buf += decoder.decode(raw, final=final)
-        total += len(raw)
+    more = True
+    while more:
+        raw = f.read(CHUNK)
+        more = bool(raw)
+        if 0 in raw:
+            raise UserError(f'{label} looks binary (a NUL byte); expected UTF-8 text (UTF-16 '
+                            'files must be converted first)')
+        buf += decoder.decode(raw, final=not more)
         cut = buf.rfind('\n')
         last_break = _LAST_BREAK.match(buf) if cut < 0 and len(buf) > CHUNK else None
         if cut >= 0:
@@ -353,9 +352,11 @@ def _wiki40b(args, out, caps, codec):
     def listing():
         tree = hub.HfApi(endpoint=args.hf_base).list_repo_tree(
             WIKI40B, path_in_repo=args.lang, repo_type='dataset')
-        return sorted(f.path for f in tree if f.path.endswith('.parquet'))
+        return sorted(Path(f.path) for f in tree if f.path.endswith('.parquet'))
 
-    def shard(name):
+    def shard(path):
+        name = path.as_posix()
+
         def fetch():
             return hub.hf_hub_download(WIKI40B, name, repo_type='dataset', endpoint=args.hf_base)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
@@ -363,10 +364,8 @@ def _wiki40b(args, out, caps, codec):
         return file_pieces(path, args.encoding, downloaded=True)
 
     shards = _retrying(endpoint, listing, what=f'{endpoint}: {WIKI40B}/{args.lang}')
-    groups = []
-    for split in ('train', 'validation', 'test'):
-        names = [p for p in shards if Path(p).name.startswith(split + '-')]
-        groups.append(map(shard, names))
+    # train-*, validation-*, test-*: split by name as --input files are
+    groups = [map(shard, names) for names in input_roles(shards)]
     _by_split(out, groups, caps, codec)
     return sources, 'official wiki40b splits, capped'
 
@@ -702,16 +701,11 @@ def prepare(args, out, lang, inputs):
 
 def _report(out, meta, rule):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
-    sizes = ', '.join(f'{s} {n:,}' for s, n in meta['sizes'].items())
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
           f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    print(f'{unit(meta)}s: {sizes}')
-    for u in meta['unigram_sets'].values():
-        sf = ', '.join(f'{s} {v}' for s, v in u['shortening_factor'].items())
-        line = f"unigram-{u['vocab_size']} shortening factor: {sf}"
-        if meta['unigram'] is u:
-            line += ' [default for train.py]'
-        print(line)
+    print(f"{unit(meta)}s: {meta['sizes']}")
+    for V, u in meta['unigram_sets'].items():
+        print(f"unigram-{V} shortening factor: {u['shortening_factor']}")
 
 
 def _matching(pattern, what):
@@ -739,11 +733,13 @@ def parser():
                    help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
                    '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
                    '*test*; all three), else are refused')
-    p.add_argument('--bytes', action='store_true',
-                   help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 always)')
-    p.add_argument('--chars', action='store_true',
-                   help="the text as it is (NFC): its train split's characters, no cleaning "
-                   '(default off)')
+    encoding = p.add_mutually_exclusive_group()
+    encoding.add_argument('--bytes', action='store_true',
+                          help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 '
+                          'always)')
+    encoding.add_argument('--chars', action='store_true',
+                          help="the text as it is (NFC): its train split's characters, no "
+                          'cleaning (default off)')
     p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
                                             'not . or ..)'),
                    help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
@@ -790,25 +786,18 @@ def _rerun(args, flags):
     return prepare_command(*words)
 
 
-def _encoding(args):
-    """The encoding the flags ask for: bytes (--bytes, enwik8), chars or paper."""
-    if args.bytes and args.chars:
-        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
-    if args.dataset == 'enwik8' and args.chars:
-        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
-    if args.bytes or args.dataset == 'enwik8':
-        return 'bytes'
-    if args.chars:
-        return 'chars'
-    return 'paper'
-
-
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
     source, language, encoding, input and options where none of --dataset, --lang,
     --input, --bytes, --chars is given; else the defaults) and checks them together →
     (dataset folder, language cleaned with: None for text8 and text as it is)."""
-    encoding = _encoding(args)
+    if args.dataset == 'enwik8' and args.chars:
+        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    encoding = 'paper'
+    if args.bytes or args.dataset == 'enwik8':
+        encoding = 'bytes'
+    elif args.chars:
+        encoding = 'chars'
     if args.dataset:
         dataset = args.dataset
     elif args.input and (args.lang or encoding != 'paper'):

@@ -1094,7 +1094,7 @@ def test_data_refused_run_keeps_the_holders_lock(tmp_path, capsys):
         (['--max-train-chars', '-5'], ['--max-train-chars', '-5', '[1, 1000000000000]']),
         (['--max-eval-chars', '1.5'], ['--max-eval-chars', 'an integer', '1.5']),
         (['--unigram', '-3'], ['--unigram', '[0, 1000000]']),
-        (['--bytes', '--chars'], ['--bytes and --chars']),
+        (['--bytes', '--chars'], ['--chars', 'not allowed with', '--bytes']),
         (['--dataset', 'enwik8', '--chars'], ['enwik8 is bytes']),
         (['--dataset', 'enwik8', '--lang', 'he'], ['enwik8 is English']),
         (['--dataset', 'wiki40b', '--bytes'], ['needs --lang']),
