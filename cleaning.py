@@ -75,7 +75,9 @@ class _CharMap(dict):
     def __init__(self, lang):
         self.letters = set(LANGS[lang]['letters']) | {'\n'}
         words = LANGS[lang]['digits'].split()
-        self.digits = {str(d): f' {w} ' for d, w in enumerate(words)}
+        # what a lower-case character becomes: itself (a letter), its digit's word; else a space
+        self.kept = {c: c for c in self.letters}
+        self.kept.update((str(d), f' {w} ') for d, w in enumerate(words))
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
@@ -84,14 +86,8 @@ class _CharMap(dict):
             c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
         lowered = 'i' if c == 'İ' else c.lower()
-        self[cp] = ''.join(self._one(ch) for ch in lowered)
+        self[cp] = ''.join(self.kept.get(ch, ' ') for ch in lowered)
         return self[cp]
-
-    def _one(self, ch):
-        """A lower-case character → itself (a letter), its digit's word, or a space."""
-        if ch in self.letters:
-            return ch
-        return self.digits.get(ch, ' ')
 
 
 # the language's _CharMap, made once

@@ -629,17 +629,9 @@ def make_unigram(out, meta, V):
     return {'vocab_size': V, 'shortening_factor': sf}
 
 
-def _label_meta(sets, default):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}; a default that
-    is gone gives way to the largest V."""
-    if default not in sets:
-        default = max(sets, default=None)
-    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
-
-
 def unigram(args, out, meta):
     """The label sets of the meta.json there (a damaged one refused), and Unigram-V unless
-    made; the last made is the default → _label_meta."""
+    made; the last made is the default → meta.json's "unigram" and "unigram_sets"."""
     old = {}
     if (out / 'meta.json').exists():
         old = read_meta(out)
@@ -651,21 +643,9 @@ def unigram(args, out, meta):
     elif V:
         sets[V] = make_unigram(out, meta, V)
         default = V
-    return _label_meta(sets, default)
-
-
-def cleaning_key(args, lang, inputs):
-    """Everything that decides the text of the splits: recorded in .splits.json, compared
-    by re-runs. lang: the --lang given (the one cleaned for is in meta.json's
-    "cleaning")."""
-    homoglyphs = None
-    if lang:   # its data decides what cleaning makes of a look-alike letter
-        import importlib.metadata
-        homoglyphs = importlib.metadata.version('confusable-homoglyphs')
-    return {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
-            'homoglyphs': homoglyphs,
-            'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
-            'input': [f['path'] for f in inputs] if inputs else None}
+    if default not in sets:   # (none was made, or a hand-edited default)
+        default = max(sets, default=None)
+    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
 
 
 def prepare(args, out, lang, inputs):
@@ -680,7 +660,13 @@ def prepare(args, out, lang, inputs):
     elif lang:
         alphabet = ['\n', ' '] + list(LANGS[lang]['letters'])
     codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, encoding=args.encoding)
-    key = cleaning_key(args, lang, inputs)
+    # everything that decides the text of the splits: recorded in .splits.json, compared by
+    # re-runs ("lang" the --lang given; the one cleaned for goes into meta.json's "cleaning")
+    key = {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
+           'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
+           'input': None}
+    if inputs:
+        key['input'] = [f['path'] for f in inputs]
     stamp = splits(args, out, codec, key, inputs)
     alphabet = stamp['alphabet']
     ids = {c: i for i, c in enumerate(alphabet)}
