@@ -376,24 +376,24 @@ def _make_splits(args, out, codec):
     eval_cap = args.max_eval_chars
     caps = (train_cap, eval_cap, eval_cap)
     encoding = args.encoding
-    in_order = '90% train / 5% valid / 5% test, in order'
     if args.roles:
         groups = [[file_pieces(f, encoding) for f in files] for files in args.roles]
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
     # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
     whole = args.dataset in ('text8', 'enwik8')
-    if args.input:
+    if args.input or whole:
         cap = None
         if not whole:
             cap = int(train_cap / 0.9)
-        _one_stream(out, file_pieces(args.input[0], encoding), cap, eval_cap, codec)
-        return args.input, in_order
-    if whole:
-        url = _url(args)
-        zpath = download(url, out / 'download' / f'{args.dataset}.zip')
-        _one_stream(out, file_pieces(zpath, encoding, downloaded=True), None, eval_cap, codec)
-        return [url], in_order
+        sources = args.input
+        path = args.input and args.input[0]
+        if not args.input:
+            sources = [_url(args)]
+            path = download(sources[0], out / 'download' / f'{args.dataset}.zip')
+        pieces = file_pieces(path, encoding, downloaded=not args.input)
+        _one_stream(out, pieces, cap, eval_cap, codec)
+        return sources, '90% train / 5% valid / 5% test, in order'
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
@@ -853,19 +853,16 @@ def remove_leftovers(out):
             f.unlink()
 
 
-def offline_howto(args, lang, error):
+def offline_howto(args, error):
     """The one line for a failed download: what failed, and the two commands that need no
     network (the files fetched by hand, or any text of one's own)."""
     if args.dataset == 'wiki40b':
-        what = f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
+        what = f'the {args.lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
     else:
         what = _url(args)
         files = Path(what).name
-    by_hand = {'--dataset': [args.dataset]}
-    if lang:
-        by_hand['--lang'] = [lang]
-    by_hand['--input'] = []
+    by_hand = {'--dataset': [args.dataset], '--lang': [args.lang], '--input': []}
     # (the file names last and unquoted: shell-safe names, the shards a pattern for the
     # shell)
     own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
@@ -890,7 +887,7 @@ def run(argv=None):
             remove_leftovers(out)
             return prepare(args, out, lang, inputs)
     except DownloadError as e:
-        raise UserError(offline_howto(args, lang, e)) from None
+        raise UserError(offline_howto(args, e)) from None
 
 
 def main(argv=None):
