@@ -140,15 +140,6 @@ def open_ids(path, dtype, n, limit, what, remake):
     return ids
 
 
-def label_set(meta, vocab_size=None):
-    """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or
-    None."""
-    default = meta.get('unigram')
-    if vocab_size is None or (default and default['vocab_size'] == vocab_size):
-        return default
-    return (meta.get('unigram_sets') or {}).get(str(vocab_size))
-
-
 def load_data(data_dir, boundary, unigram=None):
     """(meta, {split: ids}, {split: Unigram labels} or None); unigram: the set's
     vocab_size."""
@@ -164,8 +155,11 @@ def load_data(data_dir, boundary, unigram=None):
     if boundary != 'unigram':
         return meta, splits, None
     # labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's
-    # characters
-    if (u := label_set(meta, unigram)) is None:
+    # characters; the set of size `unigram`, else meta.json's default "unigram"
+    u = meta.get('unigram')
+    if unigram and not (u and u['vocab_size'] == unigram):
+        u = (meta.get('unigram_sets') or {}).get(str(unigram))
+    if u is None:
         have = sorted(int(v) for v in meta.get('unigram_sets') or {})
         V = unigram or (have or [10000])[-1]
         raise UserError(f'--boundary unigram needs Unigram labels in {d} (it has sizes {have}; '

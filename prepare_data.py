@@ -710,9 +710,9 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100', 'input'],
-                   help='source (default text8; wiki40b with --lang; input with --input and '
-                   '--lang)')
+    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100'],
+                   help='source to download (default text8; wiki40b with --lang; none with '
+                   '--input and --lang, --bytes or --chars)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
                    '(cleaning.LANGS); default en for text8, needed for the others')
     p.add_argument('--input', nargs='+', type=Path, metavar='FILE',
@@ -814,8 +814,6 @@ def resolve(args):
         if args.lang not in (None, 'en'):
             raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
-    if dataset == 'input' and not args.input:
-        raise UserError('--dataset input needs --input', 2)
     if args.lang is None and (dataset != 'input' or encoding == 'paper'):
         raise UserError(f'--dataset {dataset} needs --lang', 2)
     args.dataset = dataset
