@@ -1233,7 +1233,8 @@ def test_data_unigram_sets_added_kept(tmp_path, capsys):
     r, meta = run('--unigram', '0')  # none made, those present kept
     assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
     r, meta = run('--unigram', '60')  # made already: skipped, nothing changed
-    assert 'skipping' in r.stdout and sorted(meta['unigram_sets']) == ['60', '80']
+    assert 'unigram-60 done, skipping' in r.stdout and meta['unigram']['vocab_size'] == 80
+    assert sorted(meta['unigram_sets']) == ['60', '80']
 
 
 def test_data_labels_added_by_the_printed_and_the_natural_commands(tmp_path, capsys):
