@@ -578,7 +578,7 @@ def _write_labels(out, V, labels, meta):
 
 def _fit(V, rows, letters, coverage):
     """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
-    model."""
+    model; a size it refuses is one UserError line in its words."""
     kw = dict(UNIGRAM_SETTINGS, vocab_size=V, required_chars=letters, character_coverage=coverage)
     command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
     child = subprocess.Popen(command, start_new_session=True,
@@ -590,7 +590,10 @@ def _fit(V, rows, letters, coverage):
     finally:
         child.kill()   # (on Ctrl-C; a child that has ended is not there to be killed)
         child.wait()
-    return proto, child.returncode, err.decode(errors='replace')
+    if child.returncode:   # a size too large for the text, or too small for the alphabet
+        said = (err.decode(errors='replace').strip().splitlines() or ['?'])[-1]
+        raise UserError(f'--unigram {V}: {said.removeprefix("RuntimeError: ")} (SentencePiece)')
+    return proto
 
 
 def make_unigram(out, meta, V):
@@ -598,7 +601,6 @@ def make_unigram(out, meta, V):
     ends; whitespace closes the word before it), the model last → its set's meta.json
     entry."""
     import sentencepiece as spm
-    sizes = meta['sizes']
     encoding = meta['encoding']
     words = {}
     for s in SPLITS:
@@ -617,15 +619,12 @@ def make_unigram(out, meta, V):
     if encoding == 'paper':
         letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
         coverage = 1.0
-    proto, failed, err = _fit(V, rows, letters, coverage)
-    if failed:   # a size too large for the text, or too small for the alphabet
-        said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
-        raise UserError(f'--unigram {V}: {said} (SentencePiece)')
+    proto = _fit(V, rows, letters, coverage)
     model = spm.SentencePieceProcessor(model_proto=proto)
     labels = word_labels(model, set().union(*words.values(), ['']), encoding)
     ones = _write_labels(out, V, labels, meta)
     write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
-    sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
+    sf = {s: round(meta['sizes'][s] / ones[s], 4) if ones[s] else None for s in SPLITS}
     return {'vocab_size': V, 'shortening_factor': sf}
 
 
