@@ -58,8 +58,8 @@ def _label_set(u):
 
 
 def _rules(m):
-    """meta.json's fields in the order they are checked, each (name, whether m holds it as it
-    must, what it must be); a rule reads only fields checked before it."""
+    """meta.json's fields in the order they are checked, each (name, whether m holds it
+    as it must, what it must be); a rule reads only fields checked before it."""
     yield 'encoding', m.get('encoding', 'paper') in ('paper', 'chars', 'bytes'), \
         '"paper" (the default), "chars" or "bytes"'
     dtype = m.get('dtype')
@@ -68,7 +68,8 @@ def _rules(m):
     if dtype == 'uint8':
         top = 256
     n = m.get('vocab_size')
-    yield 'vocab_size', type(n) is int and 1 <= n <= top, 'a count of characters that fits dtype'
+    ok = type(n) is int and 1 <= n <= top
+    yield 'vocab_size', ok, 'a count of characters that fits dtype'
     chars = m.get('alphabet')
     ok = isinstance(chars, (list, tuple)) and len(chars) == n
     ok = ok and all(isinstance(c, str) and len(c) == 1 for c in chars) and len(set(chars)) == n
@@ -84,8 +85,9 @@ def _rules(m):
     ok = ok and 0 < defaults.get('prior', 0.5) < 1 and type(defaults.get('unigram', 0)) is int
     yield 'defaults', ok, 'numbers per flag (an integer "unigram", a "prior" in (0, 1))'
     sets = m.get('unigram_sets')
-    ok = sets is None or isinstance(sets, dict)
-    ok = ok and all(_label_set(u) and str(u['vocab_size']) == k for k, u in (sets or {}).items())
+    ok = sets is None
+    if isinstance(sets, dict):
+        ok = all(_label_set(u) and str(u['vocab_size']) == k for k, u in sets.items())
     yield 'unigram_sets', ok, '{"<V>": label set of vocab_size V} or null'
     u = m.get('unigram')
     ok = u is None or (_label_set(u) and (sets is None or str(u['vocab_size']) in sets))
