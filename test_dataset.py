@@ -159,3 +159,14 @@ def test_damaged_meta_json_is_one_line_never_another_exception(tiny_data, tmp_pa
                 assert dataset.meta_problem(got) is None
     finally:
         (root / 'meta.json').write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize('n_bytes', [0, 1])
+def test_a_split_of_under_two_tokens_is_refused(tmp_path, n_bytes):
+    """An empty valid split, or one of a single token (nothing to evaluate): one line naming it."""
+    root, meta = make_dataset(tmp_path / 'd')
+    (root / 'valid.bin').write_bytes(b'\x01' * n_bytes)
+    sizes = dict(meta['sizes'], valid=n_bytes)
+    (root / 'meta.json').write_text(json.dumps(dict(meta, sizes=sizes)))
+    with pytest.raises(UserError, match=r'valid\.bin is empty or holds one item; remake'):
+        dataset.load_data(root, 'fixed')
