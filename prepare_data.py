@@ -93,7 +93,7 @@ def _retrying(url, fn, what=None):
                 raise
             response = getattr(e, 'response', None)
             code = getattr(e, 'code', getattr(response, 'status_code', None))
-            said = getattr(getattr(e, 'reason', None), 'strerror', None) or first_line(e)
+            said = first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
                 raise DownloadError(f'{what}: {said}') from None
