@@ -8,8 +8,7 @@ character: homoglyph -> ASCII (Unicode's confusables; not for Hebrew, whose lett
 like l, o, v), lower case, each digit spelled as its own word, anything outside the
 language's alphabet -> a space; whitespace collapsed, empty lines dropped. Fixes where
 the paper's pipeline is broken: NFC first (a + U+0308 is ä), İ -> i, Hebrew digit words
-without niqqud. fold_accents (not the paper's data) folds é -> e instead of splitting the
-word there."""
+without niqqud."""
 import functools
 import re
 import unicodedata
@@ -39,9 +38,6 @@ LANGS = {
 TEXT8_ALPHABET = [' '] + list(_AZ)   # text8 is already clean: space and a-z, no newline
 
 MARKERS = re.compile(r'_START_(?:ARTICLE|SECTION|PARAGRAPH)_|_NEWLINE_')   # wiki40b's
-# fold_accents only: Latin letters that no Unicode decomposition makes a basic one
-_FOLD_EXTRA = {'ß': 'ss', 'æ': 'ae', 'œ': 'oe', 'þ': 'th', 'ð': 'd', 'đ': 'd', 'ı': 'i',
-               'ł': 'l', 'ø': 'o', 'ŀ': 'l', 'ĸ': 'k', 'װ': 'וו', 'ױ': 'וי', 'ײ': 'יי'}
 
 
 @functools.cache
@@ -76,11 +72,12 @@ class _CharMap(dict):
     once. Per character, in the paper's order: homoglyph -> lower case -> digit ->
     alphabet."""
 
-    def __init__(self, lang, fold_accents):
+    def __init__(self, lang):
         self.letters = set(LANGS[lang]['letters']) | {'\n'}
-        self.fold = fold_accents
         words = LANGS[lang]['digits'].split()
-        self.digits = {str(d): f' {w} ' for d, w in enumerate(words)}
+        # what a lower-case character becomes: itself (a letter), its digit's word; else a space
+        self.kept = {c: c for c in self.letters}
+        self.kept.update((str(d), f' {w} ') for d, w in enumerate(words))
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
@@ -89,43 +86,19 @@ class _CharMap(dict):
             c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
         lowered = 'i' if c == 'İ' else c.lower()
-        self[cp] = ''.join(self._one(ch) for ch in lowered)
+        self[cp] = ''.join(self.kept.get(ch, ' ') for ch in lowered)
         return self[cp]
-
-    def _one(self, ch):
-        """A lower-case character → itself (a letter), its digit's word, its fold, or a space."""
-        if ch in self.letters:
-            return ch
-        if ch in self.digits:
-            return self.digits[ch]
-        if self.fold:
-            return self._fold(ch)
-        return ' '
-
-    def _fold(self, ch):
-        """fold_accents: other digits spelled, é -> e, ß -> ss, marks dropped, else a
-        space."""
-        if unicodedata.decimal(ch, None) is not None:
-            return self.digits[str(unicodedata.decimal(ch))]
-        nfkc = unicodedata.normalize('NFKC', ch).lower()
-        t = ''.join(_FOLD_EXTRA.get(x, x) for x in nfkc)
-        nfd = unicodedata.normalize('NFD', t)
-        base = ''.join(x for x in nfd if not unicodedata.combining(x))
-        for s in (t, unicodedata.normalize('NFC', base)):
-            if s and all(x in self.letters and x != '\n' for x in s):
-                return s
-        return '' if unicodedata.category(ch).startswith('M') else ' '
 
 
 # the language's _CharMap, made once
 _table = functools.cache(_CharMap)
 
 
-def clean(text: str, lang: str, fold_accents: bool = False) -> str:
+def clean(text: str, lang: str) -> str:
     """The paper's cleaning of raw text with dynpool's fixes → alphabet letters, single
     spaces and newlines, no empty lines or spaces at line ends; clean(clean(x)) ==
     clean(x)."""
-    table = _table(lang, fold_accents)
+    table = _table(lang)
     text = MARKERS.sub('\n', text)
     # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
     if not text.isascii() and not unicodedata.is_normalized('NFC', text):
@@ -135,17 +108,17 @@ def clean(text: str, lang: str, fold_accents: bool = False) -> str:
     return '\n'.join(line for line in lines if line)
 
 
-def _keeps(lang, fold_accents, letter):
+def _keeps(lang, letter):
     """Whether cleaning for lang keeps `letter` as a letter (not a space)."""
-    return bool(_table(lang, fold_accents)[ord(letter)].strip())
+    return bool(_table(lang)[ord(letter)].strip())
 
 
-def foreign_letters(text, lang, fold_accents=False):
+def foreign_letters(text, lang):
     """Why raw `text` looks like another language or script than lang, in words (most of its
     letters are ones that cleaning for lang turns into spaces: their share, their script,
     and the first --lang that keeps most of them), or None."""
     letters = Counter({c: n for c, n in Counter(text).items() if c.isalpha()})
-    lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, fold_accents, c)})
+    lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, c)})
     if 2 * lost.total() <= letters.total():
         return None
     scripts = Counter()
@@ -155,7 +128,7 @@ def foreign_letters(text, lang, fold_accents=False):
            f'alphabet, most of them {scripts.most_common(1)[0][0]}: text in another language or '
            'script?')
     for other in LANGS:
-        kept = sum(n for c, n in lost.items() if _keeps(other, fold_accents, c))
+        kept = sum(n for c, n in lost.items() if _keeps(other, c))
         if 2 * kept > lost.total():
             return f'{why} --lang {other} keeps them'
     return why

@@ -53,76 +53,58 @@ def is_number(v, lo=0.0):
 
 
 def _label_set(u):
-    """A Unigram label set: vocab_size, label files (plain names: no way out of the
-    folder), SFs."""
-    if not isinstance(u, dict):
-        return False
-    labels = u.get('labels', {})
-    sfs = u.get('shortening_factor', {})
-    if not (isinstance(labels, dict) and isinstance(sfs, dict)):
-        return False
-    if type(u.get('vocab_size')) is not int or u['vocab_size'] < 1:
-        return False
-    plain = all(isinstance(f, str) and f not in ('', '.', '..') and not set('/\\\0') & set(f)
-                for f in labels.values())
-    return plain and all(v is None or is_number(v) for v in sfs.values())
+    """A Unigram label set: a dict with an integer vocab_size."""
+    return isinstance(u, dict) and type(u.get('vocab_size')) is int
 
 
-def _field_ok(name, v, m):
-    """Whether meta.json's field `name` holds v as it must (earlier fields of m checked).
-    """
-    if name == 'encoding':
-        return v in ('paper', 'chars', 'bytes')
-    if name == 'dtype':
-        return v in ('uint8', 'uint16')
-    if name == 'vocab_size':
-        return type(v) is int and 1 <= v <= 256 ** np.dtype(m.get('dtype', 'uint16')).itemsize
-    if name == 'alphabet':
-        if not isinstance(v, (list, tuple)) or len(v) != m['vocab_size']:
-            return False
-        return all(isinstance(c, str) and len(c) == 1 for c in v) and len(set(v)) == len(v)
-    if name == 'space_id':
-        return v is None or (type(v) is int and 0 <= v < len(m['alphabet'])
-                             and m['alphabet'][v] == ' ')
-    if name == 'sizes':
-        return isinstance(v, dict) and all(type(n) is int and n >= 0 for n in v.values())
-    if name == 'defaults':
-        return (isinstance(v, dict) and all(is_number(x) for x in v.values())
-                and 0 < v.get('prior', 0.5) < 1 and type(v.get('unigram', 0)) is int)
-    if name == 'unigram_sets':
-        return v is None or (isinstance(v, dict) and all(
-            _label_set(u) and str(u['vocab_size']) == k for k, u in v.items()))
-    # unigram: one of unigram_sets, where there are several
+def _rules(m):
+    """meta.json's fields in the order they are checked, each (name, whether m holds it
+    as it must, what it must be); a rule reads only fields checked before it."""
+    yield 'encoding', m.get('encoding', 'paper') in ('paper', 'chars', 'bytes'), \
+        '"paper" (the default), "chars" or "bytes"'
+    dtype = m.get('dtype')
+    yield 'dtype', dtype in ('uint8', 'uint16'), '"uint8" or "uint16"'
+    top = 1 << 16
+    if dtype == 'uint8':
+        top = 256
+    n = m.get('vocab_size')
+    ok = type(n) is int and 1 <= n <= top
+    yield 'vocab_size', ok, 'a count of characters that fits dtype'
+    chars = m.get('alphabet')
+    ok = isinstance(chars, (list, tuple)) and len(chars) == n
+    ok = ok and all(isinstance(c, str) and len(c) == 1 for c in chars) and len(set(chars)) == n
+    yield 'alphabet', ok, 'vocab_size distinct single characters'
+    space = m.get('space_id')
+    ok = space is None or (type(space) is int and 0 <= space < n and chars[space] == ' ')
+    yield 'space_id', ok, "null or the space's id in the alphabet"
+    sizes = m.get('sizes', {})
+    ok = isinstance(sizes, dict) and all(type(v) is int and v >= 0 for v in sizes.values())
+    yield 'sizes', ok, '{split: chars}'
+    defaults = m.get('defaults', {})
+    ok = isinstance(defaults, dict) and all(is_number(v) for v in defaults.values())
+    ok = ok and 0 < defaults.get('prior', 0.5) < 1 and type(defaults.get('unigram', 0)) is int
+    yield 'defaults', ok, 'numbers per flag (an integer "unigram", a "prior" in (0, 1))'
     sets = m.get('unigram_sets')
-    return v is None or (_label_set(v) and (sets is None or str(v['vocab_size']) in sets))
+    ok = sets is None
+    if isinstance(sets, dict):
+        ok = all(_label_set(u) and str(u['vocab_size']) == k for k, u in sets.items())
+    yield 'unigram_sets', ok, '{"<V>": label set of vocab_size V} or null'
+    u = m.get('unigram')
+    ok = u is None or (_label_set(u) and (sets is None or str(u['vocab_size']) in sets))
+    yield 'unigram', ok, 'null or a label set (of "unigram_sets", where there are several)'
 
 
-# meta.json's fields, in the order they are checked (_field_ok may read earlier ones),
-# and what each must be
-META_RULES = (
-    ('encoding', '"paper" (the default), "chars" or "bytes"'),
-    ('dtype', '"uint8" or "uint16"'),
-    ('vocab_size', 'a count of characters that fits dtype'),
-    ('alphabet', 'vocab_size distinct single characters'),
-    ('space_id', "null or the space's id in the alphabet"),
-    ('sizes', '{split: chars}'),
-    ('defaults', 'numbers per flag (an integer "unigram", a "prior" in (0, 1))'),
-    ('unigram_sets', '{"<V>": label set of vocab_size V} or null'),
-    ('unigram', 'null or a label set (of "unigram_sets", where there are several)'),
-)
-OPTIONAL = dict(encoding='paper', space_id=None, sizes={}, defaults={}, unigram=None,
-                unigram_sets=None)
 def meta_problem(meta, fields=None):
     """What is wrong with a meta.json dict (only `fields`, where given), in words, or
     None."""
     if not isinstance(meta, dict):
         return f'holds {meta!r:.60}, not an object'
-    for name, rule in META_RULES:
+    for name, ok, rule in _rules(meta):
         if fields is not None and name not in fields:
             continue
-        if name not in meta and name not in OPTIONAL:
+        if name not in meta and name in ('dtype', 'vocab_size', 'alphabet'):
             return f'"{name}" is missing'
-        if not _field_ok(name, meta.get(name, OPTIONAL.get(name)), meta):
+        if not ok:
             return f'"{name}" is {meta.get(name)!r:.60}, expected {rule}'
     return None
 
@@ -131,7 +113,7 @@ def read_meta(d):
     """meta.json of dataset directory d, every field checked: one UserError line
     otherwise."""
     path = Path(d) / 'meta.json'
-    remake = f'remake it with: {prepare_command(data=Path(d))}'
+    remake = f'remake it with: {prepare_command("--force", data=Path(d))}'
     if not path.is_file():  # (a probe: a FIFO named meta.json would hang the read)
         raise UserError(f'no dataset at {d} (make it with: {prepare_command(data=Path(d))})')
     try:
@@ -148,8 +130,8 @@ def open_ids(path, dtype, n, limit, what, remake):
     limit."""
     size = path.stat().st_size   # (missing: common.main says so)
     item = np.dtype(dtype).itemsize
-    if size == 0:
-        raise UserError(f'{path} is empty; {remake}')
+    if size < 2 * item:   # (a split of one token: nothing to predict or evaluate)
+        raise UserError(f'{path} is empty or holds one item; {remake}')
     if size % item or (n is not None and size != n * item):
         raise UserError(f'{path} holds {size} bytes, not {n or "whole"} {what} as {dtype} (a '
                         f'cut-off copy, or {what} from another dataset?); {remake}')
@@ -160,15 +142,6 @@ def open_ids(path, dtype, n, limit, what, remake):
     return ids
 
 
-def label_set(meta, vocab_size=None):
-    """The Unigram label set of vocab_size (None: meta.json's default "unigram"), or
-    None."""
-    default = meta.get('unigram')
-    if vocab_size is None or (default and default['vocab_size'] == vocab_size):
-        return default
-    return (meta.get('unigram_sets') or {}).get(str(vocab_size))
-
-
 def load_data(data_dir, boundary, unigram=None):
     """(meta, {split: ids}, {split: Unigram labels} or None); unigram: the set's
     vocab_size."""
@@ -177,22 +150,22 @@ def load_data(data_dir, boundary, unigram=None):
     remake = f'remake the dataset with: {prepare_command(data=d)}'
     splits = {s: open_ids(d / f'{s}.bin', meta['dtype'], meta.get('sizes', {}).get(s),
                           meta['vocab_size'], 'token ids', remake) for s in SPLITS}
-    if short := [s for s in ('valid', 'test') if len(splits[s]) < 2]:
-        raise UserError(f'{d / short[0]}.bin holds 1 character: nothing to evaluate; {remake}')
     if boundary == 'whitespace' and meta.get('space_id') is None:
         raise UserError(f'--boundary whitespace needs a space character, and {d} has none')
     if boundary != 'unigram':
         return meta, splits, None
     # labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's
-    # characters
-    if (u := label_set(meta, unigram)) is None:
+    # characters; the set of size `unigram`, else meta.json's default "unigram"
+    u = meta.get('unigram')
+    if unigram and not (u and u['vocab_size'] == unigram):
+        u = (meta.get('unigram_sets') or {}).get(str(unigram))
+    if u is None:
         have = sorted(int(v) for v in meta.get('unigram_sets') or {})
         V = unigram or (have or [10000])[-1]
         raise UserError(f'--boundary unigram needs Unigram labels in {d} (it has sizes {have}; '
                         f"make them with: {prepare_command('--unigram', V, data=d)})")
-    names = u.get('labels') or {}
-    labels = {s: open_ids(d / names.get(s, f'{s}.unigram-{u["vocab_size"]}.bin'), 'uint8',
-                          len(splits[s]), 2, 'Unigram labels', remake) for s in SPLITS}
+    labels = {s: open_ids(d / f'{s}.unigram-{u["vocab_size"]}.bin', 'uint8', len(splits[s]), 2,
+                          'Unigram labels', remake) for s in SPLITS}
     return meta, splits, labels
 
 

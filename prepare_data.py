@@ -32,17 +32,16 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm   # (comes with huggingface_hub): progress where stderr is a terminal
 
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import SPLITS, meta_problem, prepare_command, unit
+from dataset import SPLITS, prepare_command, read_meta, unit
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
 # the flags whose default an existing dataset's recorded value replaces
-DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000, fold_accents=False)
+DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000)
 AGENT = {'User-Agent': 'dynpool-prepare-data'}
 # retries per download request, the first waiting BACKOFF s, each next one twice as long
 RETRIES = 5
@@ -94,7 +93,7 @@ def _retrying(url, fn, what=None):
                 raise
             response = getattr(e, 'response', None)
             code = getattr(e, 'code', getattr(response, 'status_code', None))
-            said = getattr(getattr(e, 'reason', None), 'strerror', None) or first_line(e)
+            said = first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
                 raise DownloadError(f'{what}: {said}') from None
@@ -135,9 +134,7 @@ def download(url, dest):
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
                     seen['validator'] = resp.headers['Last-Modified']
                 write_atomic(info, json.dumps(seen))
-            with tqdm.wrapattr(resp, 'read', total=seen['total'], initial=f.tell(),
-                               disable=None, leave=False, desc=dest.name) as r:
-                shutil.copyfileobj(r, f, 1 << 20)
+            shutil.copyfileobj(resp, f, 1 << 20)
             if seen['total'] and f.tell() < seen['total']:   # a cut: the retry resumes it
                 raise http.client.IncompleteRead(b'', seen['total'] - f.tell())
 
@@ -158,15 +155,14 @@ def text_pieces(f, label, encoding):
     (file_pieces refuses non-UTF-8)."""
     decoder = codecs.getincrementaldecoder(_DECODING[encoding])()
     buf = ''
-    total = 0
-    for raw in itertools.chain(iter(lambda: f.read(CHUNK), b''), [None]):
-        final = raw is None
-        raw = raw or b''
-        if raw.find(0) >= 0:
-            raise UserError(f'{label} looks binary (NUL byte at offset {total + raw.find(0)}); '
-                            'expected UTF-8 text (UTF-16 files must be converted first)')
-        buf += decoder.decode(raw, final=final)
-        total += len(raw)
+    more = True
+    while more:
+        raw = f.read(CHUNK)
+        more = bool(raw)
+        if 0 in raw:
+            raise UserError(f'{label} looks binary (a NUL byte); expected UTF-8 text (UTF-16 '
+                            'files must be converted first)')
+        buf += decoder.decode(raw, final=not more)
         cut = buf.rfind('\n')
         last_break = _LAST_BREAK.match(buf) if cut < 0 and len(buf) > CHUNK else None
         if cut >= 0:
@@ -223,7 +219,7 @@ def file_pieces(path, encoding, downloaded=False, stream=None):
                         f'({first_line(e)}){fix}') from None
 
 
-def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
+def encode(path, pieces, cap, alphabet, dtype, lang, encoding):
     """Writes the token ids of (text, separator) pieces to path, up to `cap` of them →
     their count. lang: cleaned for it, every cleaned line, the last one too, ending with a
     newline; text whose letters mostly fall outside lang's alphabet is refused
@@ -236,9 +232,7 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
     n = 0
     pending = ''
     sample = '' if lang else None   # raw text until its letters are checked
-    bar = tqdm(total=cap, unit='char', unit_scale=True, disable=None, leave=False,
-               desc='cleaning' if lang else 'encoding')
-    with open(path, 'wb') as f, bar:
+    with open(path, 'wb') as f:
         def put(text):   # → False once the cap is reached
             nonlocal n
             if cap is not None:
@@ -249,16 +243,15 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
                                 'a-z/space; use --lang en for other English text')
             f.write(ids.astype(dtype).tobytes())
             n += len(ids)
-            bar.update(len(ids))
             return cap is None or n < cap
         for text, sep in pieces:
             if sample is not None and len(sample) < 1 << 20:
                 sample += text
             elif sample:
-                _refuse_foreign(sample, lang, fold)
+                _refuse_foreign(sample, lang)
                 sample = None
             if lang:
-                text = clean(text, lang, fold)
+                text = clean(text, lang)
             if lang and sep not in ('', '\n'):   # what cleaning makes of the break
                 sep = ' '
             if encoding == 'chars':
@@ -279,13 +272,13 @@ def encode(path, pieces, cap, alphabet, dtype, lang, fold, encoding):
             elif encoding != 'paper':   # the input's last separator, as it is
                 put(pending)
     if sample:
-        _refuse_foreign(sample, lang, fold)
+        _refuse_foreign(sample, lang)
     return n
 
 
-def _refuse_foreign(text, lang, fold):
+def _refuse_foreign(text, lang):
     """One UserError line where the first MiB of characters of raw text is likely not lang."""
-    why = foreign_letters(text[:1 << 20], lang, fold)
+    why = foreign_letters(text[:1 << 20], lang)
     if why:
         raise UserError(f'the input text: {why}')
 
@@ -359,9 +352,11 @@ def _wiki40b(args, out, caps, codec):
     def listing():
         tree = hub.HfApi(endpoint=args.hf_base).list_repo_tree(
             WIKI40B, path_in_repo=args.lang, repo_type='dataset')
-        return sorted(f.path for f in tree if f.path.endswith('.parquet'))
+        return sorted(Path(f.path) for f in tree if f.path.endswith('.parquet'))
 
-    def shard(name):
+    def shard(path):
+        name = path.as_posix()
+
         def fetch():
             return hub.hf_hub_download(WIKI40B, name, repo_type='dataset', endpoint=args.hf_base)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
@@ -369,10 +364,8 @@ def _wiki40b(args, out, caps, codec):
         return file_pieces(path, args.encoding, downloaded=True)
 
     shards = _retrying(endpoint, listing, what=f'{endpoint}: {WIKI40B}/{args.lang}')
-    groups = []
-    for split in ('train', 'validation', 'test'):
-        names = [p for p in shards if Path(p).name.startswith(split + '-')]
-        groups.append(map(shard, names))
+    # train-*, validation-*, test-*: split by name as --input files are
+    groups = [map(shard, names) for names in input_roles(shards)]
     _by_split(out, groups, caps, codec)
     return sources, 'official wiki40b splits, capped'
 
@@ -383,24 +376,24 @@ def _make_splits(args, out, codec):
     eval_cap = args.max_eval_chars
     caps = (train_cap, eval_cap, eval_cap)
     encoding = args.encoding
-    in_order = '90% train / 5% valid / 5% test, in order'
     if args.roles:
         groups = [[file_pieces(f, encoding) for f in files] for files in args.roles]
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
     # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
     whole = args.dataset in ('text8', 'enwik8')
-    if args.input:
+    if args.input or whole:
         cap = None
         if not whole:
             cap = int(train_cap / 0.9)
-        _one_stream(out, file_pieces(args.input[0], encoding), cap, eval_cap, codec)
-        return args.input, in_order
-    if whole:
-        url = _url(args)
-        zpath = download(url, out / 'download' / f'{args.dataset}.zip')
-        _one_stream(out, file_pieces(zpath, encoding, downloaded=True), None, eval_cap, codec)
-        return [url], in_order
+        sources = args.input
+        path = args.input and args.input[0]
+        if not args.input:
+            sources = [_url(args)]
+            path = download(sources[0], out / 'download' / f'{args.dataset}.zip')
+        pieces = file_pieces(path, encoding, downloaded=not args.input)
+        _one_stream(out, pieces, cap, eval_cap, codec)
+        return sources, '90% train / 5% valid / 5% test, in order'
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
@@ -495,7 +488,8 @@ def splits(args, out, codec, key, inputs):
 UNIGRAM_SETTINGS = dict(model_type='unigram', add_dummy_prefix=True, max_sentencepiece_length=16,
                         split_digits=True, split_by_whitespace=True, split_by_unicode_script=True,
                         remove_extra_whitespaces=True, normalization_rule_name='identity',
-                        character_coverage=1.0)
+                        input_format='tsv', bos_id=-1, eos_id=-1, max_sentence_length=1 << 16,
+                        minloglevel=2, num_threads=4)
 # SentencePiece's C++ loop holds off Ctrl-C until training ends (minutes on a large
 # split): it trains in a child in a session of its own, which this process kills at once
 # on Ctrl-C. On Linux the child also dies with this process however that ends (SIGTERM,
@@ -584,10 +578,8 @@ def _write_labels(out, V, labels, meta):
 
 def _fit(V, rows, letters, coverage):
     """SentencePiece's Unigram-V fitted on rows (word<TAB>count) in a child process → its
-    model."""
-    kw = dict(UNIGRAM_SETTINGS, input_format='tsv', vocab_size=V, required_chars=letters,
-              character_coverage=coverage,
-              bos_id=-1, eos_id=-1, max_sentence_length=1 << 16, minloglevel=2, num_threads=4)
+    model; a size it refuses is one UserError line in its words."""
+    kw = dict(UNIGRAM_SETTINGS, vocab_size=V, required_chars=letters, character_coverage=coverage)
     command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
     child = subprocess.Popen(command, start_new_session=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -598,17 +590,18 @@ def _fit(V, rows, letters, coverage):
     finally:
         child.kill()   # (on Ctrl-C; a child that has ended is not there to be killed)
         child.wait()
-    return proto, child.returncode, err.decode(errors='replace')
+    if child.returncode:   # a size too large for the text, or too small for the alphabet
+        said = (err.decode(errors='replace').strip().splitlines() or ['?'])[-1]
+        raise UserError(f'--unigram {V}: {said.removeprefix("RuntimeError: ")} (SentencePiece)')
+    return proto
 
 
-def make_unigram(args, out, meta, V, settings):
+def make_unigram(out, meta, V):
     """Fits Unigram-V on the train word counts, writes its labels (b_t = 1 where a piece
     ends; whitespace closes the word before it), the model last → its set's meta.json
     entry."""
     import sentencepiece as spm
-    sizes = meta['sizes']
     encoding = meta['encoding']
-    t0 = time.time()
     words = {}
     for s in SPLITS:
         chunks = split_words(out / f'{s}.bin', meta)
@@ -618,85 +611,40 @@ def make_unigram(args, out, meta, V, settings):
         counts[as_text(w, encoding)[0]] += n
     rows = [f'{w}\t{n}' for w, n in counts.most_common()]
     print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
-    letters = ''   # the paper's alphabet: each letter gets a piece, seen in train or not
+    # the paper's alphabet is small and every letter of it gets a piece, seen in train or
+    # not; the characters of text as it is can outnumber V (SentencePiece's default
+    # coverage leaves the rarest out)
+    letters = ''
+    coverage = 0.9995
     if encoding == 'paper':
         letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
-    proto, failed, err = _fit(V, rows, letters, settings['character_coverage'])
-    if failed:   # a size too large for the text, or too small for the alphabet: the fix
-        said = (err.strip().splitlines() or ['?'])[-1].removeprefix('RuntimeError: ')
-        fit = re.search(r'(?:set it to a value <= |required_chars\. \d+ vs )(\d+)', said)
-        fix = ''
-        if fit:
-            fix = (f"; run: {_rerun(args, {'--unigram': [fit[1]]})}; or --unigram 0 to skip "
-                   'Unigram boundaries')
-        raise UserError(f'--unigram {V}: {said} (SentencePiece){fix}')
+        coverage = 1.0
+    proto = _fit(V, rows, letters, coverage)
     model = spm.SentencePieceProcessor(model_proto=proto)
     labels = word_labels(model, set().union(*words.values(), ['']), encoding)
     ones = _write_labels(out, V, labels, meta)
     write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
-    print(f'unigram-{V}: trained and labelled in {time.time() - t0:.1f}s')
-    sf = {s: round(sizes[s] / ones[s], 4) if ones[s] else None for s in SPLITS}
-    return {'vocab_size': V, 'model': f'unigram-{V}.model',
-            'labels': {s: f'{s}.unigram-{V}.bin' for s in SPLITS}, 'settings': settings,
-            'shortening_factor': sf}
-
-
-def _label_meta(sets, default):
-    """meta.json's {"unigram": default set, "unigram_sets": {"<V>": set}}; a default that
-    is gone gives way to the largest V."""
-    if default not in sets:
-        default = max(sets, default=None)
-    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
+    sf = {s: round(meta['sizes'][s] / ones[s], 4) if ones[s] else None for s in SPLITS}
+    return {'vocab_size': V, 'shortening_factor': sf}
 
 
 def unigram(args, out, meta):
-    """The label sets of the meta.json there, and Unigram-V unless made with these
-    settings; the last made is the default → _label_meta."""
-    sets = {}
-    default = None
-    path = out / 'meta.json'
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding='utf-8'))
-            why = meta_problem(old, ('unigram_sets', 'unigram'))
-        except ValueError as e:
-            why = f'unreadable ({e})'
-        if why:
-            raise UserError(f'{path}: {why}; fix it, or remove it and run again (the splits are '
-                            'kept, the labels made again)')
-        sets = {u['vocab_size']: u for u in (old.get('unigram_sets') or {}).values()}
-        default = old.get('unigram') and old['unigram']['vocab_size']
+    """The label sets of the meta.json there (a damaged one refused), and Unigram-V unless
+    made; the last made is the default → meta.json's "unigram" and "unigram_sets"."""
+    old = {}
+    if (out / 'meta.json').exists():
+        old = read_meta(out)
+    sets = {u['vocab_size']: u for u in (old.get('unigram_sets') or {}).values()}
+    default = old.get('unigram') and old['unigram']['vocab_size']
     V = args.unigram
-    # the paper's alphabet is small and every letter of it gets a piece; the characters of
-    # text as it is can outnumber V (SentencePiece's default coverage leaves the rarest out)
-    coverage = 1.0
-    if meta['encoding'] != 'paper':
-        coverage = 0.9995
-    settings = {**UNIGRAM_SETTINGS, 'character_coverage': coverage, 'fit_on': 'train word counts',
-                'label_rule': 'piece ends; whitespace closes its word'}
-    if V in sets and sets[V].get('settings') == settings:
+    if V in sets:
         print(f'unigram-{V} done, skipping (--force redoes the whole dataset)')
     elif V:
-        if sets.pop(V, None):   # it leaves meta.json before its files are replaced
-            print(f'unigram-{V}: made with other settings; replacing it', file=sys.stderr)
-            _write_json(path, {**meta, **_label_meta(sets, default)})
-        sets[V] = make_unigram(args, out, meta, V, settings)
+        sets[V] = make_unigram(out, meta, V)
         default = V
-    return _label_meta(sets, default)
-
-
-def cleaning_key(args, lang, inputs):
-    """Everything that decides the text of the splits: recorded in .splits.json, compared
-    by re-runs. lang: the --lang given (the one cleaned for is in meta.json's
-    "cleaning")."""
-    homoglyphs = None
-    if lang:   # its data decides what cleaning makes of a look-alike letter
-        import importlib.metadata
-        homoglyphs = importlib.metadata.version('confusable-homoglyphs')
-    return {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
-            'fold_accents': bool(lang and args.fold_accents), 'homoglyphs': homoglyphs,
-            'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
-            'input': [f['path'] for f in inputs] if inputs else None}
+    if default not in sets:   # (none was made, or a hand-edited default)
+        default = max(sets, default=None)
+    return {'unigram': sets.get(default), 'unigram_sets': {str(V): sets[V] for V in sorted(sets)}}
 
 
 def prepare(args, out, lang, inputs):
@@ -710,55 +658,39 @@ def prepare(args, out, lang, inputs):
         dtype = 'uint32'
     elif lang:
         alphabet = ['\n', ' '] + list(LANGS[lang]['letters'])
-    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, fold=args.fold_accents,
-                 encoding=args.encoding)
-    key = cleaning_key(args, lang, inputs)
+    codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, encoding=args.encoding)
+    # everything that decides the text of the splits: recorded in .splits.json, compared by
+    # re-runs ("lang" the --lang given; the one cleaned for goes into meta.json's "cleaning")
+    key = {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
+           'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
+           'input': None}
+    if inputs:
+        key['input'] = [f['path'] for f in inputs]
     stamp = splits(args, out, codec, key, inputs)
-    sizes = stamp['sizes']
     alphabet = stamp['alphabet']
-    ids = _ids(out / 'train.bin', stamp['dtype'])
-    space = _index(alphabet, ' ')
-    n_space = 0
-    for i in range(0, len(ids), 1 << 24):
-        n_space += int(np.count_nonzero(ids[i:i + (1 << 24)] == space))
-    mwl = None
-    if n_space:
-        mwl = round(sizes['train'] / n_space, 4)
+    ids = {c: i for i, c in enumerate(alphabet)}
     defaults = {}
     if args.lang:
         defaults = {k: LANGS[args.lang][k] for k in ('unigram', 'prior')}
     meta = {'name': out.name, 'dataset': args.dataset, 'lang': args.lang,
             'encoding': args.encoding, 'alphabet': alphabet, 'vocab_size': len(alphabet),
-            'space_id': space, 'newline_id': _index(alphabet, '\n'), 'dtype': stamp['dtype'],
-            'sizes': sizes, 'source': stamp['source'],
+            'space_id': ids.get(' '), 'newline_id': ids.get('\n'), 'dtype': stamp['dtype'],
+            'sizes': stamp['sizes'], 'source': stamp['source'],
             'cleaning': {**key, 'lang': lang, 'split': stamp['rule']}, 'inputs': inputs,
-            'mean_word_length': mwl, 'defaults': defaults}
+            'defaults': defaults}
     meta.update(unigram(args, out, meta))
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
     return meta
 
 
-def _index(alphabet, c):
-    """c's id in the alphabet, or None."""
-    if c in alphabet:
-        return alphabet.index(c)
-    return None
-
-
 def _report(out, meta, rule):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
-    sizes = ', '.join(f'{s} {n:,}' for s, n in meta['sizes'].items())
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
           f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    print(f'{unit(meta)}s: {sizes}')
-    print(f"mean word length (whitespace shortening factor, train): {meta['mean_word_length']}")
-    for u in meta['unigram_sets'].values():
-        sf = ', '.join(f'{s} {v}' for s, v in u['shortening_factor'].items())
-        line = f"unigram-{u['vocab_size']} shortening factor: {sf}"
-        if meta['unigram'] is u:
-            line += ' [default for train.py]'
-        print(line)
+    print(f"{unit(meta)}s: {meta['sizes']}")
+    for V, u in meta['unigram_sets'].items():
+        print(f"unigram-{V} shortening factor: {u['shortening_factor']}")
 
 
 def _matching(pattern, what):
@@ -777,29 +709,28 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100', 'input'],
-                   help='source (default text8; wiki40b with --lang; input with --input and '
-                   '--lang)')
+    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100'],
+                   help='source to download (default text8; wiki40b with --lang; none with '
+                   '--input and --lang, --bytes or --chars)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
                    '(cleaning.LANGS); default en for text8, needed for the others')
     p.add_argument('--input', nargs='+', type=Path, metavar='FILE',
                    help='.txt/.zip/.xz/.parquet file(s), not a download (default): one is cut '
                    '90/5/5; several keep the split each name says (*train*, *valid* or *dev*, '
                    '*test*; all three), else are refused')
-    p.add_argument('--bytes', action='store_true',
-                   help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 always)')
-    p.add_argument('--chars', action='store_true',
-                   help="the text as it is (NFC): its train split's characters, no cleaning "
-                   '(default off)')
+    encoding = p.add_mutually_exclusive_group()
+    encoding.add_argument('--bytes', action='store_true',
+                          help='raw UTF-8 bytes, vocab 256, no cleaning (default off; enwik8 '
+                          'always)')
+    encoding.add_argument('--chars', action='store_true',
+                          help="the text as it is (NFC): its train split's characters, no "
+                          'cleaning (default off)')
     p.add_argument('--name', type=_matching(r'(?!\.\.?$)[^/\0]+', "a folder name (no '/', "
                                             'not . or ..)'),
                    help='folder under --out-dir (default text8, wiki40b-<lang>, cc100-<lang>, '
                    'input-<lang>)')
     p.add_argument('--out-dir', type=Path, default=Path('data'),
                    help='parent of --name (default data)')
-    p.add_argument('--fold-accents', action='store_true', default=None,
-                   help="fold letters outside the alphabet (é -> e, ß -> ss), not the paper's "
-                   'space (default off)')
     p.add_argument('--max-train-chars', type=int_range(1, 10 ** 12),
                    help='cap on cleaned train characters (default 400M)')
     p.add_argument('--max-eval-chars', type=int_range(1, 10 ** 12),
@@ -840,27 +771,18 @@ def _rerun(args, flags):
     return prepare_command(*words)
 
 
-def _encoding(args):
-    """The encoding the flags ask for: bytes (--bytes, enwik8), chars or paper."""
-    if args.bytes and args.chars:
-        raise UserError('--bytes and --chars: give one (raw UTF-8 bytes, or characters)', 2)
-    if args.dataset == 'enwik8' and args.chars:
-        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
-    if args.fold_accents and (args.bytes or args.chars or args.dataset == 'enwik8'):
-        raise UserError('--fold-accents is cleaning, and text as it is has none', 2)
-    if args.bytes or args.dataset == 'enwik8':
-        return 'bytes'
-    if args.chars:
-        return 'chars'
-    return 'paper'
-
-
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
     source, language, encoding, input and options where none of --dataset, --lang,
     --input, --bytes, --chars is given; else the defaults) and checks them together →
     (dataset folder, language cleaned with: None for text8 and text as it is)."""
-    encoding = _encoding(args)
+    if args.dataset == 'enwik8' and args.chars:
+        raise UserError('--dataset enwik8 is bytes; --chars does not apply', 2)
+    encoding = 'paper'
+    if args.bytes or args.dataset == 'enwik8':
+        encoding = 'bytes'
+    elif args.chars:
+        encoding = 'chars'
     if args.dataset:
         dataset = args.dataset
     elif args.input and (args.lang or encoding != 'paper'):
@@ -891,8 +813,6 @@ def resolve(args):
         if args.lang not in (None, 'en'):
             raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
-    if dataset == 'input' and not args.input:
-        raise UserError('--dataset input needs --input', 2)
     if args.lang is None and (dataset != 'input' or encoding == 'paper'):
         raise UserError(f'--dataset {dataset} needs --lang', 2)
     args.dataset = dataset
@@ -930,19 +850,16 @@ def remove_leftovers(out):
             f.unlink()
 
 
-def offline_howto(args, lang, error):
+def offline_howto(args, error):
     """The one line for a failed download: what failed, and the two commands that need no
     network (the files fetched by hand, or any text of one's own)."""
     if args.dataset == 'wiki40b':
-        what = f'the {lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
+        what = f'the {args.lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
     else:
         what = _url(args)
         files = Path(what).name
-    by_hand = {'--dataset': [args.dataset]}
-    if lang:
-        by_hand['--lang'] = [lang]
-    by_hand['--input'] = []
+    by_hand = {'--dataset': [args.dataset], '--lang': [args.lang], '--input': []}
     # (the file names last and unquoted: shell-safe names, the shards a pattern for the
     # shell)
     own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
@@ -967,7 +884,7 @@ def run(argv=None):
             remove_leftovers(out)
             return prepare(args, out, lang, inputs)
     except DownloadError as e:
-        raise UserError(offline_howto(args, lang, e)) from None
+        raise UserError(offline_howto(args, e)) from None
 
 
 def main(argv=None):

@@ -111,16 +111,15 @@ def _data_slice(name, dst, nbytes=200_000):
 
 
 @pytest.mark.parametrize('lang', sorted(LANGS))
-@pytest.mark.parametrize('fold', [False, True])
-def test_data_clean_properties(lang, fold):
+def test_data_clean_properties(lang):
     allowed = set(LANGS[lang]['letters']) | {' ', '\n'}
 
     @_DATA_SETTINGS
     @given(_data_text(lang))
     def check(text):
-        out = clean(text, lang, fold)
+        out = clean(text, lang)
         assert set(out) <= allowed
-        assert clean(out, lang, fold) == out
+        assert clean(out, lang) == out
         assert '  ' not in out and '\n\n' not in out
         assert all(line and line == line.strip(' ') for line in out.split('\n')) or out == ''
         assert not any(ch.isdigit() for ch in out)
@@ -183,29 +182,6 @@ def test_data_clean_digits_spelled(lang, n, glue):
     assert clean(f'{letter}{glue}{n}{glue}{letter}', lang) == f'{letter} {spelled} {letter}'
 
 
-@_DATA_SETTINGS
-@given(
-    st.lists(
-        st.tuples(
-            st.text(st.sampled_from(LANGS['he']['letters'][:27]), min_size=1, max_size=8),
-            st.lists(st.sampled_from(_DATA_NIQQUD), max_size=8),
-            st.randoms(),
-        ),
-        min_size=1,
-        max_size=6,
-    )
-)
-def test_data_fold_accents_keeps_pointed_hebrew_words_whole(words):
-    plain, pointed = [], []
-    for w, marks, rnd in words:
-        chars = list(w)
-        for m in marks:  # marks follow some letter, as in pointed text
-            chars.insert(rnd.randint(1, len(chars)), m)
-        plain.append(w)
-        pointed.append(''.join(chars))
-    assert clean(' '.join(pointed), 'he', fold_accents=True) == ' '.join(plain)
-
-
 def test_data_clean_examples():
     assert (
         clean(
@@ -218,9 +194,6 @@ def test_data_clean_examples():
     # letter outside the alphabet becomes a space
     assert (
         clean('PаyPal Ｆull 𝐁old ２０ café Müller', 'en') == 'paypal full bold two zero caf m ller'
-    )
-    assert (
-        clean('PаyPal café Müller straße', 'en', fold_accents=True) == 'paypal cafe muller strasse'
     )
     assert clean('Hyvää päivää, ÅLAND! café', 'fi') == 'hyvää päivää åland caf'
     assert (
@@ -292,7 +265,6 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
         ('sizes', dict),
         ('source', list),
         ('cleaning', dict),
-        ('mean_word_length', float),
         ('unigram', dict),
         ('unigram_sets', dict),
         ('defaults', dict),
@@ -308,9 +280,6 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
     assert text['train'] + text['valid'] + text['test'] == clean(raw, lang) + '\n'
     n = sum(map(len, text.values()))
     assert len(text['valid']) == len(text['test']) == n // 20
-    assert meta['mean_word_length'] == pytest.approx(
-        len(text['train']) / text['train'].count(' '), abs=1e-3
-    )
 
     assert meta['defaults'] == {
         'unigram': LANGS[lang]['unigram'],
@@ -318,12 +287,10 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
     }
     uni = meta['unigram']
     assert meta['unigram_sets'] == {'300': uni} and uni['vocab_size'] == 300
-    assert {
-        k: uni['settings'][k]
-        for k in ('add_dummy_prefix', 'max_sentencepiece_length', 'split_digits')
-    } == {'add_dummy_prefix': True, 'max_sentencepiece_length': 16, 'split_digits': True}
-    sp = spm.SentencePieceProcessor(model_file=str(d / uni['model']))
+    sp = spm.SentencePieceProcessor(model_file=str(d / 'unigram-300.model'))
     dummy = '\u2581'
+    # the paper's max_sentencepiece_length
+    assert max(len(sp.id_to_piece(i).removeprefix(dummy)) for i in range(len(sp))) <= 16
     for split, t in text.items():
         labels = np.fromfile(d / f'{split}.unigram-300.bin', dtype=np.uint8)
         assert len(labels) == len(t) and set(np.unique(labels)) <= {0, 1} and labels[-1] == 1
@@ -344,7 +311,8 @@ def test_data_input_end_to_end(lang, tmp_path, capsys, monkeypatch):
             ), seg
             first = seg[-1] in ' \n'
         assert uni['shortening_factor'][split] == pytest.approx(len(t) / labels.sum(), abs=1e-3)
-    assert 1 < uni['shortening_factor']['train'] < meta['mean_word_length']
+    train = text['train']
+    assert 1 < uni['shortening_factor']['train'] < len(train) / train.count(' ')
 
     if lang == 'en':  # a re-run skips both steps and changes nothing
         before = {
@@ -867,23 +835,23 @@ def test_data_cli_input_edited_in_place_is_noticed(tmp_path, capsys):
 
 
 def test_data_cli_other_options_never_mix(tmp_path, capsys):
-    """A dataset prepared with the paper's cleaning is never mixed with --fold-accents: the run
-    with the other option rebuilds the splits (and drops labels made from the old ones) and
-    records it; the same options again skip."""
+    """A dataset prepared with one cap is never mixed with another: the run with the other
+    option rebuilds the splits (and drops labels made from the old ones) and records it; the
+    same options again skip."""
     f, out = tmp_path / 'in.txt', tmp_path / 'out'
     f.write_text('Café Müller opened in 1990.\n' * 40)
     argv = ['--input', f, '--lang', 'en', '--out-dir', out]
     assert _data_main(argv + ['--unigram', '30'], capsys).returncode == 0
     d = out / 'input-en'
-    assert json.loads((d / 'meta.json').read_text())['cleaning']['fold_accents'] is False
-    r = _data_main(argv + ['--unigram', '0', '--fold-accents'], capsys)
     meta = json.loads((d / 'meta.json').read_text())
-    assert (
-        r.returncode == 0 and 'rebuilding' in r.stderr and meta['cleaning']['fold_accents'] is True
-    )
-    assert _data_decode(d, 'train', meta).startswith('cafe muller opened')
+    assert meta['cleaning']['max_train_chars'] == 400_000_000 and meta['sizes']['train'] > 900
+    r = _data_main(argv + ['--unigram', '0', '--max-train-chars', '500'], capsys)
+    meta = json.loads((d / 'meta.json').read_text())
+    assert r.returncode == 0 and 'rebuilding' in r.stderr
+    assert meta['cleaning']['max_train_chars'] == 500 and meta['sizes']['train'] < 600
+    assert _data_decode(d, 'train', meta).startswith('caf m ller opened')
     assert meta['unigram_sets'] == {} and not list(d.glob('*unigram*'))
-    r = _data_main(argv + ['--unigram', '0', '--fold-accents'], capsys)
+    r = _data_main(argv + ['--unigram', '0', '--max-train-chars', '500'], capsys)
     assert r.returncode == 0 and 'skipping' in r.stdout
 
 
@@ -1126,7 +1094,7 @@ def test_data_refused_run_keeps_the_holders_lock(tmp_path, capsys):
         (['--max-train-chars', '-5'], ['--max-train-chars', '-5', '[1, 1000000000000]']),
         (['--max-eval-chars', '1.5'], ['--max-eval-chars', 'an integer', '1.5']),
         (['--unigram', '-3'], ['--unigram', '[0, 1000000]']),
-        (['--bytes', '--chars'], ['--bytes and --chars']),
+        (['--bytes', '--chars'], ['--chars', 'not allowed with', '--bytes']),
         (['--dataset', 'enwik8', '--chars'], ['enwik8 is bytes']),
         (['--dataset', 'enwik8', '--lang', 'he'], ['enwik8 is English']),
         (['--dataset', 'wiki40b', '--bytes'], ['needs --lang']),
@@ -1236,13 +1204,15 @@ def _data_label_files(d):
 
 
 def _data_described(meta):
-    """The label files meta.json says are there."""
-    return sorted(
-        n for u in meta['unigram_sets'].values() for n in [u['model'], *u['labels'].values()]
-    )
+    """The label files meta.json's label sets stand for."""
+    names = []
+    for V in meta['unigram_sets']:
+        names.append(f'unigram-{V}.model')
+        names += [f'{s}.unigram-{V}.bin' for s in ('train', 'valid', 'test')]
+    return sorted(names)
 
 
-def test_data_unigram_sets_added_kept_replaced(tmp_path, capsys):
+def test_data_unigram_sets_added_kept(tmp_path, capsys):
     f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(6000))
     base = ['--dataset', 'text8', '--input', f, '--out-dir', out, '--name', 'head']
@@ -1262,14 +1232,9 @@ def test_data_unigram_sets_added_kept_replaced(tmp_path, capsys):
     assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
     r, meta = run('--unigram', '0')  # none made, those present kept
     assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
-    # the same V made with other settings (an earlier version's): replaced, not mixed
-    edited = dict(meta)
-    edited['unigram_sets']['80']['settings'] = {'model_type': 'bpe'}
-    (d / 'meta.json').write_text(json.dumps(edited))
-    r, meta = run('--unigram', '80')
-    assert 'replacing' in r.stderr
-    assert meta['unigram_sets']['80']['settings']['model_type'] == 'unigram'
-    assert sorted(meta['unigram_sets']) == ['60', '80'] and meta['unigram']['vocab_size'] == 80
+    r, meta = run('--unigram', '60')  # made already: skipped, nothing changed
+    assert 'unigram-60 done, skipping' in r.stdout and meta['unigram']['vocab_size'] == 80
+    assert sorted(meta['unigram_sets']) == ['60', '80']
 
 
 def test_data_labels_added_by_the_printed_and_the_natural_commands(tmp_path, capsys):
@@ -1352,21 +1317,18 @@ def test_data_word_labels_from_dummy_prefix_pieces():
     }
 
 
-def test_data_unigram_too_small_fix_runs_as_printed(tmp_path, capsys):
+def test_data_unigram_size_refused_splits_kept(tmp_path, capsys):
     f, out = tmp_path / 'head.txt', tmp_path / 'data'
     f.write_text(_data_varied_words(3000))
     msg = _data_fail(
         ['--dataset', 'text8', '--input', f, '--out-dir', out, '--unigram', '5'], capsys
     )
     assert '--unigram 5' in msg and 'smaller than required_chars' in msg
-    high = _data_fail(  # too large for the text: the same advice, the splits kept
+    high = _data_fail(  # too large for the text: SentencePiece's words, the splits kept
         ['--dataset', 'text8', '--input', f, '--out-dir', out, '--unigram', '100000'], capsys
     )
-    assert '--unigram 100000' in high and 'too high' in high and 'run: ' in high
+    assert '--unigram 100000' in high and 'too high' in high and 'SentencePiece' in high
     assert (out / 'text8' / 'train.bin').exists() and not list(out.rglob('*unigram-100000*'))
-    done = _data_run_printed(msg, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert json.loads((out / 'text8' / 'meta.json').read_text())['unigram']['vocab_size'] > 5
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def tiny_data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp('data') / 'tiny')
 
 
-def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
+def test_load_data_reads_the_label_set_of_its_size(tiny_data, tmp_path):
     root, meta = tiny_data
     m, splits, labels = dataset.load_data(root, 'unigram')
     assert m == meta and {s: len(v) for s, v in splits.items()} == meta['sizes']
@@ -56,15 +56,7 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
     with pytest.raises(UserError, match=r'needs Unigram labels in .* \(it has sizes \[8, 16\]; '
                                         r'make them with: .* --unigram 32\)'):
         dataset.load_data(root, 'unigram', unigram=32)
-    # labels under other names are found through "labels"
     other, meta2 = make_dataset(tmp_path / 'other', unigram=(8,))
-    for s in ('train', 'valid', 'test'):
-        (other / f'{s}.unigram-8.bin').rename(other / f'{s}.pieces.bin')
-    renamed = dict(meta2['unigram'], labels={s: f'{s}.pieces.bin' for s in meta2['sizes']})
-    (other / 'meta.json').write_text(json.dumps(dict(meta2, unigram=renamed,
-                                                     unigram_sets={'8': renamed})))
-    assert len(dataset.load_data(other, 'unigram')[2]['train']) == 300
-    assert len(dataset.load_data(other, 'unigram', unigram=8)[2]['train']) == 300
     (other / 'meta.json').write_text(json.dumps(dict(meta2, unigram=None, unigram_sets=None)))
     with pytest.raises(UserError,
                        match=r'needs Unigram labels in \S+ \(it has sizes \[\]; make them with: '
@@ -75,8 +67,6 @@ def test_load_data_reads_the_label_set_meta_json_names(tiny_data, tmp_path):
 DAMAGE = [
     ('unigram', 300, '"unigram" is'),
     ('unigram', {'vocab_size': '16'}, '"unigram" is'),
-    ('unigram', dict(vocab_size=16, labels={'train': '../../etc/passwd'}), '"unigram" is'),
-    ('unigram', dict(vocab_size=16, labels=['train.bin']), '"unigram" is'),
     ('unigram', dict(vocab_size=32), '"unigram" is'),
     ('unigram_sets', [], '"unigram_sets" is'),
     ('unigram_sets', {'16': dict(vocab_size=8)}, '"unigram_sets" is'),
@@ -169,3 +159,14 @@ def test_damaged_meta_json_is_one_line_never_another_exception(tiny_data, tmp_pa
                 assert dataset.meta_problem(got) is None
     finally:
         (root / 'meta.json').write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize('n_bytes', [0, 1])
+def test_a_split_of_under_two_tokens_is_refused(tmp_path, n_bytes):
+    """An empty valid split, or one of a single token (nothing to evaluate): one line naming it."""
+    root, meta = make_dataset(tmp_path / 'd')
+    (root / 'valid.bin').write_bytes(b'\x01' * n_bytes)
+    sizes = dict(meta['sizes'], valid=n_bytes)
+    (root / 'meta.json').write_text(json.dumps(dict(meta, sizes=sizes)))
+    with pytest.raises(UserError, match=r'valid\.bin is empty or holds one item; remake'):
+        dataset.load_data(root, 'fixed')
