@@ -38,14 +38,13 @@ def clean_prompt(text, vocab):
     if not isinstance(recorded, dict):
         recorded = {}
     lang = recorded.get('lang')
-    fold = bool(recorded.get('fold_accents'))
     source = 'recorded in the checkpoint'
     if lang is None and set(alphabet) == set(TEXT8_ALPHABET):
         lang = 'en'
         source = "text8's alphabet"
     if lang not in LANGS:
         return text, 'not cleaned: no language recorded in the checkpoint'
-    out = clean(text, lang, fold)
+    out = clean(text, lang)
     if '\n' not in alphabet:
         out = ' '.join(out.split())
     tail = text[len(text.rstrip()):]
@@ -53,10 +52,7 @@ def clean_prompt(text, vocab):
         out += '\n'
     elif out and tail:
         out += ' '
-    how = f'cleaning.clean, {lang}'
-    if fold:
-        how += ', accents folded'
-    return out, f'{how}, from {source}'
+    return out, f'cleaning.clean, {lang}, from {source}'
 
 
 def encode_prompt(prompt, vocab):

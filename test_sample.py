@@ -77,13 +77,12 @@ def test_prompt_is_cleaned_as_the_training_text_was():
     how = sample.clean_prompt('x', text8)[1]
     assert 'en' in how and "text8's alphabet" in how
     fi = dict(alphabet=['\n', ' '] + list(LANGS['fi']['letters']),
-              cleaning=dict(lang='fi', fold_accents=False))
+              cleaning=dict(lang='fi'))
     assert sample.clean_prompt('Äiti 5\n', fi)[0] == 'äiti viisi\n'
     assert sample.clean_prompt('Éclair',
                                fi)[0] == 'clair'                   # é is no Finnish letter
-    recorded = dict(fi, cleaning=dict(lang='fi', fold_accents=True))
-    text, how = sample.clean_prompt('Éclair', recorded)
-    assert text == 'eclair' and 'recorded in the checkpoint' in how and 'accents folded' in how
+    text, how = sample.clean_prompt('Éclair', fi)
+    assert text == 'clair' and 'recorded in the checkpoint' in how
     other = dict(alphabet=list(' abcdefghijklmnopqrs'))   # no language recorded
     text, how = sample.clean_prompt('Née 1999!', other)
     assert text == 'Née 1999!' and 'not cleaned' in how
@@ -171,7 +170,7 @@ def test_sample_cli_cleans_the_prompt_and_says_how(ckpts, capsys):
 def test_sample_cli_cleans_a_finnish_prompt(tmp_path, capsys):
     alphabet = ['\n', ' '] + list(LANGS['fi']['letters'])
     ckpt = _save_ckpt(tmp_path / 'fi' / 'ckpt.pt', 'whitespace', vocab_size=len(alphabet),
-                      alphabet=alphabet, cleaning=dict(lang='fi', fold_accents=False))
+                      alphabet=alphabet, cleaning=dict(lang='fi'))
     rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'Äiti 5', '--chars', 3, '--show-segments'],
                          capsys)
     assert rc == 0, err

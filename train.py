@@ -326,7 +326,7 @@ def identify_data(meta, splits, data):
     cleaning = meta.get('cleaning') or {}
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     vocab['encoding'] = meta.get('encoding', 'paper')
-    vocab['cleaning'] = {k: cleaning.get(k) for k in ('lang', 'fold_accents')}
+    vocab['cleaning'] = {'lang': cleaning.get('lang')}
     return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
 
 
