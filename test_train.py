@@ -695,6 +695,23 @@ def test_train_on_bytes_says_bits_per_byte(tmp_path, capsys):
     assert (vocab['encoding'], vocab['vocab_size']) == ('bytes', 256)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', BOUNDARY_MODES)
+def test_every_source_trains_and_samples_on_bytes(mode, tmp_path, capsys):
+    """Issue 33: each of the seven sources trains on a byte dataset of Hebrew words (two
+    bytes a letter) and sample.py continues a Hebrew prompt from its checkpoint as text."""
+    import sample
+    text = random_words(12_000, letters='אבגדהוזח')
+    data = write_dataset(tmp_path / 'bytes', text, encoding='bytes')
+    out = tmp_path / 'run'
+    trained(tiny_args(data, mode) + ['--max-steps', '2', '--out', str(out)])
+    capsys.readouterr()
+    assert sample.main(['--ckpt', str(out), '--prompt', 'אבג ', '--chars', '24',
+                        '--device', 'cpu']) == 0
+    said = capsys.readouterr().out
+    assert said.startswith('אבג ') and len(said.encode('utf-8')) >= 24, said
+
+
 # A boundary source of a user's own, in a file outside the project, with an option of its own.
 EVERY_K = """
 import dataclasses
