@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
+import dataset
 import presets
 from checkpoint import load_checkpoint
 from cleaning import LANGS, TEXT8_ALPHABET, clean
@@ -90,7 +91,7 @@ def decode(ids, vocab):
     """Token ids → the text each one completes, a string per token (joined: the text): a
     character per token; for bytes, a character at the byte that completes its UTF-8
     sequence ('' before), bytes that never form one as U+FFFD."""
-    if vocab.get('encoding') != 'bytes':
+    if dataset.unit(vocab) != 'byte':
         return [vocab['alphabet'][i] for i in ids]
     decoder = codecs.getincrementaldecoder('utf-8')('replace')
     pieces = [decoder.decode(bytes([i])) for i in ids]
@@ -278,7 +279,7 @@ def run(args):
     torch.set_num_threads(args.threads)
     model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     unit = 'character'
-    if ckpt['vocab'].get('encoding') == 'bytes':
+    if dataset.unit(ckpt['vocab']) == 'byte':
         unit = 'byte'
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
