@@ -180,14 +180,6 @@ def upsample(s, b):
     return gather_rows(s, segments(b)[1])        # [B, L, D]
 
 
-@dataclass
-class MeanPoolingState:
-    """What MeanPooling carries from one generated token to the next."""
-    seg_sum: Tensor  # [B, D] sum of the pre stage's outputs over the open segment
-    seg_len: Tensor  # [B] tokens in the open segment
-    last: Tensor     # [B, D] shortened-stage output of the last closed segment (or null)
-
-
 class MeanPooling(nn.Module):
     """The paper's pooling unit (§2.2): segment means (or last tokens) after a learnable
     null group, and back to tokens, each seeing only segments complete at t."""
@@ -206,37 +198,16 @@ class MeanPooling(nn.Module):
         """s [B, 1+S, D] → post-stage input [B, L, D]; h [B, L, D], the skip connection."""
         return upsample(s, routing.b) + h
 
-    def rows(self, routing):
-        """[B] rows of down()'s output that the shortened stage keeps for generation."""
-        return 1 + routing.hard.sum(1)
-
     def prefill_state(self, h, s, routing):
-        """The running state after a whole prompt: h, s as in down() and up()."""
+        """Cached generation: the running state after a whole prompt (h, s as in down and up)."""
         c, m = segments(routing.b)
         n_closed = m[:, -1]                                                # [B]
         open_segment = c == n_closed[:, None]  # [B, L] after the last b
         seg_sum = (h * open_segment[..., None]).sum(1)
         last = gather_rows(s, n_closed[:, None])[:, 0]   # s[n, n_closed[n]]
-        return MeanPoolingState(seg_sum, open_segment.sum(1), last)
+        return MeanPoolingState(self, 1 + n_closed, seg_sum, open_segment.sum(1), last)
 
-    def step_down(self, h, routing, state):
-        """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
-        closed = routing.hard[:, 0]
-        state.seg_sum += h[:, 0]
-        state.seg_len += 1
-        # seg_len >= 1: h has just joined the segment
-        pooled = h[:, 0]
-        if self.cfg.pooling == 'mean':
-            pooled = state.seg_sum / state.seg_len[:, None]
-        state.seg_sum = torch.where(closed[:, None], 0.0, state.seg_sum)
-        state.seg_len = torch.where(closed, 0, state.seg_len)
-        return self.norm(pooled)[:, None], closed
 
-    def step_up(self, s, routing, h, state):
-        """s [B, 1, D] (None: no row closed a segment), h [B, 1, D] → post-stage input [B, 1, D]."""
-        if s is not None:
-            state.last = torch.where(routing.hard[:, :1], s[:, 0], state.last)
-        return state.last[:, None] + h
 # -----------------------------------------------------------------------------
 # Boundary sources (paper §3): each decides where segments end, trains that decision (its
 # auxiliary loss) and names the targets its decisions are measured against.
@@ -551,21 +522,17 @@ class RelativeAttention(nn.Module):
         # y as [B, L, H*d_head]
         return self.norm(h + self.drop(self.out(y.transpose(1, 2).flatten(2))))
 
-    def forward(self, h, pos_emb, content_bias, position_bias, kv):
-        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0;
-        kv: None, or [2, B, H, capacity, d_head], a layer's cache (keys, values) that
-        receives this sequence's keys and values."""
+    def forward(self, h, pos_emb, content_bias, position_bias):
+        """Causal attention over h [B, L, D]; pos_emb [L, D] embeds distances L-1 … 0."""
         L = h.size(1)
         # each [B, H, L, d_head]
         q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
-        if kv is not None:
-            kv[:, :, :, :L] = torch.stack((k, v))
         # [H, L+1, d_head], a zero row last
         r = F.pad(self.position_keys(pos_emb), (0, 0, 0, 1))
-        # Queries in blocks [a, e) that see keys 0 … e-1 only: the future half of the
-        # score matrix is never computed, and each block's scores [B, H, e-a, e] stay
-        # small enough for cache. Fused: one block, one call for all L queries, and no
-        # Python loop.
+        # Speed only: queries in blocks [a, e) that see keys 0 … e-1 only, so the future
+        # half of the score matrix is never computed, and each block's scores [B, H, e-a, e]
+        # stay small enough for cache. Fused: one block, one call for all L queries, and no
+        # Python loop. Either way the values are those of one block of L queries.
         fused = self.fused(h)
         chunk = L if fused else self.chunk
         ys = []
@@ -579,25 +546,6 @@ class RelativeAttention(nn.Module):
             ys.append(self.attend(q_content[:, :, a:e], k[:, :, :e], v[:, :, :e],
                                   scores + causal, fused))
         return self.merge(h, torch.cat(ys, 2))
-
-    def step(self, h, content_bias, position_bias, kv, r, at):
-        """h [B, 1, D] at per-row positions at [B]: writes its k, v into the cache kv
-        there and attends to positions 0 … at. r [H, capacity, d_head]: the position
-        keys by distance."""
-        # each [B, H, 1, d_head]
-        q_content, q_pos, k, v = self.heads(h, content_bias, position_bias)
-        rows = torch.arange(h.size(0), device=h.device)
-        kv[0][rows, :, at] = k[:, :, 0]
-        kv[1][rows, :, at] = v[:, :, 0]
-        # [B, C]: the distance to each key
-        dist = at[:, None] - torch.arange(kv.size(-2), device=h.device)
-        # einsum, not a broadcast @, so that r is not copied once per row
-        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
-        # [B, H, 1, C] by key
-        bias = bias.gather(-1, dist.clamp(min=0)[:, None, None].expand_as(bias))
-        bias = bias.masked_fill((dist < 0)[:, None, None], float('-inf'))
-        return self.merge(h, self.attend(q_content, kv[0], kv[1], bias, self.fused(h)))
-
 
 # -----------------------------------------------------------------------------
 # Feed-forward, stage (layers that share one position grid)
@@ -614,21 +562,6 @@ class FeedForward(nn.Module):
         return self.norm(h + self.net(h))
 
 
-@dataclass
-class KVCache:
-    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
-    kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
-    length: Tensor              # [B] int64: valid positions per row, alike in every layer
-    r: list | None = None       # per layer [H, capacity, d_head]: keys by distance
-
-    def reserve(self, capacity):
-        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
-        C = self.kv.size(-2)
-        if capacity > C:
-            self.kv = F.pad(self.kv, (0, 0, 0, max(capacity, 2 * C) - C))
-            self.r = None
-
-
 class Stage(nn.Module):
     """Layers that share one relative-position grid of their own sequence length."""
     def __init__(self, cfg, n_layers):
@@ -639,39 +572,17 @@ class Stage(nn.Module):
             for _ in range(n_layers))
         self.drop = Dropout(cfg.dropout)
 
-    def forward(self, h, content_bias, position_bias, cache=None):
-        """h [B, L, D] → [B, L, D]; fills `cache` (if given), L positions in each row."""
-        L = h.size(1)
-        pos_emb = sinusoids(torch.arange(L - 1, -1, -1, device=h.device), self.d_model)
-        pos_emb = self.drop(pos_emb.to(h.dtype))                           # [L, D]
-        if cache is not None:
-            cache.reserve(L)
-            cache.length = torch.full_like(cache.length, L)
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else cache.kv[i]
-            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias, kv))
+    def positions(self, h):
+        """Embeddings [L, D] of the distances L-1 … 0 of h [B, L, D], after dropout."""
+        distances = torch.arange(h.size(1) - 1, -1, -1, device=h.device)
+        return self.drop(sinusoids(distances, self.d_model).to(h.dtype))
+
+    def forward(self, h, content_bias, position_bias):
+        """h [B, L, D] → [B, L, D]."""
+        pos_emb = self.positions(h)
+        for layer in self.layers:
+            h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias))
         return h
-
-    def step(self, h, content_bias, position_bias, cache, advance=1):
-        """One new position per row, h [B, 1, D], kept where `advance` [B] bool (default:
-        everywhere)."""
-        at = cache.length
-        cache.reserve(int(at.max()) + 1)
-        # position keys once per cache size, not per token
-        if cache.r is None:
-            emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device),
-                            self.d_model).to(h.dtype)
-            cache.r = [layer.attn.position_keys(emb) for layer in self.layers]
-        for layer, kv, r in zip(self.layers, cache.kv, cache.r):
-            h = layer.ff(layer.attn.step(h, content_bias, position_bias, kv, r, at))
-        cache.length = at + advance   # int64 + bool: int64
-        return h
-
-    def empty_cache(self, B, capacity, ref):
-        """An empty KVCache, shaped, typed and placed by ref [n_head, d_head] (the model's u)."""
-        shape = (len(self.layers), 2, B, ref.size(0), capacity, ref.size(1))
-        return KVCache(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
-
 
 # -----------------------------------------------------------------------------
 # The model
@@ -749,24 +660,18 @@ class DynamicPoolingLM(nn.Module):
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
 
-    def trunk(self, x, boundaries=None, n_segments=None, state=None):
-        """Embedding to the last stage → (h [B, L, D], Routing or None); fills a state's caches."""
-        caches = {} if state is None else state.caches
+    def trunk(self, x, boundaries=None, n_segments=None):
+        """Embedding to the last stage → (h [B, L, D], Routing or None)."""
         biases = (self.u, self.v)
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
-            return self.full_stack(h, *biases, caches.get('full_stack')), None
-        h = self.pre(h, *biases, caches.get('pre'))
+            return self.full_stack(h, *biases), None
+        h = self.pre(h, *biases)
         routing = self.source(h, x, boundaries)
         routing.n_segments = n_segments   # counted with the batch: no device read for S
-        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        s = self.shortened(pooled, *biases, caches.get('shortened'))
-        if state is not None:
-            # the rows that hold segments, not the padding (Config.seg_bucket)
-            caches['shortened'].length = self.pooling.rows(routing)
-            state.pooling = self.pooling.prefill_state(h, s, routing)
+        s = self.shortened(self.pooling.down(h, routing), *biases)        # [B, 1+S, D]
         h = self.pooling.up(s, routing, h)
-        return self.post(h, *biases, caches.get('post')), routing
+        return self.post(h, *biases), routing
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
@@ -791,6 +696,9 @@ class DynamicPoolingLM(nn.Module):
                 routing, out.boundary_targets)
         return out
 
+    # -------------------------------------------------------------------------
+    # Cached generation: the trunk again, keeping what the next token needs (the section
+    # "Cached generation" below), then one token at a time.
     @torch.no_grad()
     def prefill(self, x, capacity=0):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
@@ -798,11 +706,23 @@ class DynamicPoolingLM(nn.Module):
         self.check_inputs(x)
         B, L = x.shape
         capacity = max(capacity, L + 1)
-        caches = {name: stage.empty_cache(B, capacity, self.u)
+        caches = {name: KVCache.empty(stage, B, capacity, self.u)
                   for name, stage in self.named_children() if isinstance(stage, Stage)}
         state = GenerationState(caches=caches, length=L)
-        h, routing = self.trunk(x, state=state)
-        state.boundaries = None if routing is None else routing.hard
+        biases = (self.u, self.v)
+        h = self.embed(x)                                                 # [B, L, D]
+        if self.source is None:
+            h = stage_prefill(self.full_stack, h, *biases, caches['full_stack'])
+            return self.lm_head(h), state
+        h = stage_prefill(self.pre, h, *biases, caches['pre'])
+        routing = self.source(h, x)
+        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
+        s = stage_prefill(self.shortened, pooled, *biases, caches['shortened'])
+        state.pooling = self.pooling.prefill_state(h, s, routing)
+        # the rows that hold segments, not the padding (Config.seg_bucket)
+        caches['shortened'].length = state.pooling.rows
+        h = stage_prefill(self.post, self.pooling.up(s, routing, h), *biases, caches['post'])
+        state.boundaries = routing.hard
         return self.lm_head(h), state
 
     @torch.no_grad()
@@ -812,18 +732,18 @@ class DynamicPoolingLM(nn.Module):
         caches = state.caches
         h = self.embed(token)[:, None]                                    # [B, 1, D]
         if self.source is None:
-            h = self.full_stack.step(h, *biases, caches['full_stack'])
+            h = stage_step(self.full_stack, h, *biases, caches['full_stack'])
         else:
-            h = self.pre.step(h, *biases, caches['pre'])
+            h = stage_step(self.pre, h, *biases, caches['pre'])
             routing = self.source.step(h, token[:, None], state)
-            segment, closed = self.pooling.step_down(h, routing, state.pooling)
+            segment, closed = state.pooling.step_down(h, routing)
             # The shortened stage runs only when some row closed a segment, and its result
             # is kept only in those rows.
             s = None
             if closed.any():
-                s = self.shortened.step(segment, *biases, caches['shortened'], closed)
-            h = self.pooling.step_up(s, routing, h, state.pooling)
-            h = self.post.step(h, *biases, caches['post'])
+                s = stage_step(self.shortened, segment, *biases, caches['shortened'], closed)
+            h = state.pooling.step_up(s, routing, h)
+            h = stage_step(self.post, h, *biases, caches['post'])
             state.boundaries = routing.hard
             state.late_boundary = self.source.late_boundary(routing)
         state.length += 1
@@ -880,6 +800,108 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     return 3 * fwd
 
 
+# -----------------------------------------------------------------------------
+# Cached generation (docs/generation.md). Apart from the forward pass above and equal to
+# it (the cache-parity tests): prefill runs a prompt as trunk does and keeps each layer's
+# keys and values; decode then runs one token per row through each unit's step.
+@dataclass
+class KVCache:
+    """Keys and values of one stage's layers during generation; rows may hold different lengths."""
+    kv: Tensor                  # [n_layers, 2, B, H, capacity, d_head]: keys, values
+    length: Tensor              # [B] int64: valid positions per row, alike in every layer
+    r: list | None = None       # per layer [H, capacity, d_head]: keys by distance
+
+    @classmethod
+    def empty(cls, stage, B, capacity, ref):
+        """No positions yet for stage's layers, typed and placed by ref [n_head, d_head] (u)."""
+        shape = (len(stage.layers), 2, B, ref.size(0), capacity, ref.size(1))
+        return cls(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
+
+    def reserve(self, capacity):
+        """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
+        C = self.kv.size(-2)
+        if capacity > C:
+            self.kv = F.pad(self.kv, (0, 0, 0, max(capacity, 2 * C) - C))
+            self.r = None
+
+
+def stage_prefill(stage, h, content_bias, position_bias, cache):
+    """Stage.forward of h [B, L, D] that also keeps each layer's keys and values in cache."""
+    L = h.size(1)
+    cache.reserve(L)
+    cache.length = torch.full_like(cache.length, L)
+    pos_emb = stage.positions(h)
+    for layer, kv in zip(stage.layers, cache.kv):
+        _, _, k, v = layer.attn.heads(h, content_bias, position_bias)
+        kv[:, :, :, :L] = torch.stack((k, v))
+        h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias))
+    return h
+
+
+def stage_step(stage, h, content_bias, position_bias, cache, advance=1):
+    """One new position per row through a stage, h [B, 1, D], kept where `advance` [B] bool
+    (default: everywhere)."""
+    at = cache.length
+    cache.reserve(int(at.max()) + 1)
+    # position keys once per cache size, not per token
+    if cache.r is None:
+        emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device),
+                        stage.d_model).to(h.dtype)
+        cache.r = [layer.attn.position_keys(emb) for layer in stage.layers]
+    for layer, kv, r in zip(stage.layers, cache.kv, cache.r):
+        h = layer.ff(attention_step(layer.attn, h, content_bias, position_bias, kv, r, at))
+    cache.length = at + advance   # int64 + bool: int64
+    return h
+
+
+def attention_step(attn, h, content_bias, position_bias, kv, r, at):
+    """RelativeAttention for h [B, 1, D] at per-row positions at [B]: writes its k, v into
+    the cache kv there and attends to positions 0 … at. r [H, capacity, d_head]: the
+    position keys by distance."""
+    # each [B, H, 1, d_head]
+    q_content, q_pos, k, v = attn.heads(h, content_bias, position_bias)
+    rows = torch.arange(h.size(0), device=h.device)
+    kv[0][rows, :, at] = k[:, :, 0]
+    kv[1][rows, :, at] = v[:, :, 0]
+    # [B, C]: the distance to each key
+    dist = at[:, None] - torch.arange(kv.size(-2), device=h.device)
+    # einsum, not a broadcast @, so that r is not copied once per row
+    bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
+    # [B, H, 1, C] by key
+    bias = bias.gather(-1, dist.clamp(min=0)[:, None, None].expand_as(bias))
+    bias = bias.masked_fill((dist < 0)[:, None, None], float('-inf'))
+    return attn.merge(h, attn.attend(q_content, kv[0], kv[1], bias, attn.fused(h)))
+
+
+@dataclass
+class MeanPoolingState:
+    """MeanPooling's running state from one generated token to the next."""
+    unit: MeanPooling  # its norm and Config
+    rows: Tensor       # [B] rows of down()'s output that the shortened stage keeps
+    seg_sum: Tensor    # [B, D] sum of the pre stage's outputs over the open segment
+    seg_len: Tensor    # [B] tokens in the open segment
+    last: Tensor       # [B, D] shortened-stage output of the last closed segment (or null)
+
+    def step_down(self, h, routing):
+        """h [B, 1, D] joins the open segment → (the segment it closes, pooled; closing rows)."""
+        closed = routing.hard[:, 0]
+        self.seg_sum += h[:, 0]
+        self.seg_len += 1
+        # seg_len >= 1: h has just joined the segment
+        pooled = h[:, 0]
+        if self.unit.cfg.pooling == 'mean':
+            pooled = self.seg_sum / self.seg_len[:, None]
+        self.seg_sum = torch.where(closed[:, None], 0.0, self.seg_sum)
+        self.seg_len = torch.where(closed, 0, self.seg_len)
+        return self.unit.norm(pooled)[:, None], closed
+
+    def step_up(self, s, routing, h):
+        """s [B, 1, D] (None: no row closed a segment), h [B, 1, D] → post-stage input [B, 1, D]."""
+        if s is not None:
+            self.last = torch.where(routing.hard[:, :1], s[:, 0], self.last)
+        return self.last[:, None] + h
+
+
 @dataclass
 class GenerationState:
     """Everything decoding carries from one token to the next."""
@@ -928,7 +950,3 @@ class Dropout(nn.Dropout):
         # x * mask in x's dtype: masked_fill and x * bool are not vectorised on CPU
         return x * keep.to(x.dtype).mul_(1 / (1 - self.p))
 
-
-# Sources that ship beside the paper's register here, whatever a script imports first.
-# hnet.py imports only names defined above, so this circular import is safe.
-import hnet  # noqa: E402, F401

@@ -74,13 +74,6 @@ class ChunkRouting(Routing):
     start: Tensor | None = None  # [B, L] bool: a chunk starts at t (p_t > ½)
 
 
-@dataclass
-class ChunkPoolingState:
-    """What ChunkPooling carries from one generated token to the next."""
-    last_h: Tensor  # [B, D] the last token's pre-stage output (the router's h_{t-1})
-    z_bar: Tensor   # [B, D] the smoothed output of the last token's chunk
-
-
 class ChunkPooling(nn.Module):
     """Down: the vectors at chunk starts. Up: token t gets its chunk's z̄ times STE(c_t)
     (value 1, gradient of c_t = p_t at a start, 1 − p_t elsewhere) plus W_r h_t."""
@@ -110,28 +103,34 @@ class ChunkPooling(nn.Module):
         P = select_starts(routing.p[..., None], routing.start, s.size(1))
         return smooth_chunks(s, P[..., 0])
 
-    def rows(self, routing):
-        return routing.start.sum(1)
-
     def prefill_state(self, h, s, routing):
-        last_chunk = self.rows(routing) - 1
-        z_bar = gather_rows(self.smooth(s, routing), last_chunk[:, None])[:, 0]
-        return ChunkPoolingState(h[:, -1], z_bar)
+        """Cached generation: the running state after a whole prompt (h, s as in down and up)."""
+        rows = routing.start.sum(1)
+        z_bar = gather_rows(self.smooth(s, routing), rows[:, None] - 1)[:, 0]
+        return ChunkPoolingState(self, rows, h[:, -1], z_bar)
 
-    def step_down(self, h, routing, pooling_state):
+
+@dataclass
+class ChunkPoolingState:
+    """ChunkPooling's running state from one generated token to the next."""
+    unit: ChunkPooling  # its residual projection W_r
+    rows: Tensor        # [B] chunks so far: the rows the shortened stage keeps
+    last_h: Tensor      # [B, D] the last token's pre-stage output (the router's h_{t-1})
+    z_bar: Tensor       # [B, D] the smoothed output of the last token's chunk
+
+    def step_down(self, h, routing):
         """h [B, 1, D] → (shortened-stage input: h itself; rows where it starts a chunk [B])."""
         # the router compares the next token with this one
-        pooling_state.last_h = h[:, 0]
+        self.last_h = h[:, 0]
         return h, routing.start[:, 0]
 
-    def step_up(self, s, routing, h, pooling_state):
+    def step_up(self, s, routing, h):
         """s [B, 1, D] (None: no row started a chunk), h [B, 1, D] → post-stage input [B, 1, D]."""
         if s is not None:
             p = routing.p[:, :1].to(h.dtype)
-            z_bar = p * s[:, 0] + (1 - p) * pooling_state.z_bar
-            start = routing.start[:, :1]
-            pooling_state.z_bar = torch.where(start, z_bar, pooling_state.z_bar)
-        return (pooling_state.z_bar + self.residual(h[:, 0]))[:, None]
+            z_bar = p * s[:, 0] + (1 - p) * self.z_bar
+            self.z_bar = torch.where(routing.start[:, :1], z_bar, self.z_bar)
+        return (self.z_bar + self.unit.residual(h[:, 0]))[:, None]
 
 
 class HNetBoundaries(BoundarySource):
