@@ -16,6 +16,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 
+# hnet.py registers boundary='hnet' (dynpool imports no plug-in): before the mode lists are read.
+import hnet  # noqa: F401
 from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.

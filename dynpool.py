@@ -41,7 +41,7 @@ chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lis
 """
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -60,9 +60,8 @@ def require(ok, message):
 @dataclass
 class Config:
     """Hyper-parameters; the defaults build the paper's ~41M-parameter model (appendix).
-    A source's own fields (its `Options`, e.g. hnet.py's ratio_target) join Config when
-    register_source runs, so Config(), asdict checkpoints and flags see them as any field
-    (kept over an options dict)."""
+    `options` holds the chosen source's own hyper-parameters, the fields of its `Options`
+    dataclass (e.g. hnet.py's ratio_target), every one filled in with its default."""
     vocab_size: int = 27
     d_model: int = 512
     n_head: int = 8
@@ -83,6 +82,7 @@ class Config:
     attention: str = 'auto'            # 'sdpa' | 'blocked' | 'auto' (GPU: sdpa, CPU: blocked)
     attn_chunk: int = 128              # queries per block of 'blocked' attention: not results
     seg_bucket: int = 0                # S rounded up to a multiple (0: 64 on CUDA, 1 elsewhere)
+    options: dict = field(default_factory=dict)   # the source's Options fields by name
 
     def __post_init__(self):
         self.layers = tuple(self.layers)
@@ -107,6 +107,15 @@ class Config:
                 and 0 < self.prior < 1,
                 'vocab_size and fixed_factor must be positive, d_model even (sinusoidal '
                 'positions) and prior in (0, 1)')
+        # The source's own hyper-parameters: those given, then its Options' defaults.
+        Options = None if mode == 'none' else SOURCES[mode].Options
+        require(isinstance(self.options, dict), f'options must be a dict, got {self.options!r}')
+        names = [] if Options is None else [f.name for f in fields(Options)]
+        unknown = sorted(set(self.options) - set(names))
+        require(not unknown, f"boundary {mode!r} has no option {', '.join(map(repr, unknown))}"
+                             f"; its options: {', '.join(names) or 'none'}")
+        if Options is not None:
+            self.options = asdict(Options(**self.options))
         if mode != 'none':
             SOURCES[mode].check_config(self)
 
@@ -268,11 +277,13 @@ class BoundarySource(nn.Module):
     (README, "Adding a boundary source"); the hooks with a default serve sources unlike
     the paper's (hnet.py)."""
     Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
-    Options = None         # a dataclass of the source's own Config fields, with their defaults
+    Options = None         # a dataclass of the source's own hyper-parameters (Config.options)
 
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        # the source's own hyper-parameters, an Options instance (None without Options)
+        self.options = None if self.Options is None else self.Options(**cfg.options)
 
     @staticmethod
     def check_config(cfg):
@@ -329,7 +340,7 @@ class ExternalBoundaries(BoundarySource):
 class FixedBoundaries(ExternalBoundaries):
     """b_t = 1 iff (t + 1) % k == 0: segments of k tokens."""
     def derive(self, x, offset):
-        t = torch.arange(offset, offset + x.size(1), device=x.device)
+        t = torch.arange(offset, offset + x.size(-1), device=x.device)
         return ((t + 1) % self.cfg.fixed_factor == 0).expand_as(x)
 
 
@@ -417,23 +428,33 @@ SOURCES = {}
 
 def register_source(name, source):
     """Make the BoundarySource subclass `source` Config.boundary=name: it joins SOURCES
-    and the mode lists, its Options' fields join Config. `from dynpool import
-    BOUNDARY_MODES` copies the tuple as it is then: import a source's file first (hnet's
-    is imported by dynpool itself)."""
+    and the mode lists; Config(options=...) takes its Options' fields. A name taken is
+    refused. `from dynpool import BOUNDARY_MODES` copies the tuple as it is then: import
+    a source's file (e.g. `import hnet`) first."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
+    require(name not in ('none', *SOURCES), f'boundary source {name!r} is registered already')
     SOURCES[name] = source
     BOUNDARY_MODES = ('none', *SOURCES)
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
                             if issubclass(s, PredictedBoundaries))
     EXTERNAL_MODES = tuple(m for m, s in SOURCES.items()
                            if issubclass(s, ExternalBoundaries))
-    if source.Options is not None:
-        for f in fields(source.Options):
-            Config.__annotations__[f.name] = f.type
-            setattr(Config, f.name, f.default)
-        for method in ('__init__', '__repr__', '__eq__', '__match_args__'):
-            delattr(Config, method)   # dataclass() writes only the methods a class lacks
-        dataclass(Config)
+
+
+def count_segments(cfg, x):
+    """Complete segments per row of tokens x [..., L] (int64) → int64 [...], for sources
+    whose boundaries the text alone decides (EXTERNAL_MODES, by their own rule); None
+    where a network decides (or no source: vanilla)."""
+    source = SOURCES.get(cfg.boundary)
+    if source is None or not issubclass(source, ExternalBoundaries):
+        return None
+    return source(cfg).derive(x, 0).long().sum(-1)
+
+
+def shortened_length(seq_len, sf):
+    """The length the shortened stage runs at for shortening factor sf: the null group and
+    seq_len / sf segments (step_flops' n_short)."""
+    return 1 + seq_len / sf
 
 
 register_source('fixed', FixedBoundaries)
@@ -620,11 +641,17 @@ class DynamicPoolingLM(nn.Module):
             self.pooling = source_class.Pooling(cfg)
             self.source = source_class(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        # The released code's initialisation: weights N(0, 0.02), LayerNorm gains N(1, 0.02),
+        # biases 0, u and v N(0, 0.02); the null group keeps its N(0, 1).
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
+            if isinstance(module, nn.LayerNorm):
+                nn.init.normal_(module.weight, 1.0, 0.02)
+            if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        nn.init.normal_(self.u, std=0.02)
+        nn.init.normal_(self.v, std=0.02)
         if self.source is not None:
             self.source.init_model(self)
 
@@ -781,7 +808,7 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     """Model FLOPs of one training step, 3 x forward (the usual MFU convention):
     projections, all n^2 attention terms, logits, the source's flops_per_token; no
     pooling, norms or softmax. The shortened stage at n_short = 1 + segments (float or
-    tensor), the rest (all if None): seq_len."""
+    tensor; shortened_length(seq_len, sf)), the rest (all if None): seq_len."""
     d = cfg.d_model
     H = cfg.n_head
     dh = cfg.d_head

@@ -23,7 +23,7 @@ from dynpool import (BoundarySource, Routing, gather_rows, padded_count, registe
 
 @dataclass
 class HNetOptions:
-    """hnet's own Config fields (register_source adds them to Config: flags, checkpoints)."""
+    """hnet's own hyper-parameters: Config(options=...), a source's `self.options`."""
     ratio_target: float = 6.0  # target compression N of the ratio loss (text8: ~6)
     ratio_weight: float = 1.0  # α (H-Net: 0.03, which left SF 3.69 at N = 6 on our CPU)
 
@@ -148,9 +148,10 @@ class HNetBoundaries(BoundarySource):
     def check_config(cfg):
         require(cfg.pooling == 'mean',
                 "boundary 'hnet' pools chunk starts: no pooling 'last'")
-        require(cfg.ratio_target > 1 and cfg.ratio_weight >= 0,
-                f'ratio_target must be > 1 and ratio_weight >= 0, got {cfg.ratio_target} and '
-                f'{cfg.ratio_weight}')
+        options = HNetOptions(**cfg.options)
+        require(options.ratio_target > 1 and options.ratio_weight >= 0,
+                f'ratio_target must be > 1 and ratio_weight >= 0, got {options.ratio_target} '
+                f'and {options.ratio_weight}')
 
     def init_model(self, model):
         """H-Net's init: W_q = W_k = I, W_r = 0, embeddings std 1 (0.02 stopped the chunking)."""
@@ -183,8 +184,8 @@ class HNetBoundaries(BoundarySource):
         return ChunkRouting(b=F.pad(start[:, 1:], (0, 1)).float(), p=p, start=start)
 
     def loss(self, routing, logits, x, boundaries):
-        ratio = ratio_loss(routing.start, routing.p, self.cfg.ratio_target)
-        return self.cfg.ratio_weight * ratio, self.spaces(x)
+        ratio = ratio_loss(routing.start, routing.p, self.options.ratio_target)
+        return self.options.ratio_weight * ratio, self.spaces(x)
 
 
 register_source('hnet', HNetBoundaries)

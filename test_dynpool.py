@@ -1,7 +1,7 @@
 """Tests of the model (dynpool.py), read as the paper's claims: leakage-freedom, pooling invariants,
 gradients through the boundary matrix, boundary sources, losses, exact attention variants, learning,
 size and FLOPs, errors, determinism, cached generation, host reads and torch.compile, GPU steps. The
-mode lists include hnet (dynpool.py imports hnet.py); H-Net's own mechanisms are in test_hnet.py.
+mode lists include hnet (conftest.py imports hnet.py); H-Net's own mechanisms are in test_hnet.py.
 
 Run:   python -m pytest -q test_dynpool.py     (CI=1: hypothesis derandomized, the same examples)
 One part:  python -m pytest -q test_dynpool.py -k "leak or pooling"
@@ -909,6 +909,51 @@ def test_default_config_is_the_papers_41M_model(mode):
         model = DynamicPoolingLM(cfg)
     n = sum(p.numel() for p in model.parameters())
     assert 39e6 <= n <= 43e6, f'{mode}: {n / 1e6:.2f}M parameters'
+
+
+def test_initialisation_is_the_released_codes():
+    """The released code's init (utils/init.py there): Linear and Embedding weights N(0, 0.02),
+    LayerNorm gains N(1, 0.02), every bias 0, the relative-attention biases u, v N(0, 0.02), the
+    null group N(0, 1). Widths large enough that each std is measured to a few percent."""
+    torch.manual_seed(0)
+    cfg = Config(vocab_size=27, boundary='gumbel', d_model=128, n_head=8, d_head=32, d_inner=256,
+                 layers=(1, 2, 1))
+    model = DynamicPoolingLM(cfg)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    gains = torch.cat([m.weight.detach() for m in norms])
+    weights = torch.cat([m.weight.detach().flatten() for m in linears]
+                        + [model.embed.weight.detach().flatten()])
+    u_v = torch.cat([model.u.detach().flatten(), model.v.detach().flatten()])
+    for name, values, mean, std in (('LayerNorm gains', gains, 1.0, 0.02),
+                                    ('Linear/Embedding weights', weights, 0.0, 0.02),
+                                    ('u, v', u_v, 0.0, 0.02),
+                                    ('null group', model.pooling.null_group.detach(), 0.0, 1.0)):
+        assert abs(values.mean().item() - mean) < 4 * std / values.numel() ** 0.5, name
+        assert 0.85 * std < values.std().item() < 1.15 * std, f'{name}: std {values.std():.4f}'
+    biases = [m.bias for m in norms + linears if m.bias is not None]
+    assert len(biases) > len(norms) and all((b == 0).all() for b in biases)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_count_segments_is_the_sources_own_rule(mode):
+    """count_segments (train.py, bench.py, study.sh) = the complete segments of the boundaries
+    the model derives in its forward, for the sources the text decides; None where a network
+    does. shortened_length(L, sf) is then the length the shortened stage runs at."""
+    from dynpool import count_segments, shortened_length
+    model = tiny_model(mode)
+    x = random_tokens(torch.Generator().manual_seed(3), 6, 26)
+    counts = count_segments(model.cfg, x)
+    if mode not in EXTERNAL_MODES:
+        assert counts is None
+        return
+    out = model(x)
+    assert counts.dtype == torch.int64 and torch.equal(counts, out.boundaries.sum(1).long())
+    assert torch.equal(count_segments(model.cfg, x.view(2, 3, 26)), counts.view(2, 3))
+    # the shortened stage's input: the null group and the batch's most segments
+    routing = model.source(torch.zeros(6, 26, 32), x)
+    sf = 26 / counts.max().item()
+    assert model.pooling.down(torch.zeros(6, 26, 32), routing).size(1) == shortened_length(26, sf)
 
 
 def independent_step_flops(model, batch, seq_len, n_short):

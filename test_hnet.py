@@ -25,19 +25,27 @@ from test_dynpool import english_snippet
 
 def test_hnet_is_registered_through_the_source_interface():
     """Importing hnet.py makes boundary='hnet' a mode like the paper's: the last of BOUNDARY_MODES,
-    its options Config fields (defaults, asdict, a checkpoint's dict without them), its
+    its Options in Config.options (defaults filled in, asdict, unknown keys refused), its
     initialisation and its router in step_flops, each through a hook of BoundarySource."""
     import dynpool
     assert dynpool.BOUNDARY_MODES[-1] == 'hnet' and dynpool.SOURCES['hnet'] is hnet.HNetBoundaries
     assert 'hnet' not in dynpool.PREDICTOR_MODES + dynpool.EXTERNAL_MODES
-    cfg = tiny_config('hnet', ratio_target=4.0)
-    assert (cfg.ratio_target, cfg.ratio_weight) == (4.0, 1.0)
+    cfg = tiny_config('hnet', options={'ratio_target': 4.0})
+    assert cfg.options == {'ratio_target': 4.0, 'ratio_weight': 1.0}
     saved = dataclasses.asdict(cfg)
-    assert Config(**saved) == cfg and saved['ratio_weight'] == 1.0
-    old = {k: v for k, v in saved.items() if not k.startswith('ratio_')}   # before the fields
-    assert Config(**old).ratio_target == 6.0
+    assert Config(**saved) == cfg and saved['options']['ratio_weight'] == 1.0
+    assert tiny_config('hnet').options == dataclasses.asdict(hnet.HNetOptions())
+    with pytest.raises(ValueError, match="no option 'ratio'"):
+        tiny_config('hnet', options={'ratio': 4.0})
+    with pytest.raises(ValueError, match='ratio_target must be > 1'):
+        tiny_config('hnet', options={'ratio_target': 1.0})
+    with pytest.raises(ValueError, match="no option 'ratio_target'"):
+        tiny_config('gumbel', options={'ratio_target': 4.0})
+    with pytest.raises(ValueError, match="'hnet' is registered already"):
+        dynpool.register_source('hnet', hnet.HNetBoundaries)
     torch.manual_seed(0)
     model = DynamicPoolingLM(cfg)
+    assert model.source.options == hnet.HNetOptions(ratio_target=4.0)
     assert 0.9 < model.embed.weight.std().item() < 1.1              # H-Net's embedding init
     assert (model.pooling.residual.weight == 0).all()
     d, n = cfg.d_model, 3 * 40
@@ -45,17 +53,18 @@ def test_hnet_is_registered_through_the_source_interface():
     assert step_flops(cfg, 3, 40, 5.0) - router == step_flops(tiny_config('fixed'), 3, 40, 5.0)
 
 
-@pytest.mark.parametrize('first', ['', 'import hnet\n'], ids=['dynpool-alone', 'hnet-first'])
-def test_every_importer_of_dynpool_sees_hnet(first):
-    """boundary='hnet' does not depend on import order: a fresh process that imports dynpool alone
-    (no `import hnet`), or hnet first, finds 'hnet' in BOUNDARY_MODES and builds its Config."""
-    code = (first + 'from dynpool import BOUNDARY_MODES, Config\n'
-            'print(BOUNDARY_MODES)\n'
-            "print(Config(boundary='hnet').ratio_target)\n")
+def test_dynpool_imports_no_plug_in():
+    """dynpool.py imports no source file (issue 40): a fresh process that imports dynpool alone
+    has no 'hnet' and no hnet module; `import hnet` then registers it, whatever came first."""
+    code = ('import sys\n'
+            'from dynpool import BOUNDARY_MODES\n'
+            "print('hnet' in BOUNDARY_MODES, 'hnet' in sys.modules)\n"
+            'import hnet, dynpool\n'
+            "print(dynpool.Config(boundary='hnet').options['ratio_target'])\n")
     run = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    modes, ratio_target = run.stdout.splitlines()
-    assert "'hnet'" in modes and ratio_target == str(hnet.HNetOptions.ratio_target)
+    alone, ratio_target = run.stdout.splitlines()
+    assert alone == 'False False' and ratio_target == str(hnet.HNetOptions.ratio_target)
 
 
 def hnet_routing_of(model, x, **kw):
@@ -156,8 +165,9 @@ def test_hnet_ratio_loss_by_hand():
     model = tiny_model('hnet')
     x = random_tokens(torch.Generator().manual_seed(5), 2, 30)
     out, routing = hnet_routing_of(model, x, targets=x)
-    Fr, G, N = routing.start.float().mean().item(), routing.p.mean().item(), model.cfg.ratio_target
-    expect = model.cfg.ratio_weight * N / (N - 1) * ((N - 1) * Fr * G + (1 - Fr) * (1 - G))
+    N, weight = model.cfg.options['ratio_target'], model.cfg.options['ratio_weight']
+    Fr, G = routing.start.float().mean().item(), routing.p.mean().item()
+    expect = weight * N / (N - 1) * ((N - 1) * Fr * G + (1 - Fr) * (1 - G))
     assert_close(out.boundary_loss, expect, atol=1e-6, msg='boundary loss:')
 
 
