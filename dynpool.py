@@ -17,27 +17,27 @@ boundary are pooled.
     model = DynamicPoolingLM(Config(vocab_size=27, boundary='whitespace', whitespace_id=0))
     out = model(x, targets=y)   # out.loss, out.logits, out.boundaries, out.shortening_factor
 
-Reading map. The file runs from small to large. For the paper's method, read in this order:
+Reading map. The file runs from small to large, and the paper's method first:
   1. Config: the hyper-parameters (the defaults are the paper's model).
   2. segments, boundary_matrix, downsample, upsample: pooling through the boundary matrix,
-     and back to tokens (§2.2).
-  3. MeanPooling.down and .up: the pooling unit that the model calls.
-  4. BoundarySource, then FixedBoundaries, WhitespaceBoundaries, UnigramBoundaries (§3.1),
+     and back to tokens (§2.2); MeanPooling.down and .up, the pooling unit the model calls.
+  3. BoundarySource, then FixedBoundaries, WhitespaceBoundaries, UnigramBoundaries (§3.1),
      EntropyBoundaries (§3.2), GumbelBoundaries (§3.3): where segments end, and how each
-     source learns it.
+     source learns it; count_segments, the segments the text alone decides.
+  4. Transformer-XL's layers (RelativeAttention, FeedForward, Stage): standard machinery,
+     not the paper's.
   5. DynamicPoolingLM.trunk and .forward: the hourglass drawn above, and the losses.
-Between 4 and 5 come Transformer-XL's layers (RelativeAttention, FeedForward, Stage):
-standard machinery, not the paper's. Skip on a first reading:
-  - generation only: every `step` method (each beside the `forward` it mirrors), KVCache,
-    Stage.empty_cache, MeanPooling.rows, .prefill_state, .step_down and .step_up,
-    BoundarySource.late_boundary, DynamicPoolingLM.prefill, .decode, .steps and .generate,
-    GenerationState, GenerationStep, next_token;
-  - speed only: RelativeAttention.fused, .attend and the query blocks in its forward,
-    rel_shift's view, n_segments and seg_bucket (no device reads, shapes that repeat), each
-    giving the values of the plain way; Dropout (cheaper CPU masks, other random draws);
-  - measurement: BoundarySource.statistics, step_flops (the FLOPs train.py and bench.py use).
-Other sources plug in through BoundarySource's hooks and register_source. hnet.py (H-Net's
-chunking) is one; this file's last line imports it, so BOUNDARY_MODES always lists it.
+The training forward pass carries no decoding state. Skip on a first reading:
+  - cached generation: the section of that name at the end (KV caches, stage_prefill,
+    stage_step, attention_step, the pooling units' running states), DynamicPoolingLM's
+    prefill, decode, steps and generate, every source's step and late_boundary, and
+    MeanPooling.prefill_state; it is held equal to the forward pass by the tests;
+  - speed only, each giving the values of the plain way: RelativeAttention.fused, .attend
+    and the query blocks in its forward, rel_shift's view, Routing.n_segments and
+    seg_bucket (no device reads, shapes that repeat); Dropout (cheaper CPU masks);
+  - measurement: BoundarySource.statistics, step_flops and shortened_length.
+Other sources plug in through BoundarySource's hooks and register_source; hnet.py (H-Net's
+chunking) is one. This file imports none: `import hnet` adds 'hnet' to BOUNDARY_MODES.
 """
 import math
 import numbers
@@ -109,11 +109,13 @@ class Config:
                 'positions) and prior in (0, 1)')
         # The source's own hyper-parameters: those given, then its Options' defaults.
         Options = None if mode == 'none' else SOURCES[mode].Options
-        require(isinstance(self.options, dict), f'options must be a dict, got {self.options!r}')
+        require(isinstance(self.options, dict),
+                f'options must be a dict, got {self.options!r}')
         names = [] if Options is None else [f.name for f in fields(Options)]
         unknown = sorted(set(self.options) - set(names))
-        require(not unknown, f"boundary {mode!r} has no option {', '.join(map(repr, unknown))}"
-                             f"; its options: {', '.join(names) or 'none'}")
+        require(not unknown,
+                f"boundary {mode!r} has no option {', '.join(map(repr, unknown))}; its "
+                f"options: {', '.join(names) or 'none'}")
         if Options is not None:
             self.options = asdict(Options(**self.options))
         if mode != 'none':
@@ -208,7 +210,7 @@ class MeanPooling(nn.Module):
         return upsample(s, routing.b) + h
 
     def prefill_state(self, h, s, routing):
-        """Cached generation: the running state after a whole prompt (h, s as in down and up)."""
+        """Cached generation: the state after a prompt (h, s as in down and up)."""
         c, m = segments(routing.b)
         n_closed = m[:, -1]                                                # [B]
         open_segment = c == n_closed[:, None]  # [B, L] after the last b
@@ -277,7 +279,7 @@ class BoundarySource(nn.Module):
     (README, "Adding a boundary source"); the hooks with a default serve sources unlike
     the paper's (hnet.py)."""
     Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
-    Options = None         # a dataclass of the source's own hyper-parameters (Config.options)
+    Options = None         # a dataclass of the source's hyper-parameters (Config.options)
 
     def __init__(self, cfg):
         super().__init__()
@@ -432,7 +434,8 @@ def register_source(name, source):
     refused. `from dynpool import BOUNDARY_MODES` copies the tuple as it is then: import
     a source's file (e.g. `import hnet`) first."""
     global BOUNDARY_MODES, PREDICTOR_MODES, EXTERNAL_MODES
-    require(name not in ('none', *SOURCES), f'boundary source {name!r} is registered already')
+    require(name not in ('none', *SOURCES),
+            f'boundary source {name!r} is registered already')
     SOURCES[name] = source
     BOUNDARY_MODES = ('none', *SOURCES)
     PREDICTOR_MODES = tuple(m for m, s in SOURCES.items()
@@ -464,7 +467,6 @@ register_source('entropy', EntropyBoundaries)
 register_source('gumbel', GumbelBoundaries)
 
 
-# -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
 # Relative attention (Transformer-XL, Dai et al. 2019 §3.3). Its two global biases, u
 # (content) and v (position), are content_bias and position_bias here: q, k, v are
@@ -641,7 +643,7 @@ class DynamicPoolingLM(nn.Module):
             self.pooling = source_class.Pooling(cfg)
             self.source = source_class(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size)
-        # The released code's initialisation: weights N(0, 0.02), LayerNorm gains N(1, 0.02),
+        # The released code's init: weights N(0, 0.02), LayerNorm gains N(1, 0.02),
         # biases 0, u and v N(0, 0.02); the null group keeps its N(0, 1).
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -748,7 +750,8 @@ class DynamicPoolingLM(nn.Module):
         state.pooling = self.pooling.prefill_state(h, s, routing)
         # the rows that hold segments, not the padding (Config.seg_bucket)
         caches['shortened'].length = state.pooling.rows
-        h = stage_prefill(self.post, self.pooling.up(s, routing, h), *biases, caches['post'])
+        h = self.pooling.up(s, routing, h)
+        h = stage_prefill(self.post, h, *biases, caches['post'])
         state.boundaries = routing.hard
         return self.lm_head(h), state
 
@@ -840,7 +843,7 @@ class KVCache:
 
     @classmethod
     def empty(cls, stage, B, capacity, ref):
-        """No positions yet for stage's layers, typed and placed by ref [n_head, d_head] (u)."""
+        """No positions yet for stage's layers; typed and placed by ref (u)."""
         shape = (len(stage.layers), 2, B, ref.size(0), capacity, ref.size(1))
         return cls(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
 
@@ -853,7 +856,7 @@ class KVCache:
 
 
 def stage_prefill(stage, h, content_bias, position_bias, cache):
-    """Stage.forward of h [B, L, D] that also keeps each layer's keys and values in cache."""
+    """Stage.forward of h [B, L, D], keeping each layer's keys and values in cache."""
     L = h.size(1)
     cache.reserve(L)
     cache.length = torch.full_like(cache.length, L)
@@ -962,7 +965,7 @@ def next_token(logits, temperature, top_k, greedy, generator, n_valid):
 
 
 # -----------------------------------------------------------------------------
-# Optional: a cheaper CPU dropout. nn.Dropout works as well (only the random masks
+# Speed only: a cheaper CPU dropout. nn.Dropout works as well (only the random masks
 # would change).
 class Dropout(nn.Dropout):
     """nn.Dropout whose CPU mask comes from 16-bit slices of 64-bit random integers (one

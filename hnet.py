@@ -1,7 +1,7 @@
 """hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added
 through the hooks of BoundarySource so that dynpool.py stays the paper's model
-(docs/hnet.md). Importing this file registers it, and dynpool.py's last line imports it, so
-every importer of dynpool sees it.
+(docs/hnet.md). Importing this file registers it (`import hnet`: the scripts through
+presets.import_sources, the tests through conftest.py); dynpool.py imports no source.
 
 Causality: token t reads its own chunk, whose vector was selected at its start, so logits
 at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},
@@ -15,8 +15,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-# dynpool may be half-imported here (its last line imports this file): use only names it
-# defines above that line.
 from dynpool import (BoundarySource, Routing, gather_rows, padded_count, register_source,
                      require)
 
@@ -104,7 +102,7 @@ class ChunkPooling(nn.Module):
         return smooth_chunks(s, P[..., 0])
 
     def prefill_state(self, h, s, routing):
-        """Cached generation: the running state after a whole prompt (h, s as in down and up)."""
+        """Cached generation: the state after a prompt (h, s as in down and up)."""
         rows = routing.start.sum(1)
         z_bar = gather_rows(self.smooth(s, routing), rows[:, None] - 1)[:, 0]
         return ChunkPoolingState(self, rows, h[:, -1], z_bar)

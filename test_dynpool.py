@@ -524,8 +524,11 @@ def test_segment_count_rounding_is_one_rule():
         with torch.no_grad():
             h = model.pre(model.embed(x), model.u, model.v)
             routing = model.source(h, x)
-            rows = model.pooling.down(h, routing).size(1) - null_rows
-        real = int(model.pooling.rows(routing).max()) - null_rows
+            pooled = model.pooling.down(h, routing)
+            rows = pooled.size(1) - null_rows
+            # the rows generation keeps: the null group (if any) and the real segments
+            kept = model.pooling.prefill_state(h, pooled, routing).rows
+        real = int(kept.max()) - null_rows
         assert rows == padded_count(real, 8, cpu) and rows > real, (mode, rows, real)
 
 

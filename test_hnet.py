@@ -235,7 +235,7 @@ def test_hnet_bucketed_chunks_change_nothing():
 @pytest.mark.parametrize('bad', [dict(ratio_target=1.0), dict(ratio_weight=-0.1)])
 def test_hnet_bad_ratio_flags_raise(bad):
     with pytest.raises(ValueError, match='ratio_target must be > 1 and ratio_weight >= 0'):
-        tiny_config('hnet', **bad)
+        tiny_config('hnet', options=bad)
 
 
 def test_hnet_router_keeps_chunking_early_in_training():
