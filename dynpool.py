@@ -278,7 +278,7 @@ class BoundarySource(nn.Module):
     with its `Pooling` unit. Subclass it for a new source and register_source it
     (README, "Adding a boundary source"); the hooks with a default serve sources unlike
     the paper's (hnet.py)."""
-    Pooling = MeanPooling  # the pooling unit: down, up, rows, prefill_state, step_down, step_up
+    Pooling = MeanPooling  # the pooling unit: down, up; prefill_state for generation
     Options = None         # a dataclass of the source's hyper-parameters (Config.options)
 
     def __init__(self, cfg):
@@ -305,7 +305,7 @@ class BoundarySource(nn.Module):
         raise NotImplementedError
 
     def step(self, h, x, state):
-        """Routing of one generated token per row (h [B, 1, D], x [B, 1]; GenerationState)."""
+        """Cached generation: routing of one token per row, h [B, 1, D], x [B, 1]."""
         return self(h, x, offset=state.length)
 
     def late_boundary(self, routing):
@@ -733,25 +733,23 @@ class DynamicPoolingLM(nn.Module):
         """Run the prompt x [B, L] in parallel → (logits [B, L, V], GenerationState for decode)."""
         require(not self.training, 'generation needs eval mode: call model.eval() first')
         self.check_inputs(x)
-        B, L = x.shape
-        capacity = max(capacity, L + 1)
-        caches = {name: KVCache.empty(stage, B, capacity, self.u)
-                  for name, stage in self.named_children() if isinstance(stage, Stage)}
-        state = GenerationState(caches=caches, length=L)
+        capacity = max(capacity, x.size(1) + 1)
+        state = GenerationState(caches={}, length=x.size(1))
+        caches = state.caches
         biases = (self.u, self.v)
         h = self.embed(x)                                                 # [B, L, D]
         if self.source is None:
-            h = stage_prefill(self.full_stack, h, *biases, caches['full_stack'])
+            h, caches['full_stack'] = stage_prefill(self.full_stack, h, *biases, capacity)
             return self.lm_head(h), state
-        h = stage_prefill(self.pre, h, *biases, caches['pre'])
+        h, caches['pre'] = stage_prefill(self.pre, h, *biases, capacity)
         routing = self.source(h, x)
         pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        s = stage_prefill(self.shortened, pooled, *biases, caches['shortened'])
+        s, caches['shortened'] = stage_prefill(self.shortened, pooled, *biases, capacity)
         state.pooling = self.pooling.prefill_state(h, s, routing)
         # the rows that hold segments, not the padding (Config.seg_bucket)
         caches['shortened'].length = state.pooling.rows
         h = self.pooling.up(s, routing, h)
-        h = stage_prefill(self.post, h, *biases, caches['post'])
+        h, caches['post'] = stage_prefill(self.post, h, *biases, capacity)
         state.boundaries = routing.hard
         return self.lm_head(h), state
 
@@ -841,12 +839,6 @@ class KVCache:
     length: Tensor              # [B] int64: valid positions per row, alike in every layer
     r: list | None = None       # per layer [H, capacity, d_head]: keys by distance
 
-    @classmethod
-    def empty(cls, stage, B, capacity, ref):
-        """No positions yet for stage's layers; typed and placed by ref (u)."""
-        shape = (len(stage.layers), 2, B, ref.size(0), capacity, ref.size(1))
-        return cls(kv=ref.new_zeros(shape), length=ref.new_zeros(B, dtype=torch.long))
-
     def reserve(self, capacity):
         """Room for `capacity` positions, grown geometrically: amortised O(1) copies per token."""
         C = self.kv.size(-2)
@@ -855,17 +847,18 @@ class KVCache:
             self.r = None
 
 
-def stage_prefill(stage, h, content_bias, position_bias, cache):
-    """Stage.forward of h [B, L, D], keeping each layer's keys and values in cache."""
-    L = h.size(1)
-    cache.reserve(L)
-    cache.length = torch.full_like(cache.length, L)
+def stage_prefill(stage, h, content_bias, position_bias, capacity):
+    """Stage.forward of h [B, L, D] → (its output, a KVCache of each layer's keys and values
+    with room for `capacity` positions, in the biases' dtype)."""
+    B, L = h.shape[:2]
+    H, d_head = content_bias.shape
+    kv = content_bias.new_zeros(len(stage.layers), 2, B, H, capacity, d_head)
     pos_emb = stage.positions(h)
-    for layer, kv in zip(stage.layers, cache.kv):
+    for layer, layer_kv in zip(stage.layers, kv):
         _, _, k, v = layer.attn.heads(h, content_bias, position_bias)
-        kv[:, :, :, :L] = torch.stack((k, v))
+        layer_kv[:, :, :, :L] = torch.stack((k, v))
         h = layer.ff(layer.attn(h, pos_emb, content_bias, position_bias))
-    return h
+    return h, KVCache(kv, torch.full((B,), L, device=h.device))
 
 
 def stage_step(stage, h, content_bias, position_bias, cache, advance=1):
