@@ -849,10 +849,11 @@ class KVCache:
 
 def stage_prefill(stage, h, content_bias, position_bias, capacity):
     """Stage.forward of h [B, L, D] → (its output, a KVCache of each layer's keys and values
-    with room for `capacity` positions, in the biases' dtype)."""
+    with room for `capacity` positions, or L if more, in the biases' dtype)."""
     B, L = h.shape[:2]
     H, d_head = content_bias.shape
-    kv = content_bias.new_zeros(len(stage.layers), 2, B, H, capacity, d_head)
+    # L may pass capacity: the shortened stage's rows, padded to a bucket (Config.seg_bucket)
+    kv = content_bias.new_zeros(len(stage.layers), 2, B, H, max(capacity, L), d_head)
     pos_emb = stage.positions(h)
     for layer, layer_kv in zip(stage.layers, kv):
         _, _, k, v = layer.attn.heads(h, content_bias, position_bias)
