@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import checkpoint
+import presets
 from common import UserError
 from conftest import checkpoint_state
 
@@ -100,7 +101,7 @@ def test_checkpoint_without_checksum_is_refused(state, tmp_path, capsys):
     torch.save(state, path)
     refused(path, str(path), 'checksum')
     with pytest.raises(UserError):
-        checkpoint.load_checkpoint(path)
+        presets.load_checkpoint(path)
     assert capsys.readouterr().err == ''
 
 
@@ -170,9 +171,11 @@ def test_kept_names_the_command_that_continues_the_run_with_its_imports(tmp_path
     """What a stopped run (Ctrl-C, a failed save, a divergence) says: the command that continues
     it imports the run's sources again, then takes the extra flags."""
     path = tmp_path / 'my run' / 'ckpt.pt'
-    said = checkpoint.kept(path, 4, [str(tmp_path / 'every.py')], '--lr', '0.0001')
+    every = dict(sha256='0' * 64)
+    every['import'] = str(tmp_path / 'every.py')
+    said = checkpoint.kept(path, 4, [every], '--lr', '0.0001')
     command = shlex.split(said.split('continue with: ')[1])
     assert said.startswith(f'the last good checkpoint is {path} (step 4)'), said
     assert command == ['python', 'train.py', '--out', str(path.parent), '--resume', '--import',
                        str(tmp_path / 'every.py'), '--lr', '0.0001']
-    assert checkpoint.kept(path, None, ['every.py']) == 'no checkpoint was written yet'
+    assert checkpoint.kept(path, None, [every]) == 'no checkpoint was written yet'
