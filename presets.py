@@ -103,10 +103,10 @@ def run_import(name):
                 importlib.import_module(name)
     except (Exception, SystemExit) as e:
         why = first_line(e)
-        # its own last words (argparse's "error: ..." line) say why it exited
+        # its own last words (argparse's "error: ..." line), else sys.exit's, say why
         if isinstance(e, SystemExit):
-            last = (said.getvalue().strip().splitlines() or ['nothing'])[-1]
-            why = f'it exited (code {e.code}) while imported, saying: {last}'
+            last = (said.getvalue().strip().splitlines() or [str(e.code)])[-1]
+            why = f'it exited while imported: {last}'
         raise UserError(f'--import {name}: {why}', code=2) from None
     finally:
         sys.argv = argv
