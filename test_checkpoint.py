@@ -119,6 +119,22 @@ def test_non_finite_weights_are_refused_at_load(state, tmp_path):
         refused(path, 'model.lm_head.weight', 'NaN or inf')
 
 
+def test_a_non_finite_weight_never_replaces_the_last_good_checkpoint(saved, state):
+    """Whatever let it through (here nothing skips the step: the weight is written into the
+    model's state), a NaN or inf weight is not saved: one line naming it and the last good
+    checkpoint, which stays as it was; the one check save and read share."""
+    path, before = saved
+    for value in (float('nan'), float('-inf')):
+        weights = state['model']['lm_head.weight'].clone()
+        weights.view(-1)[7] = value
+        bad = dict(state, step=6, model=dict(state['model'], **{'lm_head.weight': weights}))
+        with pytest.raises(UserError, match=r'model.lm_head.weight holds NaN or inf values .*'
+                           r'the last good checkpoint is .* \(step 3\)'):
+            checkpoint.save_checkpoint(path, bad, 3)
+        assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
+
+
 def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatch):
     """A full disk while the sealed bytes are written: the previous checkpoint stays, no temp
     file."""
