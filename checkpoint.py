@@ -115,8 +115,9 @@ def check_contents(ckpt, path, resume):
             if now is not None:
                 how = (f'has changed since (SHA-256 {record["sha256"][:12]}... then, '
                        f'{now[:12]}... now)')
-            raise UserError(f'checkpoint {path} was trained with --import {record["import"]}, '
-                            f'which {how}: put back the file the run used, or train anew')
+            name = record['import']
+            raise UserError(f'checkpoint {path} was trained with --import {name}, which '
+                            f'{how}: put back the file the run used, or train anew')
     boundary = ckpt['config'].get('boundary')
     if boundary not in dynpool.BOUNDARY_MODES:
         # a source of the user's: sample.py and bench.py import only what the user names
