@@ -85,7 +85,10 @@ def run_import(name):
     """Import the file (its absolute path) or module `name` as a plug-in, contained: it
     sees a sys.argv of its own name alone, its file's folder is importable while it
     imports (a helper beside it), and whatever it raises or exits with is one UserError
-    line (exit 2) naming the --import."""
+    line (exit 2) naming the --import. A file this process imported already (a flag
+    given twice, bench.py's child run in-process) is not run again."""
+    if getattr(sys.modules.get(Path(name).stem), '__file__', None) == name:
+        return
     argv = sys.argv
     path = list(sys.path)
     said = io.StringIO()
