@@ -24,7 +24,6 @@ import common
 import dynpool
 import presets
 from common import UserError
-from checkpoint import config_from_dict
 from dynpool import DynamicPoolingLM, step_flops
 from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
                      require_memory, setup_precision, start_processes)
@@ -72,9 +71,7 @@ def parser():
     p.add_argument('--preset', choices=PRESETS, default='cpu',
                    help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, '
                         'L 2048, batch 8); the flags below override single values')
-    p.add_argument('--import', action='append', metavar='PATH_OR_MODULE',
-                   help='a file or module that registers a boundary source: its name is a '
-                        'configuration, its options are flags')
+    presets.add_import_flag(p)
     model_flags(p)
     p.add_argument('--configs',
                    help=f'comma-separated: {forms()} (K: see docs/performance.md, e.g. '
@@ -101,18 +98,13 @@ def parser():
 def model_flags(p):
     """The model's sizes and Config fields (unset: the Config's default); train.py's
     flags of the model and its sources (presets.add_model_flags)."""
-    sizes = {'--d-model': 'model width', '--n-head': 'attention heads',
-             '--d-head': 'width of one head', '--d-inner': 'feed-forward width',
-             '--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
+    presets.add_size_flags(p)
+    # unset: Config's, the paper's (the preset sets the widths)
+    p.set_defaults(**{k: getattr(dynpool.Config(), k) for k in ('layers', 'dropout', 'dropatt')})
+    sizes = {'--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
         p.add_argument(flag, type=common.positive_int, help=what)
-    p.add_argument('--layers', type=presets.layer_counts, default=(2, 8, 2),
-                   help='pre,shortened,post (2,8,2; vanilla: the sum)')
-    p.add_argument('--dropout', type=common.fraction, default=0.1,
-                   help='residual dropout (0.1)')
-    p.add_argument('--dropatt', type=common.fraction, default=0.1,
-                   help='attention dropout (0.1)')
     presets.add_model_flags(p)
 
 
@@ -123,9 +115,9 @@ def measuring_flags(p):
     p.add_argument('--warmup', type=common.non_negative_int,
                    help='untimed steps first (1; 3 on a GPU)')
     p.add_argument('--rounds', type=size, help='rounds over the configs (2; GPU 1)')
-    p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda if any)')
-    p.add_argument('--amp', choices=['auto', 'off', 'bf16', 'fp16'], default='auto',
-                   help="autocast, as train.py's --amp (auto: bf16 or fp16 on a GPU)")
+    presets.add_device_flag(p)
+    presets.add_amp_flag(p)
+    p.set_defaults(amp='auto')
     p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1),
                    help='torch.set_num_threads')
     p.add_argument('--peak-n', type=size,
@@ -200,7 +192,7 @@ def model_config(args, name):
     if attention:
         fields['attention'] = attention[-1]
     try:
-        cfg = config_from_dict(fields)
+        cfg = presets.config_from_dict(fields)
     except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes

@@ -1,8 +1,11 @@
 """ckpt.pt: the sealed atomic write; the read that verifies the seal (only train.py's
-save writes it: the one check of a damaged or foreign file), loads weights_only and refuses
-weights that are NaN or inf; the training state it holds, restored exactly on --resume."""
+save writes it: the one check of a damaged or foreign file), loads weights_only, refuses
+an earlier format where it cannot serve and a changed or missing --import file; weights
+that are NaN or inf are neither saved nor read; the training state it holds, restored
+exactly on --resume."""
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import random
 import re
@@ -14,13 +17,18 @@ import torch
 
 from common import UserError, first_line, write_atomic
 import dynpool
-from dynpool import Config, DynamicPoolingLM
 
 # A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its
 # last bytes, which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte
 # before the hex digits.
 CHECKSUM_TAG = b'dynpool-checkpoint sha256 '
 _SEAL = len(CHECKSUM_TAG) + 64  # the comment's length
+# The checkpoint's format: 2 records each --import with its SHA-256 (import_identity) and
+# the training counters of now; one without the field is 1.
+FORMAT = 2
+# what a run resumes from: an earlier format lacks some of them
+TRAINING_FIELDS = ('format', 'model', 'optimizer', 'scaler', 'config', 'vocab', 'dataset',
+                   'args', 'rng', 'imports')
 
 
 def write_sealed(f, data):
@@ -48,27 +56,16 @@ def verify_checksum(data, path):
                         'another copy')
 
 
-def config_from_dict(d, **extra):
-    """Config from asdict(Config) and extra: other keys ignored, missing ones default
-    (checkpoints from before a new field load); UserError, exit 2 (train.py's flags;
-    read_checkpoint: file)."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    try:
-        return Config(**{k: v for k, v in {**d, **extra}.items() if k in names})
-    except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)
-        raise UserError(f'the config is invalid: {first_line(e)}', code=2) from None
-
-
 # numpy's RNG state, pickled as arrays: what weights_only loading must allow besides tensors
 _NUMPY = [(getattr(np, '_core', None) or np.core).multiarray._reconstruct, np.ndarray,
           np.dtype, *(type(np.dtype(t)) for t in ('u1', 'u2', 'u4', 'i4', 'i8', 'f4', 'f8', '?'))]
 
 
-def read_checkpoint(path, trust=False):
-    """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict: checksum
-    verified (so its fields are as train.py wrote them), loaded weights_only (trust=True:
-    any pickle), its config valid, its boundary source registered (else: the --import it
-    needs), weights finite; else one UserError line."""
+def read_checkpoint(path, trust=False, resume=False):
+    """train.py's checkpoint (a file, or a run folder holding ckpt.pt) → its dict (and
+    path): checksum verified (so its fields are as train.py wrote them), loaded
+    weights_only (trust=True: any pickle), then check_contents (resume=True: for
+    train.py --resume); else one UserError line."""
     path = Path(path)
     if path.is_dir():
         path = path / 'ckpt.pt'
@@ -93,6 +90,34 @@ def read_checkpoint(path, trust=False):
     if not isinstance(ckpt, dict) or {'model', 'config', 'vocab'} - ckpt.keys():
         raise UserError(f'checkpoint {path} lacks model, config or vocab: not written by '
                         'train.py')
+    check_contents(ckpt, path, resume)
+    return dict(ckpt, path=str(path))
+
+
+def check_contents(ckpt, path, resume):
+    """A UserError line unless the checkpoint can serve: of this FORMAT where it resumes or
+    records --import files, each of them as it was (import_identity), its boundary
+    source registered (else: the --import flags it needs), its weights finite."""
+    version = ckpt.get('format', 1)
+    if version != FORMAT and (resume or ckpt.get('imports')):
+        lacks = ', '.join(k for k in TRAINING_FIELDS if k not in ckpt)
+        raise UserError(f'checkpoint {path} is of an earlier train.py (format {version}, '
+                        f'this one {FORMAT}; it lacks {lacks or "the SHA-256 of its imports"}'
+                        '): it cannot be resumed or its --import files checked; start a new '
+                        'run (sample.py reads it where it imports nothing)')
+    for record in ckpt.get('imports') or []:
+        try:
+            now = import_identity(record['import'])['sha256']
+        except (OSError, ImportError):
+            now = None
+        if now != record['sha256']:
+            how = 'is missing now'
+            if now is not None:
+                how = (f'has changed since (SHA-256 {record["sha256"][:12]}... then, '
+                       f'{now[:12]}... now)')
+            name = record['import']
+            raise UserError(f'checkpoint {path} was trained with --import {name}, which '
+                            f'{how}: put back the file the run used, or train anew')
     boundary = ckpt['config'].get('boundary')
     if boundary not in dynpool.BOUNDARY_MODES:
         # a source of the user's: sample.py and bench.py import only what the user names
@@ -101,16 +126,29 @@ def read_checkpoint(path, trust=False):
             needs = shlex.join(import_flags(ckpt['imports']))
         raise UserError(f'checkpoint {path} pools with boundary {boundary!r}, which needs '
                         f'{needs}', code=2)
-    try:
-        config_from_dict(ckpt['config'])
-    except UserError as e:
-        raise UserError(f'checkpoint {path}: {e}') from None
-    # (what sample.py and bench.py run; train.py never saves a step that was not finite)
-    for name, weights in ckpt['model'].items():
-        if weights.is_floating_point() and not torch.isfinite(weights).all():
-            raise UserError(f'checkpoint {path}: model.{name} holds NaN or inf values (saved '
-                            'from a run that diverged?); use an earlier checkpoint')
-    return dict(ckpt, path=str(path))
+    bad = nonfinite_weight(ckpt['model'])
+    if bad is not None:
+        raise UserError(f'checkpoint {path}: model.{bad} holds NaN or inf values (from a run '
+                        'that diverged?); use an earlier checkpoint')
+
+
+def nonfinite_weight(weights):
+    """The name of the first floating tensor of the state dict `weights` that holds NaN or
+    inf, or None: what save_checkpoint never writes and check_contents never reads."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return name
+    return None
+
+
+def import_identity(name):
+    """An --import as a checkpoint records it → {'import': name (a file by its absolute
+    path, or a module name), 'sha256': the hex SHA-256 of the file it loads}; OSError or
+    ImportError where there is none."""
+    file = name
+    if not (name.endswith('.py') or '/' in name):
+        file = importlib.util.find_spec(name).origin
+    return {'import': name, 'sha256': hashlib.sha256(Path(file).read_bytes()).hexdigest()}
 
 
 def load_weights(model, state, path):
@@ -128,16 +166,10 @@ def load_weights(model, state, path):
     return model
 
 
-def load_checkpoint(path, device='cpu', trust=False):
-    """train.py's checkpoint → (its model in eval mode on device, the checkpoint's dict)."""
-    ckpt = read_checkpoint(path, trust)
-    model = DynamicPoolingLM(config_from_dict(ckpt['config']))
-    return load_weights(model, ckpt['model'], ckpt['path']).to(device).eval(), ckpt
-
-
 def import_flags(imports):
-    """The flags that import a run's sources again: --import X for each X of imports."""
-    return [flag for name in imports for flag in ('--import', name)]
+    """The flags that import a run's sources again: --import X for each record of imports
+    (import_identity's)."""
+    return [flag for record in imports for flag in ('--import', record['import'])]
 
 
 def resume_command(out, imports=(), *flags):
@@ -156,9 +188,14 @@ def kept(path, saved_step, imports=(), *flags):
 
 
 def save_checkpoint(path, state, saved_step):
-    """Write state atomically and sealed; on any failure the previous checkpoint (of step
-    saved_step, or None) stays as it was. (NaN or inf never reaches it: train.py stops a
-    run that diverges before it saves, and its Adam step skips non-finite gradients.)"""
+    """Write state atomically and sealed; on any failure, a weight of state['model'] that
+    is NaN or inf too (nonfinite_weight, whatever let it through), the previous
+    checkpoint (of step saved_step, or None) stays as it was."""
+    left = kept(path, saved_step, state.get('imports', ()))
+    bad = nonfinite_weight(state.get('model', {}))
+    if bad is not None:
+        raise UserError(f'cannot save checkpoint {path}: model.{bad} holds NaN or inf values '
+                        f'(the run diverged); {left}')
     buf = io.BytesIO()  # in memory first: the checksum covers the bytes torch.save made
 
     def write(tmp):
@@ -170,21 +207,22 @@ def save_checkpoint(path, state, saved_step):
     except (OSError, RuntimeError) as e:
         # torch.save reports a failed write as a RuntimeError
         why = getattr(e, 'strerror', None) or first_line(e)
-        raise UserError(f'cannot save checkpoint {path}: {why}; '
-                        f'{kept(path, saved_step, state.get("imports", ()))}') from None
+        raise UserError(f'cannot save checkpoint {path}: {why}; {left}') from None
 
 
 def training_state(model, optimizer, scaler, counters, cfg, data_identity, args):
     """What train.py needs to continue a run exactly: weights, optimizer, AMP scaler,
     counters, config, flags, data_identity (vocab, the data's fingerprint), every RNG
-    (this process's GPU only), the --import files and modules (args.imports)."""
+    (this process's GPU only), the --import files and modules (args.imports:
+    import_identity's records), its FORMAT."""
     rng = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                python=random.getstate(), cuda=None)
     if args.device.startswith('cuda'):
         rng['cuda'] = torch.cuda.get_rng_state(args.device)
     return dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), **counters, config=dataclasses.asdict(cfg),
-                **data_identity, args=vars(args), rng=rng, imports=args.imports)
+                **data_identity, args=vars(args), rng=rng, imports=args.imports,
+                format=FORMAT)
 
 
 def restore_training(ckpt, model, optimizer, scaler, device):

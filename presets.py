@@ -1,11 +1,15 @@
-"""train.py's flags and the presets that fill their defaults: the paper's GPU recipe and
-a small CPU one, argument parsing with --resume's rules, and the model Config the flags
-build. Its own module so that bench.py and study.sh read the same rules without importing
-train.py."""
+"""The flags every script shares, each defined once (add_*_flag(s): train.py, sample.py
+and bench.py call them), train.py's presets that fill their defaults (the paper's GPU
+recipe and a small CPU one), --resume's rules, the --import of a user's boundary source,
+and the model Config built from flags or a checkpoint's dict (config_from_dict,
+load_checkpoint). Its own module so that bench.py and study.sh read the same rules without
+importing train.py."""
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import io
 import math
 import sys
 import uuid
@@ -13,22 +17,25 @@ from pathlib import Path
 
 import common
 import dynpool
+import hnet  # noqa: F401  (registers the project's seventh source, 'hnet')
 import runtime as rt
-from checkpoint import config_from_dict, read_checkpoint
+from checkpoint import import_identity, load_weights, read_checkpoint
 from common import (UserError, first_line, fraction, int_range, nonblank, non_negative_float,
                     non_negative_int, positive_float, positive_int, probability, seed_int)
 from dataset import dataset_defaults
-from dynpool import Config, step_flops
+from dynpool import Config, DynamicPoolingLM, step_flops
 
-# The paper's recipe (appendix) for a GPU: batch 8 x 2048 chars, Adam 2.5e-4, 4k warm-up
-# steps, one cosine cycle over 200k, grad clip 0.25, dropout 0.1; bf16 (fp16 and loss
+# The model's shape: Config()'s defaults are the paper's (appendix, ~41M parameters).
+SHAPE = ('d_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout', 'dropatt')
+# The paper's recipe (appendix) for a GPU: its model, batch 8 x 2048 chars, Adam 2.5e-4,
+# 4k warm-up steps, one cosine cycle over 200k, grad clip 0.25; bf16 (fp16 and loss
 # scaling without it). It saves every 30 minutes of training besides every evaluation: a
 # preemption loses little.
-GPU_PRESET = dict(d_model=512, n_head=8, d_head=64, d_inner=2048, layers=(2, 8, 2),
-                  dropout=0.1, dropatt=0.1, batch_size=8, seq_len=2048, lr=2.5e-4,
-                  warmup=4000, max_steps=200_000, eval_interval=5000, save_interval='30m',
-                  eval_window=2048, eval_step=512, eval_subset_chars=300_000,
-                  eval_max_chars=0, eval_batch_size=64, log_interval=100)
+GPU_PRESET = dict({k: getattr(Config(), k) for k in SHAPE}, batch_size=8, seq_len=2048,
+                  lr=2.5e-4, warmup=4000, max_steps=200_000, eval_interval=5000,
+                  save_interval='30m', eval_window=2048, eval_step=512,
+                  eval_subset_chars=300_000, eval_max_chars=0, eval_batch_size=64,
+                  log_interval=100)
 # A small model for 2 CPU cores that learns in a few hundred steps, which never see a
 # character twice (so no dropout); the eval window keeps the 4:1 window:step ratio.
 CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1),
@@ -40,28 +47,56 @@ COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.2
               seed=1337, amp='auto', compile=False, attention='auto')
 # Flags that define the model or the data order: a resumed run must keep them, and those
 # of model_defaults().
-KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
-                  'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed')
+KEPT_ON_RESUME = ('boundary', 'unigram', *SHAPE, 'seq_len', 'batch_size', 'seed')
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
+# The flag types of a source's Options fields, by the field's annotation
+OPTION_TYPES = {t.__name__: t for t in (bool, int, float, str)}
 
 
 def import_sources(argv):
     """Import every `--import X` (or `--import=X`) of the command line argv, in order, so
     that the boundary sources it registers (dynpool.register_source) join --boundary and
-    their Options fields become flags → the imports as a checkpoint records them: a file
-    (X ends in .py or holds a /) by its absolute path, a module by its name. A script
-    calls it before it builds its parser; UserError (exit 2) naming X where X does not
-    import."""
+    their Options fields become flags → the imports as a checkpoint records them
+    (checkpoint.import_identity: X, a file by its absolute path, and its content's
+    SHA-256). A script calls it before it builds its parser. One UserError line (exit 2)
+    naming X where X does not import or registers a name already taken."""
     p = common.Parser(add_help=False)
-    p.add_argument('--import', dest='imports', action='append', default=[])
+    add_import_flag(p)
     imported = []
-    for name in p.parse_known_args(argv)[0].imports:
-        try:
+    for name in p.parse_known_args(argv)[0].imports or []:
+        if name.endswith('.py') or '/' in name:
+            name = str(Path(name).resolve())
+        before = dict(dynpool.SOURCES)
+        run_import(name)
+        # a built-in name (or an earlier import's) would train and later sample as the other
+        taken = [mode for mode, source in before.items() if dynpool.SOURCES[mode] is not source]
+        if taken:
+            raise UserError(f'--import {name} registers boundary {taken[0]!r}, a name already '
+                            'taken (built in, or by an earlier --import): register its source '
+                            'under a name of its own', code=2)
+        imported.append(import_identity(name))
+    return imported
+
+
+def run_import(name):
+    """Import the file (its absolute path) or module `name` as a plug-in, contained: it
+    sees a sys.argv of its own name alone, its file's folder is importable while it
+    imports (a helper beside it), and whatever it raises or exits with is one UserError
+    line (exit 2) naming the --import. A file this process imported already (a flag
+    given twice, bench.py's child run in-process) is not run again."""
+    if getattr(sys.modules.get(Path(name).stem), '__file__', None) == name:
+        return
+    argv = sys.argv
+    path = list(sys.path)
+    said = io.StringIO()
+    sys.argv = [name]
+    try:
+        with contextlib.redirect_stderr(said):
             if name.endswith('.py') or '/' in name:
-                name = str(Path(name).resolve())
+                sys.path.insert(0, str(Path(name).parent))
                 spec = importlib.util.spec_from_file_location(Path(name).stem, name)
                 module = importlib.util.module_from_spec(spec)
                 # (registered first, as an import does: dataclasses look their module up)
@@ -69,20 +104,114 @@ def import_sources(argv):
                 spec.loader.exec_module(module)
             else:
                 importlib.import_module(name)
-        except Exception as e:  # a missing file, or anything its code raises
-            raise UserError(f'--import {name}: {first_line(e)}', code=2) from None
-        imported.append(name)
-    return imported
+    except (Exception, SystemExit) as e:
+        why = first_line(e)
+        # its own last words (argparse's "error: ..." line), else sys.exit's, say why
+        if isinstance(e, SystemExit):
+            last = (said.getvalue().strip().splitlines() or [str(e.code)])[-1]
+            why = f'it exited while imported: {last}'
+        raise UserError(f'--import {name}: {why}', code=2) from None
+    finally:
+        sys.argv = argv
+        sys.path[:] = path
+    sys.stderr.write(said.getvalue())
+
+
+def add_import_flag(p):
+    """--import (dest imports, a list): import_sources reads it before the parser is built."""
+    p.add_argument('--import', dest='imports', action='append', metavar='FILE_OR_MODULE',
+                   help='a file (.py) or module that registers a boundary source '
+                   '(dynpool.register_source); repeatable (default none)')
+
+
+def add_device_flag(p):
+    """--device (runtime.pick_device resolves it)."""
+    p.add_argument('--device', type=nonblank,
+                   help='cpu, cuda, cuda:N or mps (default cuda if any; train.py: it also '
+                   'picks the preset)')
+
+
+def add_amp_flag(p):
+    """--amp (runtime.setup_precision resolves it; None when not given)."""
+    p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
+                   help='autocast: auto is bf16 where the GPU has it, else fp16')
+
+
+def add_size_flags(p):
+    """The flags of the model's shape (SHAPE; None when not given: Config's defaults are
+    the paper's)."""
+    p.add_argument('--d-model', type=positive_int, help='model width')
+    p.add_argument('--n-head', type=positive_int, help='attention heads')
+    p.add_argument('--d-head', type=positive_int, help='width of one head')
+    p.add_argument('--d-inner', type=positive_int, help='feed-forward width')
+    p.add_argument('--layers', type=layer_counts,
+                   help='pre,shortened,post layer counts (vanilla: all at full length)')
+    p.add_argument('--dropout', type=fraction, help='dropout')
+    p.add_argument('--dropatt', type=fraction, help='attention dropout')
+
+
+def option_fields():
+    """{field name: (source name, its dataclasses.Field)} of every registered source's
+    Options (a name two sources share: the first's)."""
+    found = {}
+    for mode, source in dynpool.SOURCES.items():
+        if source.Options is not None:
+            for field in dataclasses.fields(source.Options):
+                found.setdefault(field.name, (mode, field))
+    return found
 
 
 def model_defaults():
-    """{name: Config's default} of the model's flags that no preset sets (add_model_flags:
-    the paper's sources' and every registered source's Options), read now: after
-    import_sources."""
+    """{name: default} of the model's flags that no preset sets (add_model_flags: the
+    paper's sources' Config fields and every registered source's Options fields), read
+    now: after import_sources."""
     p = argparse.ArgumentParser()
     add_model_flags(p)
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    defaults.update({name: field.default for name, (_, field) in option_fields().items()})
     return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
+
+
+def config_from_dict(d, **extra):
+    """Config from flags (vars(args)) or a checkpoint's asdict(Config), and extra: keys
+    that are not Config's ignored, missing ones default (checkpoints from before a new
+    field load); the chosen source's Options fields (its flags) go into Config.options.
+    UserError, exit 2, where Config refuses them."""
+    d = {**d, **extra}
+    names = {f.name for f in dataclasses.fields(Config)}
+    kept = {k: v for k, v in d.items() if k in names}
+    source = dynpool.SOURCES.get(d.get('boundary'))
+    if source is not None and source.Options is not None:
+        own = {f.name for f in dataclasses.fields(source.Options)}
+        kept['options'] = {**{k: v for k, v in d.items() if k in own}, **kept.get('options', {})}
+    try:
+        return Config(**kept)
+    except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)
+        raise UserError(f'the config is invalid: {first_line(e)}', code=2) from None
+
+
+def load_checkpoint(path, device='cpu', trust=False):
+    """train.py's checkpoint (ckpt.pt or its run folder) → (its model in eval mode on
+    device, the checkpoint's dict as checkpoint.read_checkpoint returns it)."""
+    ckpt = read_checkpoint(path, trust)
+    try:
+        cfg = config_from_dict(ckpt['config'])
+    except UserError as e:
+        raise UserError(f'checkpoint {ckpt["path"]}: {e}') from None
+    model = load_weights(DynamicPoolingLM(cfg), ckpt['model'], ckpt['path'])
+    return model.to(device).eval(), ckpt
+
+
+def any_number(s):
+    """Argument type of a source's float option: a number, inf too (the default some
+    options have), not nan; the source's check_config judges its range."""
+    try:
+        value = float(s)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f'must be a number, got {s!r}')
+    return value
 
 
 def layer_counts(value):
@@ -131,27 +260,18 @@ def parser():
                    help='dataset directory written by prepare_data.py')
     p.add_argument('--boundary', choices=dynpool.BOUNDARY_MODES,
                    help='where segments end (none: a vanilla Transformer)')
-    p.add_argument('--import', dest='imports', action='append', metavar='FILE_OR_MODULE',
-                   help='a file (.py) or module that registers a boundary source; repeatable '
-                   '(default none)')
+    add_import_flag(p)
     p.add_argument('--out', type=nonblank,
                    help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
     p.add_argument('--resume', **SWITCH,
                    help='continue the run in --out from its checkpoint')
-    p.add_argument('--device', type=nonblank,
-                   help='cpu, cuda, cuda:1 or mps; sets the preset (default cuda if any)')
+    add_device_flag(p)
     p.add_argument('--seed', type=seed_int,
                    help='seed of initialisation, data order and dropout')
-    p.add_argument('--d-model', type=positive_int, help='model width')
-    p.add_argument('--n-head', type=positive_int, help='attention heads')
-    p.add_argument('--d-head', type=positive_int, help='width of one head')
-    p.add_argument('--d-inner', type=positive_int, help='feed-forward width')
-    p.add_argument('--layers', type=layer_counts,
-                   help='pre,shortened,post layer counts (vanilla: all at full length)')
-    p.add_argument('--dropout', type=fraction, help='dropout')
-    p.add_argument('--dropatt', type=fraction, help='attention dropout')
+    add_size_flags(p)
     add_model_flags(p)
     add_schedule_flags(p)
+    add_amp_flag(p)
     model = model_defaults()
     for action in p._actions:
         if action.dest != 'help' and 'default' not in action.help:
@@ -164,9 +284,9 @@ def parser():
 
 def add_model_flags(p):
     """The flags of the model and its boundary source; a flag for each field of a
-    registered source's Options with a number, text or switch default (hnet's
-    ratio_target: --ratio-target), of the default's type, which the source's check_config
-    checks."""
+    registered source's Options of a number, text or switch type (hnet's ratio_target:
+    --ratio-target), which takes the field's default and leaves its range to the source's
+    check_config."""
     p.add_argument('--pooling', choices=('mean', 'last'),
                    help="a segment's mean, or its last token (Table 2's sub-sampling)")
     p.add_argument('--fixed-factor', type=int_range(1, 2**20),
@@ -183,21 +303,19 @@ def add_model_flags(p):
                    help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
     p.add_argument('--attention', choices=('auto', 'sdpa', 'blocked'),
                    help='attention kernels, speed only')
-    for mode, source in dynpool.SOURCES.items():
-        if source.Options is None:
-            continue
-        for field in dataclasses.fields(source.Options):
-            flag = f'--{field.name.replace("_", "-")}'
-            kind = dict(type=type(field.default))
-            if kind['type'] is bool:
-                kind = dict(action=argparse.BooleanOptionalAction)
-            elif kind['type'] is float:
-                kind = dict(type=common.float_range(-math.inf))  # finite: no nan, no inf
-            elif kind['type'] not in (int, str):
-                continue  # (a tuple, a list: set in code, not by a flag)
-            if flag in p._option_string_actions:
-                continue  # (an option two sources share: one flag)
-            p.add_argument(flag, **kind, help=f'{mode}: its option {field.name}')
+    for name, (mode, field) in option_fields().items():
+        flag = f'--{name.replace("_", "-")}'
+        # the annotation's type (a float field may default to an int), else the default's
+        kind = OPTION_TYPES.get(getattr(field.type, '__name__', field.type), type(field.default))
+        how = dict(type=kind)
+        if kind is bool:
+            how = dict(action=argparse.BooleanOptionalAction)
+        elif kind is float:
+            how = dict(type=any_number)
+        elif kind not in (int, str):
+            continue  # (a tuple, a list: set in code, not by a flag)
+        if flag not in p._option_string_actions:
+            p.add_argument(flag, **how, help=f'{mode}: its option {name}')
 
 
 def add_schedule_flags(p):
@@ -221,8 +339,6 @@ def add_schedule_flags(p):
                    help='linear warm-up steps before the cosine')
     p.add_argument('--grad-clip', type=non_negative_float,
                    help='gradient norm clip, 0 = off')
-    p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
-                   help='auto: bf16 where the GPU has it, else fp16')
     p.add_argument('--compile', **SWITCH, help='torch.compile the model for training')
     p.add_argument('--eval-interval', type=positive_int,
                    help='validate and save every N steps')
@@ -264,7 +380,7 @@ def resolve_args(argv, procs=rt.Processes()):
     ckpt = None
     taken = {}
     if args.resume:
-        ckpt = read_checkpoint(out / 'ckpt.pt')
+        ckpt = read_checkpoint(out / 'ckpt.pt', resume=True)
         saved = ckpt['args']
         for k in sorted(given & {*KEPT_ON_RESUME, *model}):
             if getattr(args, k) != saved.get(k):

@@ -20,7 +20,6 @@ from tqdm import tqdm
 import common
 import dataset
 import presets
-from checkpoint import load_checkpoint
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
 from dynpool import entropy_spikes
@@ -193,9 +192,7 @@ def parse_args(argv=None):
     p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--ckpt', required=True, type=nonblank,
                    help="train.py's ckpt.pt or its run folder")
-    p.add_argument('--import', action='append', metavar='PATH_OR_MODULE',
-                   help='a file or module that registers the boundary source the checkpoint '
-                        'needs (sample.py imports no other)')
+    presets.add_import_flag(p)
     p.add_argument('--prompt', default='',
                    help="text to continue, encoded as the checkpoint's data (cleaned for the "
                         "paper's; empty: a single space; kept: the last tokens, as many as "
@@ -213,7 +210,7 @@ def parse_args(argv=None):
                    help='always take the most likely token (argmax)')
     p.add_argument('--seed', type=common.seed_int, default=1337,
                    help='same seed, same output (1337)')
-    p.add_argument('--device', help='cpu, cuda, cuda:N, mps (default: cuda if any)')
+    presets.add_device_flag(p)
     p.add_argument('--show-segments', action='store_true',
                    help=f'| after each segment, {PROMPT_MARK} after the prompt')
     p.add_argument('--entropy-plot', type=nonblank, metavar='FILE.png',
@@ -277,7 +274,7 @@ def run(args):
     if args.entropy_plot:
         fmt = plot_format(args.entropy_plot)
     torch.set_num_threads(args.threads)
-    model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
+    model, ckpt = presets.load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     unit = 'character'
     if dataset.unit(ckpt['vocab']) == 'byte':
         unit = 'byte'

@@ -343,7 +343,6 @@ import torch
 
 import common
 import presets
-from checkpoint import config_from_dict
 from dynpool import step_flops
 
 
@@ -352,7 +351,7 @@ def run_flops(argv, preset, assume_sf):
     args = presets.parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
     a = {**preset, **given}
-    cfg = config_from_dict(a, vocab_size=27, whitespace_id=0)
+    cfg = presets.config_from_dict(a, vocab_size=27, whitespace_id=0)
     # the budget, not the steps, ends such a run
     if args.flop_budget:
         return presets.budget_flops(args.flop_budget, cfg, a['batch_size'], a['seq_len'])

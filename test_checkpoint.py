@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import checkpoint
+import presets
 from common import UserError
 from conftest import checkpoint_state
 
@@ -100,7 +101,7 @@ def test_checkpoint_without_checksum_is_refused(state, tmp_path, capsys):
     torch.save(state, path)
     refused(path, str(path), 'checksum')
     with pytest.raises(UserError):
-        checkpoint.load_checkpoint(path)
+        presets.load_checkpoint(path)
     assert capsys.readouterr().err == ''
 
 
@@ -116,6 +117,22 @@ def test_non_finite_weights_are_refused_at_load(state, tmp_path):
         with open(path, 'wb') as f:
             checkpoint.write_sealed(f, buf.getbuffer())
         refused(path, 'model.lm_head.weight', 'NaN or inf')
+
+
+def test_a_non_finite_weight_never_replaces_the_last_good_checkpoint(saved, state):
+    """Whatever let it through (here nothing skips the step: the weight is written into the
+    model's state), a NaN or inf weight is not saved: one line naming it and the last good
+    checkpoint, which stays as it was; the one check save and read share."""
+    path, before = saved
+    for value in (float('nan'), float('-inf')):
+        weights = state['model']['lm_head.weight'].clone()
+        weights.view(-1)[7] = value
+        bad = dict(state, step=6, model=dict(state['model'], **{'lm_head.weight': weights}))
+        with pytest.raises(UserError, match=r'model.lm_head.weight holds NaN or inf values .*'
+                           r'the last good checkpoint is .* \(step 3\)'):
+            checkpoint.save_checkpoint(path, bad, 3)
+        assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ['ckpt.pt']
 
 
 def test_checkpoint_save_failure_keeps_the_previous_one(saved, state, monkeypatch):
@@ -170,9 +187,11 @@ def test_kept_names_the_command_that_continues_the_run_with_its_imports(tmp_path
     """What a stopped run (Ctrl-C, a failed save, a divergence) says: the command that continues
     it imports the run's sources again, then takes the extra flags."""
     path = tmp_path / 'my run' / 'ckpt.pt'
-    said = checkpoint.kept(path, 4, [str(tmp_path / 'every.py')], '--lr', '0.0001')
+    every = dict(sha256='0' * 64)
+    every['import'] = str(tmp_path / 'every.py')
+    said = checkpoint.kept(path, 4, [every], '--lr', '0.0001')
     command = shlex.split(said.split('continue with: ')[1])
     assert said.startswith(f'the last good checkpoint is {path} (step 4)'), said
     assert command == ['python', 'train.py', '--out', str(path.parent), '--resume', '--import',
                        str(tmp_path / 'every.py'), '--lr', '0.0001']
-    assert checkpoint.kept(path, None, ['every.py']) == 'no checkpoint was written yet'
+    assert checkpoint.kept(path, None, [every]) == 'no checkpoint was written yet'

@@ -561,7 +561,7 @@ def test_generation_bytes_bound_what_generating_takes(ckpts):
     """The price is an upper bound of what generating takes beyond the weights (peak CPU memory
     allocated by torch while the model generates), and grows with the prompt's square."""
     from torch.profiler import profile
-    model, ckpt = checkpoint.load_checkpoint(ckpts['whitespace'])
+    model, ckpt = presets.load_checkpoint(ckpts['whitespace'])
     x = torch.randint(1, 27, (3, 300))
     with profile(profile_memory=True) as prof:
         model.generate(x, 50)

@@ -764,8 +764,8 @@ def test_train_imports_a_source_from_a_file_with_its_option_as_a_flag(synth, tmp
     assert shlex.join(['python', 'sample.py', '--import', str(source), '--import', str(again),
                        '--ckpt', str(out)]) in run.stdout
     ckpt = torch.load(out / 'ckpt.pt', weights_only=False)
-    assert (ckpt['config']['boundary'], ckpt['config']['every']) == ('every', 3)
-    assert ckpt['imports'] == [str(source), str(again)]
+    assert (ckpt['config']['boundary'], ckpt['config']['options']['every']) == ('every', 3)
+    assert [r['import'] for r in ckpt['imports']] == [str(source), str(again)]
     assert read_log(out)[0]['every'] == 3
     assert 'every' not in BOUNDARY_MODES
     needs = f'needs --import {source} --import {again}'
