@@ -27,7 +27,7 @@ from common import UserError
 from checkpoint import config_from_dict
 from dynpool import DynamicPoolingLM, step_flops
 from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
-                     require_memory, setup_precision, start_processes)
+                     require_memory, setup_device, setup_precision, start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
@@ -127,7 +127,7 @@ def measuring_flags(p):
     p.add_argument('--amp', choices=['auto', 'off', 'bf16', 'fp16'], default='auto',
                    help="autocast, as train.py's --amp (auto: bf16 or fp16 on a GPU)")
     p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1),
-                   help='torch.set_num_threads')
+                   help='CPU threads (default OMP_NUM_THREADS, else half the CPUs)')
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
     p.add_argument('--no-pieces', action='store_true', help='no effect: old commands')
@@ -164,8 +164,7 @@ def parse_args(argv=None):
         args.names = GENERATED
     for name in args.names:
         model_config(args, name)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_device(args.device, args.threads)
     if args.cuda:
         args.where = torch.cuda.get_device_name(args.device)
     else:

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -37,13 +38,13 @@ CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1
                   eval_step=128, eval_subset_chars=20_000, eval_max_chars=0,
                   eval_batch_size=8, log_interval=10)
 COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25,
-              seed=1337, amp='auto', compile=False, attention='auto')
+              seed=1337, amp='auto', compile=False, attention='auto', eval_protocol='whole')
 # Flags that define the model or the data order: a resumed run must keep them, and those
 # of model_defaults().
 KEPT_ON_RESUME = ('boundary', 'unigram', 'd_model', 'n_head', 'd_head', 'd_inner', 'layers',
                   'dropout', 'dropatt', 'seq_len', 'batch_size', 'seed')
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
-NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
+NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time', 'threads')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
 
@@ -140,6 +141,8 @@ def parser():
                    help='continue the run in --out from its checkpoint')
     p.add_argument('--device', type=nonblank,
                    help='cpu, cuda, cuda:1 or mps; sets the preset (default cuda if any)')
+    p.add_argument('--threads', type=int_range(1, os.cpu_count() or 1),
+                   help='CPU threads (default OMP_NUM_THREADS, else half the CPUs)')
     p.add_argument('--seed', type=seed_int,
                    help='seed of initialisation, data order and dropout')
     p.add_argument('--d-model', type=positive_int, help='model width')
@@ -238,6 +241,9 @@ def add_schedule_flags(p):
                    help='cap the final validation and test at N chars, 0 = all')
     p.add_argument('--eval-batch-size', type=positive_int,
                    help='windows per evaluation batch')
+    p.add_argument('--eval-protocol', choices=('whole', 'released'),
+                   help="every target once in one stream, or the released code's 500 "
+                   'batches of 16 columns')
     p.add_argument('--log-interval', type=positive_int,
                    help='a train record every N steps')
 

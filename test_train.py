@@ -63,6 +63,12 @@ def text8(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
 
 
+def whole(n_tokens, window, step, batch_size):
+    """The batches of windows of --eval-protocol whole."""
+    args = argparse.Namespace(eval_window=window, eval_step=step, eval_batch_size=batch_size)
+    return train.eval_batches(n_tokens, args, 'whole')
+
+
 def read_log(out):
     return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
 
@@ -116,7 +122,7 @@ def test_train_eval_sf_is_the_mean_over_windows(boundary):
     cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64,
                  layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
     model = DynamicPoolingLM(cfg).eval()
-    r = train.evaluate(model, tokens, 24, 8, batch_size=4, device='cpu')
+    r = train.evaluate(model, tokens, whole(len(tokens), 24, 8, 4), device='cpu')
     windows = train.eval_windows(len(tokens) - 1, 24, 8)
     assert len(windows) > 4
     sfs = []
@@ -149,7 +155,7 @@ def test_train_windowed_eval_equals_naive_per_character(boundary):
                  layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
     model = DynamicPoolingLM(cfg).eval()
     window, step = 16, 4
-    r = train.evaluate(model, tokens, window, step, batch_size=5, device='cpu')
+    r = train.evaluate(model, tokens, whole(len(tokens), window, step, 5), device='cpu')
     n = len(tokens) - 1
     x = torch.from_numpy(tokens.astype(np.int64))
     naive = 0.0
@@ -1175,7 +1181,7 @@ def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
             return True
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, 'stderr', stream)
-        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
+        train.evaluate(model, tokens, whole(len(tokens), 32, 8, 4), 'cpu', desc='step 7 valid')
         monkeypatch.undo()
         assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
 
