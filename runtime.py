@@ -131,14 +131,13 @@ def generation_bytes(cfg, batch, prompt_len, new):
 
 
 def setup_device(device, threads=None):
-    """Every script's device setup → its CPU threads: --threads where given, else
-    cpu_threads(); TF32 matmuls on a GPU (the same recipe, much faster)."""
-    threads = threads or cpu_threads()
-    torch.set_num_threads(threads)
+    """Every script's device setup: its CPU threads, --threads where given, else
+    cpu_threads(); TF32 matmuls on a GPU (the same recipe, much faster) → the threads."""
+    torch.set_num_threads(threads or cpu_threads())
     if 'cuda' in str(device):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return threads
+    return torch.get_num_threads()
 
 
 def cpu_threads():

@@ -387,7 +387,7 @@ def run(argv, procs):
     """Check flags, data and model before anything is written; lock the run folder,
     train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
-    rt.setup_device(args.device, args.threads)
+    args.threads = rt.setup_device(args.device, args.threads)  # (the config record's)
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
     state = RunState()
@@ -492,8 +492,7 @@ def start_log(trainer, amp):
 
 
 def train(trainer, splits, labels):
-    """Steps, records, validations, checkpoints → why the run stopped early, or None. A
-    stop signal ends it at the step's record (rt.Stopped), after its save if one is due."""
+    """Steps, records, validations, saves → why the run stopped early, None at its end."""
     args = trainer.args
     state = trainer.state
     procs = trainer.procs
@@ -516,9 +515,8 @@ def train(trainer, splits, labels):
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
         save = validate or (save_steps and state.step % save_steps == 0)
-        # a signal ends the step in flight; with DDP, all ranks agree at a record
-        record = state.step % args.log_interval == 0 or save
-        if record or (trainer.stop and procs.world == 1):
+        # a signal ends the step in flight (rt.Stopped); with DDP, all ranks agree at a record
+        if state.step % args.log_interval == 0 or save or (trainer.stop and procs.world == 1):
             clock = time.monotonic()
             late = args.max_time is not None and clock - started >= args.max_time
             # the training since the last save
@@ -531,8 +529,8 @@ def train(trainer, splits, labels):
             state.train_time += now - last
             since = (now, state.step)
             if r['bad']:
-                diverged(trainer, f'non-finite loss or gradient at a step in '
-                                  f'{state.step - steps + 1}..{state.step}, skipped: the '
+                where = f'a step in {state.step - steps + 1}..{state.step}'
+                diverged(trainer, f'non-finite loss or gradient at {where}, skipped: the '
                                   'weights stayed finite')
             if args.flop_budget is None:
                 state.train_flops += r['flops']
