@@ -543,8 +543,7 @@ def train(trainer, splits, labels):
                 why = f'--max-time {args.max_time:g}s'
         if not save:
             continue
-        # (a finished run is evaluated in full later)
-        if validate and not finished(state, args):
+        if validate and not finished(state, args):  # (a finished one: in full, later)
             eval_and_log(trainer, splits, 'valid', args.eval_subset_chars)
         save_training(trainer)
         since = (time.monotonic(), since[1])  # evaluating, saving: not training time
