@@ -270,7 +270,8 @@ def resolve_args(argv, procs=rt.Processes()):
     ckpt = None
     taken = {}
     if args.resume:
-        ckpt = read_checkpoint(out / 'ckpt.pt')
+        # the run folder's ckpt.pt (read_checkpoint takes a folder called so for a run's)
+        ckpt = read_checkpoint(out if out.is_dir() else out / 'ckpt.pt')
         saved = ckpt['args']
         for k in sorted(given & {*KEPT_ON_RESUME, *model}):
             if getattr(args, k) != saved.get(k):
@@ -278,7 +279,11 @@ def resolve_args(argv, procs=rt.Processes()):
                                 f'{show(saved.get(k))}: a resumed run keeps it', code=2)
         taken = {k: v for k, v in saved.items() if k not in given | set(NOT_RESUMED)}
     elif (out / 'ckpt.pt').exists():
-        raise UserError(f'{out / "ckpt.pt"} exists: --resume it or choose another --out')
+        # (a folder or another file in its place is no checkpoint to resume)
+        what = 'exists: --resume it'
+        if not (out / 'ckpt.pt').is_file():
+            what = 'is not a checkpoint file: remove it'
+        raise UserError(f'{out / "ckpt.pt"} {what} or choose another --out')
     vars(args).update(taken, out=str(out), device=device, imports=imports)
     preset = CPU_PRESET
     if device.startswith('cuda'):

@@ -199,8 +199,8 @@ def wrap_model(model, args, world=1):
     ids = [torch.device(args.device).index] if 'cuda' in args.device else None
     ddp = DDP(model, device_ids=ids, static_graph=args.grad_accum == 1,
               gradient_as_bucket_view=True)
-    # the only buffer, the constant Gumbel evaluation noise, is never re-broadcast (a
-    # property in every version, whatever the constructor's argument is named)
+    # the only buffer, the constant Gumbel evaluation noise, is never re-broadcast: DDP's
+    # attribute in every version (2.13 renamed the constructor's argument)
     ddp.broadcast_buffers = False
     return ddp
 
