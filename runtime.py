@@ -7,6 +7,7 @@ import re
 import resource
 import signal
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
@@ -242,6 +243,10 @@ def run_guard(out_dir, procs, where):
     ended = False
     try:
         with common.locked(out_dir, 'the train.py using it') if procs.rank == 0 else nullcontext():
+            if procs.rank == 0:
+                # a folder that takes no new file fails here, not at the first save
+                with tempfile.TemporaryFile(dir=out_dir):
+                    pass
             yield stop
         ended = True
     except KeyboardInterrupt:

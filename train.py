@@ -93,6 +93,8 @@ def batches(tokens, labels, args, cfg, state, procs):
                 b = get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1]
                 b = rt.to_device(b, args.device).bool()
             segments = dynpool.count_segments(cfg, chunks[..., :-1])
+            if segments is not None:   # (read as numpy: no torch scalar read in the step)
+                segments = segments.numpy()
             yield Batch(epoch, pos, chunk[..., :-1], chunk[..., 1:], b, segments)
         # not enough chunks left for a full batch: the next epoch
         epoch += 1
