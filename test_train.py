@@ -1321,3 +1321,20 @@ def test_train_under_torchrun_and_the_slurm_script_a_stop_exits_75(synth, tmp_pa
     assert 'Traceback' not in said and '(SIGTERM: stopped to be resumed)' in said, said
     assert read_log(out)[-1]['kind'] == 'stopped'
     assert checkpoint.read_checkpoint(out)['step'] == read_log(out)[-1]['step']
+
+
+def test_train_resume_refuses_a_config_unlike_its_flags_and_notes_a_changed_recipe(done_run,
+                                                                                   tmp_path,
+                                                                                   capsys):
+    """A sealed checkpoint whose config does not fit the flags it holds (d_model 64, flags 32) is
+    refused in one line naming the field; a resume at another --lr continues with it and says so
+    on stderr."""
+    run = copy_run(done_run, tmp_path)
+    before = torch.load(run / 'ckpt.pt', weights_only=False)
+    capsys.readouterr()
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2', '--lr', '0.5'])
+    assert "note: --lr 0.5 differs from the checkpoint's 0.003" in capsys.readouterr().err
+    ck = dict(before, config=dict(before['config'], d_model=64))
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys)
+    assert 'its config has d_model 64, its flags 32' in msg, msg

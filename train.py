@@ -32,8 +32,8 @@ from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, import_flags, kept, restore_training,
-                        resume_command, save_checkpoint, training_state)
+from checkpoint import (check_resumable, config_from_dict, import_flags, kept,
+                        restore_training, resume_command, save_checkpoint, training_state)
 from common import UserError
 import dataset
 from dataset import fingerprint, load_data
@@ -399,6 +399,8 @@ def run(argv, procs):
         counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
         state = RunState(**counters, saved=ckpt['step'])
     cfg = model_config(args, meta, procs.world)
+    if ckpt is not None:
+        check_recipe(ckpt, args, cfg, procs.rank)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
     if args.flop_budget is not None:
         args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
@@ -468,6 +470,24 @@ def train_and_test(trainer, splits, labels):
     trainer.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
     trainer.say(f'test {trainer.bits()} {r[trainer.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
+
+
+def check_recipe(ckpt, args, cfg, rank):
+    """A resumed run's model is the checkpoint's: refuse one whose config does not match
+    the flags it was saved with (an edited file), naming a field; a note on stderr for
+    each flag of the optimisation recipe that a resume changes."""
+    saved = config_from_dict(ckpt['config'])
+    for field in dataclasses.fields(cfg):
+        ours = getattr(cfg, field.name)
+        if ours != getattr(saved, field.name):
+            raise UserError(f'checkpoint {ckpt["path"]}: its config has {field.name} '
+                            f'{getattr(saved, field.name)}, its flags {ours}: damaged or '
+                            'edited; use another copy')
+    for k in ('lr', 'warmup', 'grad_clip'):
+        then = ckpt['args'].get(k)
+        if rank == 0 and getattr(args, k) != then:
+            print(f'note: --{k.replace("_", "-")} {getattr(args, k)} differs from the '
+                  f"checkpoint's {then}: the resumed run continues with it", file=sys.stderr)
 
 
 def start_log(trainer, amp):
