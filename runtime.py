@@ -250,6 +250,9 @@ def run_guard(out_dir, procs, where):
             yield stop
         ended = True
     except KeyboardInterrupt:
+        # a second Ctrl-C while this one unwinds would end in a traceback (the caller
+        # restores Ctrl-C: train.main)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise UserError(where(), code=130) from None
     finally:
         # together (a rank exiting while others use its gloo links can abort), not on error

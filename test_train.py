@@ -1338,3 +1338,17 @@ def test_train_resume_refuses_a_config_unlike_its_flags_and_notes_a_changed_reci
     checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
     msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys)
     assert 'its config has d_model 64, its flags 32' in msg, msg
+
+
+def test_train_resume_from_another_working_directory_finds_its_data(synth, tmp_path,
+                                                                    monkeypatch):
+    """A run started with a relative --data resumes from another working directory: the
+    checkpoint records where its data was."""
+    shutil.copytree(synth, tmp_path / 'data')
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / 'run'
+    trained(tiny_args('data', 'fixed') + ['--max-steps', '1', '--out', str(out)])
+    (tmp_path / 'elsewhere').mkdir()
+    monkeypatch.chdir(tmp_path / 'elsewhere')
+    trained(['--out', str(out), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    assert read_log(out)[-1]['step'] == 2

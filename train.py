@@ -17,6 +17,7 @@ import dataclasses
 import math
 import platform
 import shlex
+import signal
 import sys
 import time
 from collections import namedtuple
@@ -382,7 +383,8 @@ def identify_data(meta, splits, data):
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     vocab['encoding'] = meta.get('encoding', 'paper')
     vocab['cleaning'] = {'lang': cleaning.get('lang')}
-    return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
+    path = str(Path(data).resolve())   # (a resume may start in another folder)
+    return dict(vocab=vocab, dataset=dict(path=path, fingerprint=fingerprint(splits)))
 
 
 def run(argv, procs):
@@ -390,6 +392,9 @@ def run(argv, procs):
     train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
     args.threads = rt.setup_device(args.device, args.threads)  # (the config record's)
+    if ckpt is not None and args.data == ckpt['args']['data'] and not Path(args.data).exists():
+        # a resume from another working directory: the data where the run found it
+        args.data = ckpt['dataset']['path']
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
     state = RunState()
@@ -653,7 +658,11 @@ def main(argv=None):
     procs = rt.Processes.of_torchrun()
     if argv is None:
         argv = sys.argv[1:]
-    return common.main(lambda: run(argv, procs), procs.rank)
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    try:
+        return common.main(lambda: run(argv, procs), procs.rank)
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)   # (ignored once a run was interrupted)
 
 
 if __name__ == '__main__':
