@@ -6,8 +6,9 @@
 #   bash study.sh --part table1 --device cuda --emit jobs.txt
 #   sbatch --array=1-"$(wc -l < jobs.txt)"%16 docs/slurm-array.sh jobs.txt   # 16 at a time
 #
-# train.py saves a checkpoint and exits 75 on SIGTERM or SIGUSR1; Slurm sends SIGUSR1 to this
-# script 10 minutes before the time limit (--signal below), which passes it on. Afterwards,
+# train.py saves a checkpoint and exits 75 on SIGTERM or SIGUSR1, in any phase; Slurm sends
+# SIGUSR1 to this script 10 minutes before the time limit (--signal below), which passes it on
+# (under torchrun to its workers: the task exits 75 too, with no traceback). Afterwards,
 # the same study.sh --emit command writes a new list: finished runs left out, stopped ones
 # with --resume; submit that. With --nproc N in the study, ask for N GPUs (--gres=gpu:N).
 #SBATCH --job-name=dynpool
