@@ -452,7 +452,7 @@ def bench_generate(args):
 # ----------------------------------------------------------------------------- main
 def run(argv):
     args = parse_args(argv)
-    start_processes(args.device, Processes())   # TF32, as train.py trains
+    start_processes(args.device, Processes())   # (CUDA's device set, as train.py's)
     if args.generate:
         return bench_generate(args)
     if args.beside:
