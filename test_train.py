@@ -1352,3 +1352,18 @@ def test_train_resume_from_another_working_directory_finds_its_data(synth, tmp_p
     monkeypatch.chdir(tmp_path / 'elsewhere')
     trained(['--out', str(out), '--resume', '--device', 'cpu', '--max-steps', '2'])
     assert read_log(out)[-1]['step'] == 2
+
+
+def test_train_commands_it_prints_for_a_folder_named_like_a_flag_work(synth, tmp_path, capsys,
+                                                                      monkeypatch):
+    """A run folder whose name starts with '-' (--out=-run): the continue command the run prints
+    resumes it, and the sample command it prints then reads it."""
+    import sample
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    trained(tiny_args(synth, 'fixed') + ['--max-steps', '2', '--stop-step', '1', '--out=-run'])
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    trained(shlex.split(said.split('continue with: ')[1])[2:] + ['--device', 'cpu'])
+    said = capsys.readouterr().out.strip().splitlines()[-2]
+    assert run_main(sample.main, shlex.split(said.split('sample with: ')[1])[2:] +
+                    ['--chars', '5', '--device', 'cpu'], capsys)[0] == 0

@@ -33,7 +33,7 @@ from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, config_from_dict, import_flags, kept,
+from checkpoint import (check_resumable, config_from_dict, import_flags, kept, path_flag,
                         restore_training, resume_command, save_checkpoint, training_state)
 from common import UserError
 import dataset
@@ -471,7 +471,8 @@ def train_and_test(trainer, splits, labels):
         trainer.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
                     f'{resume_command(out, args.imports)}')
         return rt.EXIT_PREEMPTED if trainer.stop else 0
-    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports), '--ckpt', args.out])
+    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports),
+                         *path_flag('--ckpt', args.out)])
     trainer.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
     trainer.say(f'test {trainer.bits()} {r[trainer.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
