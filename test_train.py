@@ -289,7 +289,7 @@ def test_train_divergence_before_any_checkpoint_saves_none(synth, tmp_path, caps
     argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
                                           str(out)]
     msg = user_error(argv, capsys, code=1)
-    assert 'at step 1 (valid bpc nan); no checkpoint was written' in msg, msg
+    assert 'at step 1 (non-finite valid bpc nan); no checkpoint was written' in msg, msg
     assert not (out / 'ckpt.pt').exists() and read_log(out)[-1]['diverged'] is True
 
 

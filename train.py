@@ -361,7 +361,7 @@ def eval_and_log(trainer, splits, split, max_chars):
         line += ' (a subset)'
     trainer.say(f'{line} | {seconds:.1f}s')
     if not math.isfinite(r['bpc']):
-        diverged(trainer, f'{split} {bits} {r["bpc"]}')
+        diverged(trainer, f'non-finite {split} {bits} {r["bpc"]}')
     return rec
 
 
