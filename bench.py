@@ -26,7 +26,7 @@ import presets
 from common import UserError
 from dynpool import DynamicPoolingLM, step_flops
 from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
-                     require_memory, setup_precision, start_processes)
+                     require_memory, setup_device, setup_precision, start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
@@ -89,6 +89,9 @@ def parser():
                    help='--generate: sequences side by side')
     p.add_argument('--recompute-steps', type=common.positive_int, default=8,
                    help='--generate: characters by recomputation')
+    p.add_argument('--beside', action='store_true',
+                   help="time the README quick start's training (data/text8) alone, then "
+                        'beside a second one, both at their default threads: the ratio')
     p.add_argument('--seed', type=common.seed_int, default=0,
                    help='seed of weights, characters, boundaries')
     p.add_argument('--one', metavar='CONFIG', help=argparse.SUPPRESS)   # a child's
@@ -118,8 +121,6 @@ def measuring_flags(p):
     presets.add_device_flag(p)
     presets.add_amp_flag(p)
     p.set_defaults(amp='auto')
-    p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1),
-                   help='torch.set_num_threads')
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
     p.add_argument('--no-pieces', action='store_true', help='no effect: old commands')
@@ -156,8 +157,7 @@ def parse_args(argv=None):
         args.names = GENERATED
     for name in args.names:
         model_config(args, name)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_device(args.device, args.threads)
     if args.cuda:
         args.where = torch.cuda.get_device_name(args.device)
     else:
@@ -442,9 +442,11 @@ def bench_generate(args):
 # ----------------------------------------------------------------------------- main
 def run(argv):
     args = parse_args(argv)
-    start_processes(args.device, Processes())   # TF32, as train.py trains
+    start_processes(args.device, Processes())   # (CUDA's device set, as train.py's)
     if args.generate:
         return bench_generate(args)
+    if args.beside:
+        return bench_beside(args)
     if args.one:
         return run_one(args, args.one)
     table, failed, peak = measure(args)
@@ -461,6 +463,52 @@ def run(argv):
 
 def main(argv=None):
     return common.main(lambda: run(argv))
+
+
+# --beside: the steps a run is timed over, and those of the second run, which covers them
+BESIDE_STEPS = 40
+
+
+def bench_beside(args):
+    """The quick start's training (train.py --boundary whitespace --device cpu, at its
+    defaults) alone, then with a second identical one started beside it: seconds a step,
+    from train_time and step in each run's log.jsonl (steps 10 to BESIDE_STEPS), and
+    their ratio. --threads passes on to both; else the environment's OMP_NUM_THREADS is
+    left out, so that each takes train.py's default."""
+    import tempfile
+    env = {k: v for k, v in os.environ.items() if k != 'OMP_NUM_THREADS'}
+    command = [sys.executable, 'train.py', '--boundary', 'whitespace', '--device', 'cpu']
+    if args.threads:
+        command += ['--threads', str(args.threads)]
+
+    def start(out, steps):
+        return subprocess.Popen(command + ['--out', out, '--stop-step', str(steps)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def seconds_a_step(run, out):
+        err = run.communicate()[1]
+        if run.returncode != 0:
+            said = (err.strip().splitlines() or [f'exit status {run.returncode}'])[-1]
+            raise UserError(f'--beside: the training failed: {said}')
+        lines = (Path(out) / 'log.jsonl').read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        steps = [r for r in records if r['kind'] == 'train']
+        seconds = steps[-1]['train_time'] - steps[0]['train_time']
+        return seconds / (steps[-1]['step'] - steps[0]['step']), records[0]['threads']
+    with tempfile.TemporaryDirectory() as folder:
+        alone, threads = seconds_a_step(start(f'{folder}/alone', BESIDE_STEPS),
+                                        f'{folder}/alone')
+        # the second one runs longer, so that every timed step has it beside
+        second = start(f'{folder}/second', 3 * BESIDE_STEPS)
+        first = start(f'{folder}/first', BESIDE_STEPS)
+        beside = seconds_a_step(first, f'{folder}/first')[0]
+        second.terminate()   # (it saves and exits 75)
+        second.communicate()
+    print(f"the quick start's training, steps 10 to {BESIDE_STEPS}, {threads} thread(s) "
+          'each:')
+    print(f'  alone            {1000 * alone:8.0f} ms/step')
+    print(f'  beside another   {1000 * beside:8.0f} ms/step')
+    print(f'  ratio            {beside / alone:8.2f}')
 
 
 if __name__ == '__main__':

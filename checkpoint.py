@@ -175,8 +175,17 @@ def import_flags(imports):
 def resume_command(out, imports=(), *flags):
     """The command that continues the run in folder `out` (its --import flags, then
     flags), quoted for the shell."""
-    command = ['python', 'train.py', '--out', str(out), '--resume', *import_flags(imports)]
+    command = ['python', 'train.py', *path_flag('--out', out), '--resume',
+               *import_flags(imports)]
     return shlex.join(command + list(flags))
+
+
+def path_flag(flag, path):
+    """The words of `flag PATH` in a command; `flag=PATH` where PATH starts with '-',
+    which argparse would take for a flag."""
+    if str(path).startswith('-'):
+        return [f'{flag}={path}']
+    return [flag, str(path)]
 
 
 def kept(path, saved_step, imports=(), *flags):

@@ -53,16 +53,18 @@ def error_line(e):
 
 
 def main(run, rank=0):
-    """The error boundary of every script: run() → its exit code. A UserError, an OSError
-    (a full or closed stdout too), out of memory and Ctrl-C end as one `error: ...` line
-    on stderr (only rank 0 of torchrun's processes prints) and exit code 1, 2 for flags,
-    130 for Ctrl-C."""
+    """The error boundary of every script: run() → its exit code, the int run() returns
+    (0 for anything else). A UserError, an OSError (a full or closed stdout too), out of
+    memory and Ctrl-C end as one `error: ...` line on stderr (only rank 0 of torchrun's
+    processes prints) and exit code 1, 2 for flags, 130 for Ctrl-C."""
     try:
-        run()
+        code = run()
         try:   # a full or closed stdout fails here, inside the boundary
             sys.stdout.flush()
         except OSError as e:
             raise type(e)(e.errno, e.strerror, 'stdout') from None
+        if type(code) is int:
+            return code
         return 0
     except (Exception, KeyboardInterrupt) as e:
         said = error_line(e)

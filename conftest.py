@@ -21,7 +21,9 @@ import hnet  # noqa: F401
 from dynpool import BOUNDARY_MODES, PREDICTOR_MODES as _PREDICTOR_MODES, Config, DynamicPoolingLM
 
 # Tiny models run fastest on one thread, and two threads on 2 shared, busy cores are ~10x slower.
+# The environment's too: a script run in-process (train.main) takes the user's OMP_NUM_THREADS.
 torch.set_num_threads(1)
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 
 # A suite started in the background by a shell script (`pytest &`) inherits Ctrl-C ignored, and so
 # would every process it starts: the Ctrl-C tests need it delivered, here and in those processes.

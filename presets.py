@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import io
 import math
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -44,12 +45,12 @@ CPU_PRESET = dict(d_model=128, n_head=2, d_head=64, d_inner=512, layers=(1, 4, 1
                   eval_step=128, eval_subset_chars=20_000, eval_max_chars=0,
                   eval_batch_size=8, log_interval=10)
 COMMON = dict(data='data/text8', boundary='entropy', grad_accum=1, grad_clip=0.25,
-              seed=1337, amp='auto', compile=False, attention='auto')
+              seed=1337, amp='auto', compile=False, attention='auto', eval_protocol='whole')
 # Flags that define the model or the data order: a resumed run must keep them, and those
 # of model_defaults().
 KEPT_ON_RESUME = ('boundary', 'unigram', *SHAPE, 'seq_len', 'batch_size', 'seed')
 # Flags of this invocation only: a resumed run does not take them from the checkpoint.
-NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time')
+NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time', 'threads')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
 # The flag types of a source's Options fields, by the field's annotation
@@ -125,10 +126,12 @@ def add_import_flag(p):
 
 
 def add_device_flag(p):
-    """--device (runtime.pick_device resolves it)."""
+    """--device (runtime.pick_device resolves it) and --threads (runtime.cpu_threads)."""
     p.add_argument('--device', type=nonblank,
                    help='cpu, cuda, cuda:N or mps (default cuda if any; train.py: it also '
                    'picks the preset)')
+    p.add_argument('--threads', type=int_range(1, os.cpu_count() or 1),
+                   help='CPU threads (default OMP_NUM_THREADS, else half the CPUs)')
 
 
 def add_amp_flag(p):
@@ -354,6 +357,9 @@ def add_schedule_flags(p):
                    help='cap the final validation and test at N chars, 0 = all')
     p.add_argument('--eval-batch-size', type=positive_int,
                    help='windows per evaluation batch')
+    p.add_argument('--eval-protocol', choices=('whole', 'released'),
+                   help="every target once in one stream, or the released code's 500 "
+                   'batches of 16 columns')
     p.add_argument('--log-interval', type=positive_int,
                    help='a train record every N steps')
 
@@ -380,7 +386,8 @@ def resolve_args(argv, procs=rt.Processes()):
     ckpt = None
     taken = {}
     if args.resume:
-        ckpt = read_checkpoint(out / 'ckpt.pt', resume=True)
+        # the run folder's ckpt.pt (read_checkpoint takes a folder called so for a run's)
+        ckpt = read_checkpoint(out if out.is_dir() else out / 'ckpt.pt', resume=True)
         saved = ckpt['args']
         for k in sorted(given & {*KEPT_ON_RESUME, *model}):
             if getattr(args, k) != saved.get(k):
@@ -388,7 +395,11 @@ def resolve_args(argv, procs=rt.Processes()):
                                 f'{show(saved.get(k))}: a resumed run keeps it', code=2)
         taken = {k: v for k, v in saved.items() if k not in given | set(NOT_RESUMED)}
     elif (out / 'ckpt.pt').exists():
-        raise UserError(f'{out / "ckpt.pt"} exists: --resume it or choose another --out')
+        # (a folder or another file in its place is no checkpoint to resume)
+        what = 'exists: --resume it'
+        if not (out / 'ckpt.pt').is_file():
+            what = 'is not a checkpoint file: remove it'
+        raise UserError(f'{out / "ckpt.pt"} {what} or choose another --out')
     vars(args).update(taken, out=str(out), device=device, imports=imports)
     preset = CPU_PRESET
     if device.startswith('cuda'):

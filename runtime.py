@@ -7,6 +7,7 @@ import re
 import resource
 import signal
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
@@ -18,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 from common import UserError
-from dynpool import DynamicPoolingLM, ModelOutput, step_flops
+from dynpool import DynamicPoolingLM, ModelOutput, shortened_length, step_flops
 
 
 class Processes(NamedTuple):
@@ -130,12 +131,29 @@ def generation_bytes(cfg, batch, prompt_len, new):
     return 4 * (caches + scores + pooling + activations)
 
 
-def use_tf32(device):
-    """TF32 matmuls on a GPU: the same recipe, much faster (for every script that runs
-    the model)."""
+def setup_device(device, threads=None):
+    """Every script's device setup: its CPU threads, --threads where given, else
+    cpu_threads(); TF32 matmuls on a GPU (the same recipe, much faster) → the threads."""
+    torch.set_num_threads(threads or cpu_threads())
     if 'cuda' in str(device):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    return torch.get_num_threads()
+
+
+def cpu_threads():
+    """The CPU threads a script takes unless told: OMP_NUM_THREADS where the user set it,
+    else half the CPUs this process may run on (its affinity), at least one."""
+    # torch's default, a thread per core, lets two runs on one machine oversubscribe it:
+    # OpenMP's threads spin waiting for each other and every step crawls. Half each, two
+    # runs share it.
+    given = os.environ.get('OMP_NUM_THREADS', '')
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cpus = os.cpu_count() or 1
+    if hasattr(os, 'sched_getaffinity'):   # (Linux: the CPUs a scheduler gave this job)
+        cpus = len(os.sched_getaffinity(0))
+    return max(1, cpus // 2)
 
 
 def peak_mem_mb(device):
@@ -159,9 +177,8 @@ def sum_dtype(device):
 
 
 def start_processes(device, procs):
-    """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU); TF32 on GPUs."""
+    """torchrun's processes join one process group (NCCL on GPUs, gloo on CPU)."""
     cuda = 'cuda' in str(device)
-    use_tf32(device)
     if cuda:  # the device set first: NCCL binds to it
         torch.cuda.set_device(device)
     if procs.world > 1:
@@ -179,21 +196,38 @@ def wrap_model(model, args, world=1):
     with suppress(ValueError):  # (ValueError: already registered)
         # DDP's static graph finds tensors by pytrees
         torch.export.register_dataclass(ModelOutput)
-    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580); the
-    # only buffer, the constant Gumbel evaluation noise, never re-broadcast (the
-    # argument's name since 2.13).
-    no_sync = ({'forward_sync_buffers': False} if 'forward_sync_buffers' in
-               DDP.__init__.__code__.co_varnames else {'broadcast_buffers': False})
+    # A static graph but with --grad-accum > 1 (no_sync breaks it, pytorch#143580)
     ids = [torch.device(args.device).index] if 'cuda' in args.device else None
-    return DDP(model, device_ids=ids, static_graph=args.grad_accum == 1,
-               gradient_as_bucket_view=True, **no_sync)
+    ddp = DDP(model, device_ids=ids, static_graph=args.grad_accum == 1,
+              gradient_as_bucket_view=True)
+    # the only buffer, the constant Gumbel evaluation noise, is never re-broadcast: DDP's
+    # attribute in every version (2.13 renamed the constructor's argument)
+    ddp.broadcast_buffers = False
+    return ddp
 
 
 # Signals that stop a run to be resumed: a scheduler's or a spot instance's notice
-# (SIGTERM), a user's (SIGUSR1). The run ends its step, saves and exits with EX_TEMPFAIL,
-# "stopped to resume".
+# (SIGTERM), a user's (SIGUSR1). The one stop rule: the work in flight (a step, an
+# evaluation's batch, a save) ends, the run saves what a resume needs and exits with
+# EX_TEMPFAIL, "stopped to resume", whatever the phase.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_PREEMPTED = 75
+
+
+class Stopped(Exception):
+    """A stop signal ended the evaluation or phase in flight (check_stop)."""
+
+
+def check_stop(stop, procs, device):
+    """Raise Stopped where a stop signal has arrived: this process's, or any process's
+    under DDP (one collective: every process calls it at the same point)."""
+    stopping = bool(stop)
+    if procs.world > 1:
+        flag = torch.tensor(float(stopping), device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        stopping = flag.item() > 0
+    if stopping:
+        raise Stopped
 
 
 @contextmanager
@@ -209,9 +243,16 @@ def run_guard(out_dir, procs, where):
     ended = False
     try:
         with common.locked(out_dir, 'the train.py using it') if procs.rank == 0 else nullcontext():
+            if procs.rank == 0:
+                # a folder that takes no new file fails here, not at the first save
+                with tempfile.TemporaryFile(dir=out_dir):
+                    pass
             yield stop
         ended = True
     except KeyboardInterrupt:
+        # a second Ctrl-C while this one unwinds would end in a traceback (the caller
+        # restores Ctrl-C: train.main)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise UserError(where(), code=130) from None
     finally:
         # together (a rank exiting while others use its gloo links can abort), not on error
@@ -368,7 +409,7 @@ class StepStats:
             n_short = [None] * (self.args.grad_accum * self.world)
         else:
             # decided on the device: from each micro-step's measured SF = L / segments
-            n_short = [1 + L / sf for sf in self.step_sf]
+            n_short = [shortened_length(L, sf) for sf in self.step_sf]
         # the last step's FLOPs (a device tensor where measured there)
         self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
         if torch.is_tensor(self.last_flops):

@@ -23,7 +23,7 @@ import presets
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
 from dynpool import entropy_spikes
-from runtime import generation_bytes, pick_device, require_memory
+from runtime import generation_bytes, pick_device, require_memory, setup_device
 
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
 
@@ -215,8 +215,6 @@ def parse_args(argv=None):
                    help=f'| after each segment, {PROMPT_MARK} after the prompt')
     p.add_argument('--entropy-plot', type=nonblank, metavar='FILE.png',
                    help="the paper's Figure 2")
-    p.add_argument('--threads', type=common.int_range(1, os.cpu_count() or 1), default=1,
-                   help='threads')
     p.add_argument('--trust-ckpt', action='store_true',
                    help='load pickled objects: files you trust only')
     args = p.parse_args(argv)
@@ -273,7 +271,7 @@ def run(args):
     fmt = None
     if args.entropy_plot:
         fmt = plot_format(args.entropy_plot)
-    torch.set_num_threads(args.threads)
+    setup_device(args.device, args.threads)
     model, ckpt = presets.load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     unit = 'character'
     if dataset.unit(ckpt['vocab']) == 'byte':

@@ -63,6 +63,12 @@ def text8(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp('t8') / 'text8', text, valid=0.05, test=0.05)
 
 
+def whole(n_tokens, window, step, batch_size):
+    """The batches of windows of --eval-protocol whole."""
+    args = argparse.Namespace(eval_window=window, eval_step=step, eval_batch_size=batch_size)
+    return train.eval_batches(n_tokens, args, 'whole')
+
+
 def read_log(out):
     return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
 
@@ -116,7 +122,7 @@ def test_train_eval_sf_is_the_mean_over_windows(boundary):
     cfg = Config(vocab_size=len(alphabet), d_model=32, n_head=2, d_head=16, d_inner=64,
                  layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
     model = DynamicPoolingLM(cfg).eval()
-    r = train.evaluate(model, tokens, 24, 8, batch_size=4, device='cpu')
+    r = train.evaluate(model, tokens, whole(len(tokens), 24, 8, 4), device='cpu')
     windows = train.eval_windows(len(tokens) - 1, 24, 8)
     assert len(windows) > 4
     sfs = []
@@ -149,7 +155,7 @@ def test_train_windowed_eval_equals_naive_per_character(boundary):
                  layers=(1, 1, 1), boundary=boundary, whitespace_id=alphabet.index(' '))
     model = DynamicPoolingLM(cfg).eval()
     window, step = 16, 4
-    r = train.evaluate(model, tokens, window, step, batch_size=5, device='cpu')
+    r = train.evaluate(model, tokens, whole(len(tokens), window, step, 5), device='cpu')
     n = len(tokens) - 1
     x = torch.from_numpy(tokens.astype(np.int64))
     naive = 0.0
@@ -283,7 +289,7 @@ def test_train_divergence_before_any_checkpoint_saves_none(synth, tmp_path, caps
     argv = tiny_args(synth, 'entropy') + ['--max-steps', '3', '--eval-interval', '1', '--out',
                                           str(out)]
     msg = user_error(argv, capsys, code=1)
-    assert 'at step 1 (valid bpc nan); no checkpoint was written' in msg, msg
+    assert 'at step 1 (non-finite valid bpc nan); no checkpoint was written' in msg, msg
     assert not (out / 'ckpt.pt').exists() and read_log(out)[-1]['diverged'] is True
 
 
@@ -1175,7 +1181,7 @@ def test_train_evaluation_shows_progress_on_a_terminal(monkeypatch):
             return True
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, 'stderr', stream)
-        train.evaluate(model, tokens, 32, 8, 4, 'cpu', desc='step 7 valid')
+        train.evaluate(model, tokens, whole(len(tokens), 32, 8, 4), 'cpu', desc='step 7 valid')
         monkeypatch.undo()
         assert ('step 7 valid' in stream.getvalue()) == shown, stream.getvalue()
 
@@ -1189,3 +1195,175 @@ def test_train_a_name_in_another_encoding_is_one_line(synth, tmp_path):
     out, err = first.communicate(timeout=120)
     assert first.returncode == 1, err
     assert err.splitlines() == [err.strip()] and 'is not utf-8' in err and 'caf' in err, err
+
+
+# ----------------------------------------------------------------------------- issue 39, 41, 42
+def test_train_a_stop_signal_in_the_final_evaluation_exits_75_and_resume_finishes(synth,
+                                                                                  tmp_path):
+    """SIGTERM during the final evaluation, whose start a line on stdout shows (stdout is a pipe,
+    no progress bar): the evaluation ends at its batch, the run exits 75 with the stopped line and
+    no traceback, keeping the checkpoint of its last step; --resume trains nothing, evaluates and
+    ends with the test line."""
+    out = tmp_path / 'run'
+    # one window a batch, each scoring one character: thousands of batches, minutes of work
+    argv = tiny_args(synth, 'fixed') + ['--max-steps', '2', '--eval-max-chars', '0',
+                                        '--eval-step', '1', '--eval-batch-size', '1']
+    run = run_cli(argv + ['--out', str(out)])
+    started = next((line for line in run.stdout
+                    if line.startswith('step 2 | valid: evaluating')), None)
+    assert started, run.communicate()
+    run.send_signal(signal.SIGTERM)
+    rest, err = run.communicate(timeout=120)   # (bounded by the signal; generous: a busy machine)
+    assert run.returncode == 75, err
+    assert 'Traceback' not in err
+    assert rest.strip().splitlines()[-1].startswith('stopped at step 2 of 2 (SIGTERM'), rest
+    assert torch.load(out / 'ckpt.pt', weights_only=False)['step'] == 2
+    log = read_log(out)
+    assert log[-1]['kind'] == 'stopped' and [r['step'] for r in log if r['kind'] == 'eval'] == [0]
+    trained(['--out', str(out), '--resume', '--device', 'cpu', '--eval-max-chars', '400'])
+    assert [r['split'] for r in read_log(out) if r['kind'] == 'eval'] == ['valid', 'valid', 'test']
+
+
+def test_train_released_protocol_scores_the_released_codes_positions(synth, tmp_path):
+    """--eval-protocol released scores what the released code's evaluation scores: the text cut
+    into 16 equal columns (the rest dropped), each column's targets from its second token on, each
+    batch one window a column of --eval-step targets after at most --eval-window - --eval-step
+    tokens of that column's own context (a cold start a column), the first 500 batches."""
+    rows, window, step = 40, 12, 4
+    groups = train.released_windows(16 * rows + 5, window, step)
+    targets = sorted(p + 1 for group in groups for _, end, first in group
+                     for p in range(first, end))
+    assert targets == [c * rows + j for c in range(16) for j in range(1, rows)]
+    for group in groups:
+        assert len(group) == 16 and len({end - start for start, end, _ in group}) == 1
+        for c, (start, end, first) in enumerate(group):
+            assert start >= c * rows and first - start == min(first - c * rows, window - step)
+            assert 0 < end - first <= step
+    long = train.released_windows(16 * 3000, 8, 2)   # 1,500 batches a column: the first 500
+    assert len(long) == 500 and train.scored_chars(long) == 16 * 500 * 2
+    # train.py evaluates its 400-character subset so: 16 columns of 25, 24 targets each
+    out = tmp_path / 'run'
+    trained(tiny_args(synth, 'none') + ['--max-steps', '1', '--eval-protocol', 'released',
+                                        '--out', str(out)])
+    evals = [r for r in read_log(out) if r['kind'] == 'eval']
+    assert [(r['eval_chars'], r['subset']) for r in evals] == [(16 * 24, True)] * 3
+
+
+def test_train_resume_on_its_data_remade_from_another_text_is_refused(synth, tmp_path, capsys):
+    """The run's data folder remade from another text (here one too short for a batch): --resume
+    is refused in one line, exit 2, for being other data, not for what the new text lacks; the
+    checkpoint is left as it was."""
+    data = shutil.copytree(synth, tmp_path / 'data')
+    out = tmp_path / 'run'
+    trained(tiny_args(data, 'whitespace') + ['--max-steps', '1', '--out', str(out)])
+    before = (out / 'ckpt.pt').read_bytes()
+    shutil.rmtree(data)
+    write_dataset(data, random_words(100, seed=9))
+    msg = user_error(['--out', str(out), '--resume', '--device', 'cpu', '--max-steps', '2'],
+                     capsys, code=2)
+    assert f'--data {data} is not the data the run' in msg, msg
+    assert (out / 'ckpt.pt').read_bytes() == before
+
+
+def test_train_threads_default_to_half_the_cpus_unless_the_user_says(synth, tmp_path,
+                                                                     monkeypatch):
+    """Without --threads or OMP_NUM_THREADS a run takes half the CPUs it may run on (two runs
+    share a machine); a user's OMP_NUM_THREADS, and --threads over it, decide otherwise. The
+    config record holds what torch then used."""
+    half = max(1, len(os.sched_getaffinity(0)) // 2)
+    cases = [(None, [], half), (str(half + 1), [], half + 1), (str(half + 1), ['--threads', '1'],
+                                                              1)]
+    try:
+        for i, (omp, extra, expected) in enumerate(cases):
+            monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+            if omp:
+                monkeypatch.setenv('OMP_NUM_THREADS', omp)
+            out = tmp_path / f'run{i}'
+            trained(tiny_args(synth, 'none') + ['--max-steps', '1', '--out', str(out)] + extra)
+            assert read_log(out)[0]['threads'] == expected, (omp, extra)
+    finally:
+        torch.set_num_threads(1)   # (conftest's, for the tests after)
+
+
+def test_train_eta_counts_the_validations_left_and_the_final_evaluation():
+    """The ETA of a train line is the whole run's: the steps left at this invocation's speed,
+    then each validation left and the final evaluation at the last evaluation's seconds a
+    character; before any evaluation, the steps alone."""
+    args = argparse.Namespace(max_steps=100, flop_budget=None, eval_interval=10)
+    trainer = train.Trainer(args=args, cfg=None, model=None, raw_model=None, optimizer=None,
+                            scaler=None, stats=None,
+                            state=train.RunState(step=20, train_time=25.0))
+    first = train.RunState(step=0, train_time=5.0)   # 20 steps in 20 s
+    assert train.eta(trainer, first).total_seconds() == 80
+    trainer.eval_chars = (1000, 50_000)   # a validation, the final evaluation
+    trainer.eval_rate = 0.002
+    # 80 steps; validations at steps 30 to 90 (7) of 2 s; the final evaluation, 100 s
+    assert train.eta(trainer, first).total_seconds() == 80 + 7 * 2 + 100
+
+
+@pytest.mark.slow
+def test_train_under_torchrun_and_the_slurm_script_a_stop_exits_75(synth, tmp_path):
+    """docs/slurm-array.sh running a torchrun line: Slurm's SIGUSR1 to the script stops both
+    workers, which save and exit 75, and the task as a whole exits 75 with no traceback."""
+    out = tmp_path / 'run'
+    line = shlex.join(['torchrun', '--standalone', '--nproc_per_node=2', 'train.py',
+                       *tiny_args(synth, 'fixed'), '--max-steps', '5000', '--out', str(out)])
+    jobs = tmp_path / 'jobs.txt'
+    jobs.write_text(f'cd {shlex.quote(str(ROOT))} && {line}\n')
+    script = subprocess.Popen(['bash', ROOT / 'docs' / 'slurm-array.sh', jobs], text=True,
+                              env=dict(os.environ, SLURM_ARRAY_TASK_ID='1', OMP_NUM_THREADS='1'),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = next((line for line in script.stdout if line.startswith('step 20/')), None)
+    assert seen, script.communicate()
+    script.send_signal(signal.SIGUSR1)
+    said = script.communicate(timeout=120)[0]
+    assert script.returncode == 75, said
+    assert 'Traceback' not in said and '(SIGTERM: stopped to be resumed)' in said, said
+    assert read_log(out)[-1]['kind'] == 'stopped'
+    assert checkpoint.read_checkpoint(out)['step'] == read_log(out)[-1]['step']
+
+
+def test_train_resume_refuses_a_config_unlike_its_flags_and_notes_a_changed_recipe(done_run,
+                                                                                   tmp_path,
+                                                                                   capsys):
+    """A sealed checkpoint whose config does not fit the flags it holds (d_model 64, flags 32) is
+    refused in one line naming the field; a resume at another --lr continues with it and says so
+    on stderr."""
+    run = copy_run(done_run, tmp_path)
+    before = torch.load(run / 'ckpt.pt', weights_only=False)
+    capsys.readouterr()
+    trained(['--out', str(run), '--resume', '--device', 'cpu', '--max-steps', '2', '--lr', '0.5'])
+    assert "note: --lr 0.5 differs from the checkpoint's 0.003" in capsys.readouterr().err
+    ck = dict(before, config=dict(before['config'], d_model=64))
+    checkpoint.save_checkpoint(run / 'ckpt.pt', ck, None)
+    msg = user_error(['--out', str(run), '--resume', '--device', 'cpu'], capsys)
+    assert 'its config has d_model 64, its flags 32' in msg, msg
+
+
+def test_train_resume_from_another_working_directory_finds_its_data(synth, tmp_path,
+                                                                    monkeypatch):
+    """A run started with a relative --data resumes from another working directory: the
+    checkpoint records where its data was."""
+    shutil.copytree(synth, tmp_path / 'data')
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / 'run'
+    trained(tiny_args('data', 'fixed') + ['--max-steps', '1', '--out', str(out)])
+    (tmp_path / 'elsewhere').mkdir()
+    monkeypatch.chdir(tmp_path / 'elsewhere')
+    trained(['--out', str(out), '--resume', '--device', 'cpu', '--max-steps', '2'])
+    assert read_log(out)[-1]['step'] == 2
+
+
+def test_train_commands_it_prints_for_a_folder_named_like_a_flag_work(synth, tmp_path, capsys,
+                                                                      monkeypatch):
+    """A run folder whose name starts with '-' (--out=-run): the continue command the run prints
+    resumes it, and the sample command it prints then reads it."""
+    import sample
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    trained(tiny_args(synth, 'fixed') + ['--max-steps', '2', '--stop-step', '1', '--out=-run'])
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    trained(shlex.split(said.split('continue with: ')[1])[2:] + ['--device', 'cpu'])
+    said = capsys.readouterr().out.strip().splitlines()[-2]
+    assert run_main(sample.main, shlex.split(said.split('sample with: ')[1])[2:] +
+                    ['--chars', '5', '--device', 'cpu'], capsys)[0] == 0

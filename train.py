@@ -17,6 +17,7 @@ import dataclasses
 import math
 import platform
 import shlex
+import signal
 import sys
 import time
 from collections import namedtuple
@@ -32,11 +33,12 @@ from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, import_flags, kept, restore_training,
-                        resume_command, save_checkpoint, training_state)
+from checkpoint import (check_resumable, config_from_dict, import_flags, kept, path_flag,
+                        restore_training, resume_command, save_checkpoint, training_state)
 from common import UserError
 import dataset
 from dataset import fingerprint, load_data
+import dynpool
 from dynpool import Config, DynamicPoolingLM
 from presets import budget_flops, model_config, resolve_args, save_schedule
 
@@ -53,27 +55,18 @@ def get_chunks(stream, offset, chunk_ids, seq_len):
     return torch.from_numpy(stream[idx].astype(np.int64))
 
 
-def segment_counts(cfg, x):
-    """Complete segments a row of host tokens x [..., L]; None where a network decides."""
-    if cfg.boundary == 'fixed':
-        return np.full(x.shape[:-1], x.shape[-1] // cfg.fixed_factor)
-    if cfg.boundary == 'whitespace':
-        return (x == cfg.whitespace_id).sum(-1)
-    return None
-
-
 def check_pooling(cfg, tokens, seq_len, data):
     """Refuse a source that the text alone decides (fixed, whitespace) where it closes no
     segment in any training sequence: the model would never pool (whitespace on a DNA
     sequence; fixed k > --seq-len). One that pools rarely (short sequences) still trains."""
-    tokens = tokens[:1 << 24]  # (a sample of 16M characters: read fast, in little memory)
+    # a sample of 4M characters: read fast, in little memory
+    tokens = torch.from_numpy(tokens[:1 << 22].astype(np.int64))
     rows = len(tokens) // seq_len
-    counts = segment_counts(cfg, tokens[:rows * seq_len].reshape(rows, seq_len))
+    counts = dynpool.count_segments(cfg, tokens[:rows * seq_len].view(rows, seq_len))
     if counts is not None and rows and counts.sum() == 0:
-        raise UserError(f'--boundary {cfg.boundary} closes {counts.mean():.2g} segments '
-                        f'in a sequence of --seq-len {seq_len} of {data}/train.bin: the '
-                        'model would never pool; choose another --boundary (or '
-                        '--fixed-factor)', code=2)
+        raise UserError(f'--boundary {cfg.boundary} closes 0 segments in a sequence of '
+                        f'--seq-len {seq_len} of {data}/train.bin: the model would never '
+                        'pool; choose another --boundary (or --fixed-factor)', code=2)
 
 
 # One step's data and the data position after it. x, y (next characters), b (Unigram
@@ -100,7 +93,9 @@ def batches(tokens, labels, args, cfg, state, procs):
             if labels is not None:
                 b = get_chunks(labels, offset, ids[:, procs.rank], L)[..., :-1]
                 b = rt.to_device(b, args.device).bool()
-            segments = segment_counts(cfg, chunks[..., :-1].numpy())
+            segments = dynpool.count_segments(cfg, chunks[..., :-1])
+            if segments is not None:   # (read as numpy: no torch scalar read in the step)
+                segments = segments.numpy()
             yield Batch(epoch, pos, chunk[..., :-1], chunk[..., 1:], b, segments)
         # not enough chunks left for a full batch: the next epoch
         epoch += 1
@@ -140,6 +135,8 @@ class Trainer:
     data_identity: dict | None = None  # the vocabulary and the data's fingerprint
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     saved_time: float = 0.0           # state.train_time at the last save
+    eval_rate: float | None = None    # seconds a character took at the last evaluation
+    eval_chars: tuple = (0, 0)        # characters a validation, the final evaluation score
 
     def say(self, line):
         """A line for the user (rank 0 only)."""
@@ -152,6 +149,13 @@ class Trainer:
         if dataset.unit(self.data_identity['vocab']) == 'byte':
             return 'bpb'
         return 'bpc'
+
+    def eval_eta(self, chars, words=''):
+        """`words` and the time `chars` evaluated characters take at the last evaluation's
+        speed; '' before any evaluation."""
+        if self.eval_rate is None:
+            return ''
+        return f'{words} {timedelta(seconds=round(self.eval_rate * chars))}'
 
 
 def reseed_rank(seed, rank, step):
@@ -183,45 +187,48 @@ def lr_at(step, args, state):
     return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_step(t, batch):
+def train_step(trainer, batch):
     """Forward and backward over the micro-batches, clipping, an Adam step that the
     device skips where the loss or the gradient is not finite. Nothing here waits for
     the device."""
-    args = t.args
+    args = trainer.args
+    model = trainer.model
+    optimizer = trainer.optimizer
+    scaler = trainer.scaler
     finite = torch.ones((), dtype=torch.bool, device=batch.x.device)
     for m in range(args.grad_accum):
         # gradients all-reduced on the last micro-step only
         sync = nullcontext()
-        if t.procs.world > 1 and m < args.grad_accum - 1:
-            sync = t.model.no_sync()
+        if trainer.procs.world > 1 and m < args.grad_accum - 1:
+            sync = model.no_sync()
         known = {}  # S, the segments a row, where the host counted them: no device read
         if batch.segments is not None:
-            known['n_segments'] = int(batch.segments[m, t.procs.rank].max())
+            known['n_segments'] = int(batch.segments[m, trainer.procs.rank].max())
         if batch.b is not None:
             known['boundaries'] = batch.b[m]
         with sync:
-            with t.autocast:
-                out = t.model(batch.x[m], targets=batch.y[m], **known)
-            t.scaler.scale(out.loss / args.grad_accum).backward()
-        t.stats.add_micro(out)
+            with trainer.autocast:
+                out = model(batch.x[m], targets=batch.y[m], **known)
+            scaler.scale(out.loss / args.grad_accum).backward()
+        trainer.stats.add_micro(out)
         finite = finite & torch.isfinite(out.loss)
-    t.scaler.unscale_(t.optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), args.grad_clip or float('inf'))
-    if t.scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
-        t.scaler.step(t.optimizer)
-        t.scaler.update()
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or float('inf'))
+    if scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
+        scaler.step(optimizer)
+        scaler.update()
     else:
         # the fused Adam skips the step where found_inf is set, unread by the host:
         # GradScaler's protocol (grad_scale None: nothing to unscale)
         finite = finite & torch.isfinite(norm)
-        t.optimizer.found_inf = (~finite).float()
-        t.optimizer.grad_scale = None
+        optimizer.found_inf = (~finite).float()
+        optimizer.grad_scale = None
         try:
-            t.optimizer.step()
+            optimizer.step()
         finally:
-            del t.optimizer.found_inf, t.optimizer.grad_scale
-    t.optimizer.zero_grad(set_to_none=True)
-    t.stats.add_step(norm, ~finite, batch.segments)
+            del optimizer.found_inf, optimizer.grad_scale
+    optimizer.zero_grad(set_to_none=True)
+    trainer.stats.add_step(norm, ~finite, batch.segments)
 
 
 def eval_windows(n, window, step):
@@ -238,27 +245,70 @@ def eval_windows(n, window, step):
     return wins
 
 
+# The released code's evaluation: its test split in 16 columns, the first 500 batches
+RELEASED_COLUMNS = 16
+RELEASED_BATCHES = 500
+
+
+def released_windows(n_tokens, window, step):
+    """The released code's evaluation of n_tokens tokens → its batches of windows (start,
+    end, first_scored): the tokens cut into 16 equal columns (the rest dropped), batch i
+    scoring each column's i-th `step` targets after up to window - step tokens of the
+    column's own context (so each column starts cold), its first 500 batches."""
+    rows = n_tokens // RELEASED_COLUMNS
+    groups = []
+    for i in range(0, rows - 1, step)[:RELEASED_BATCHES]:
+        start = max(0, i - (window - step))
+        end = min(i + step, rows - 1)
+        groups.append([(c * rows + start, c * rows + end, c * rows + i)
+                       for c in range(RELEASED_COLUMNS)])
+    return groups
+
+
+def eval_batches(n_tokens, args, protocol, max_chars=0):
+    """The batches of windows that evaluate the first max_chars characters (0: all) of a
+    split of n_tokens: --eval-protocol whole scores every target once in one stream
+    (eval_windows), released as the released code does (released_windows)."""
+    if max_chars:
+        n_tokens = min(n_tokens, max_chars + 1)
+    if protocol == 'released':
+        return released_windows(n_tokens, args.eval_window, args.eval_step)
+    windows = eval_windows(n_tokens - 1, args.eval_window, args.eval_step)
+    size = args.eval_batch_size
+    return [windows[i:i + size] for i in range(0, len(windows), size)]
+
+
+def scored_chars(groups):
+    """The targets a list of batches of windows scores."""
+    return sum(end - first for group in groups for _, end, first in group)
+
+
 @torch.inference_mode()
-def evaluate(model, tokens, window, step, batch_size, device, autocast=nullcontext(),
-             procs=rt.Processes(), desc='evaluating'):
-    """BPC over overlapping windows and the mean SF; one device read. A progress bar on
-    stderr where it is a terminal (rank 0)."""
-    windows = eval_windows(len(tokens) - 1, window, step)
-    wins = windows[procs.rank::procs.world]  # this process's share
+def evaluate(model, tokens, groups, device, autocast=nullcontext(), procs=rt.Processes(),
+             desc='evaluating', stop=()):
+    """BPC over batches of windows (start, end, first_scored), all of a batch alike long,
+    and the mean SF; one device read. A progress bar on stderr where it is a terminal
+    (rank 0). A stop signal ends it at a batch's end (rt.Stopped)."""
+    mine = groups[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
     # the sums of nats, characters and SFs (a window each; none where nothing pools)
     sums = torch.zeros(3, dtype=rt.sum_dtype(device), device=device)
-    starts = range(0, len(wins), batch_size)
-    for i in tqdm(starts, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
-        group = wins[i:i + batch_size]  # all windows have the same length, so they stack
+    # as many rounds on every process: they check the stop signals together
+    rounds = range(-(-len(groups) // procs.world))
+    for i in tqdm(rounds, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
+        rt.check_stop(stop, procs, device)
+        if i >= len(mine):
+            continue
+        group = mine[i]
         idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
-        ids = tokens[idx]  # [windows, W+1], read from the memmap once
+        # [windows, W+1], read from the memmap once
+        chunk = torch.from_numpy(tokens[idx].astype(np.int64))
         known = {}  # S where the host counts it: no device read
-        counts = segment_counts(model.cfg, ids[:, :-1])
+        counts = dynpool.count_segments(model.cfg, chunk[:, :-1])
         if counts is not None:
             known['n_segments'] = int(counts.max())
-        chunk = rt.to_device(torch.from_numpy(ids.astype(np.int64)), device)
+        chunk = rt.to_device(chunk, device)
         x = chunk[:, :-1]
         y = chunk[:, 1:]
         with autocast:
@@ -278,45 +328,51 @@ def evaluate(model, tokens, window, step, batch_size, device, autocast=nullconte
     model.train(was_training)
     r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars))
     if sf_sum:
-        r['sf'] = sf_sum / len(windows)
+        r['sf'] = sf_sum / sum(map(len, groups))
     return r
 
 
-def eval_and_log(t, splits, split, max_chars):
-    """A split's first max_chars characters (0: all) evaluated, logged, shown → the record."""
-    args = t.args
-    state = t.state
-    tokens = splits[split]
-    if max_chars:
-        tokens = tokens[:max_chars + 1]
+def eval_and_log(trainer, splits, split, max_chars):
+    """A split's first max_chars characters (0: all) evaluated, logged, shown → the record.
+    Where no progress bar shows (stderr is not a terminal) a line says what it evaluates
+    and how long that takes at the last evaluation's speed."""
+    args = trainer.args
+    state = trainer.state
+    groups = eval_batches(len(splits[split]), args, args.eval_protocol, max_chars)
+    where = f'step {state.step} | {split}'
+    chars = scored_chars(groups)
+    if not sys.stderr.isatty():
+        trainer.say(f'{where}: evaluating {chars:,} chars{trainer.eval_eta(chars, " in about")}')
     started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
-    r = evaluate(t.raw_model, tokens, args.eval_window, args.eval_step, args.eval_batch_size,
-                 args.device, t.autocast, t.procs, f'step {state.step} {split}')
-    subset = len(tokens) < len(splits[split])
-    rec = dict(kind='eval', step=state.step, split=split, **{t.bits(): r['bpc']}, sf=r['sf'],
+    r = evaluate(trainer.raw_model, splits[split], groups, args.device, trainer.autocast,
+                 trainer.procs, where, trainer.stop)
+    seconds = time.monotonic() - started
+    trainer.eval_rate = seconds / max(chars, 1)
+    subset = r['chars'] < len(splits[split]) - 1
+    bits = trainer.bits()
+    rec = dict(kind='eval', step=state.step, split=split, **{bits: r['bpc']}, sf=r['sf'],
                eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
                train_flops=state.train_flops, train_time=round(state.train_time, 3),
                mem_mb=round(rt.peak_mem_mb(args.device)))
-    t.logger.log(rec)
-    line = f'step {state.step} | {split} {t.bits()} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | '
-    line += f'{r["chars"]:,} chars'
+    trainer.logger.log(rec)
+    line = f'{where} {bits} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | {r["chars"]:,} chars'
     if subset:
         line += ' (a subset)'
-    t.say(f'{line} | {time.monotonic() - started:.1f}s')
+    trainer.say(f'{line} | {seconds:.1f}s')
     if not math.isfinite(r['bpc']):
-        diverged(t, f'{split} {t.bits()} {r["bpc"]}')
+        diverged(trainer, f'non-finite {split} {bits} {r["bpc"]}')
     return rec
 
 
-def diverged(t, what):
+def diverged(trainer, what):
     """Stop a run whose loss or validation is not finite, before it saves: log it, and
     say how to go on from the last finite checkpoint at a lower learning rate."""
-    state = t.state
-    t.logger.log(dict(kind='diverged', diverged=True, step=state.step, why=what,
+    state = trainer.state
+    trainer.logger.log(dict(kind='diverged', diverged=True, step=state.step, why=what,
                       checkpoint_step=state.saved))
-    left = kept(Path(t.args.out) / 'ckpt.pt', state.saved, t.args.imports,
-                '--lr', f'{t.args.lr / 10:g}')
+    left = kept(Path(trainer.args.out) / 'ckpt.pt', state.saved, trainer.args.imports,
+                '--lr', f'{trainer.args.lr / 10:g}')
     raise UserError(f'the run diverged at step {state.step} ({what}); {left}')
 
 
@@ -327,16 +383,29 @@ def identify_data(meta, splits, data):
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     vocab['encoding'] = meta.get('encoding', 'paper')
     vocab['cleaning'] = {'lang': cleaning.get('lang')}
-    return dict(vocab=vocab, dataset=dict(path=data, fingerprint=fingerprint(splits)))
+    path = str(Path(data).resolve())   # (a resume may start in another folder)
+    return dict(vocab=vocab, dataset=dict(path=path, fingerprint=fingerprint(splits)))
 
 
 def run(argv, procs):
     """Check flags, data and model before anything is written; lock the run folder,
     train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
+    args.threads = rt.setup_device(args.device, args.threads)  # (the config record's)
+    if ckpt is not None and args.data == ckpt['args']['data'] and not Path(args.data).exists():
+        # a resume from another working directory: the data where the run found it
+        args.data = ckpt['dataset']['path']
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
+    state = RunState()
+    if ckpt is not None:
+        # first: data remade from another text is refused as such, not by a check of it
+        check_resumable(ckpt, data_identity, args.data)
+        counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
+        state = RunState(**counters, saved=ckpt['step'])
     cfg = model_config(args, meta, procs.world)
+    if ckpt is not None:
+        check_recipe(ckpt, args, cfg, procs.rank)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
     if args.flop_budget is not None:
         args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
@@ -345,11 +414,6 @@ def run(argv, procs):
         raise UserError(f'{args.data}/train.bin has {len(splits["train"])} chars, fewer '
                         f'than one batch ({args.batch_size} x {args.seq_len + 1})')
     check_pooling(cfg, splits['train'], args.seq_len, args.data)
-    state = RunState()
-    if ckpt is not None:
-        counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
-        state = RunState(**counters, saved=ckpt['step'])
-        check_resumable(ckpt, data_identity, args.data)
     rt.check_model_memory(cfg, args.device)
     out = Path(args.out)
 
@@ -365,133 +429,169 @@ def run(argv, procs):
         if ckpt is not None:
             restore_training(ckpt, model, optimizer, scaler, args.device)
         reseed_rank(args.seed, procs.rank, state.step)
-        t = Trainer(args=args, cfg=cfg, model=rt.wrap_model(model, args, procs.world),
-                    raw_model=model, optimizer=optimizer, scaler=scaler,
-                    stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
-                    procs=procs, state=state, data_identity=data_identity, stop=stop,
-                    saved_time=state.train_time)
-        start_log(t, amp)
-        why = train(t, splits, labels)
-        if why is not None:
-            # a clean stop to be resumed, told apart from a crash by report.py
-            t.logger.log(dict(kind='stopped', step=state.step, why=why))
-            total = args.max_steps
-            if args.flop_budget:
-                total = f'{args.flop_budget:.3g} FLOPs'
-            t.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
-                  f'{resume_command(out, args.imports)}')
-            return rt.EXIT_PREEMPTED if stop else 0
-        eval_and_log(t, splits, 'valid', args.eval_max_chars)
-        r = eval_and_log(t, splits, 'test', args.eval_max_chars)
-    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports), '--ckpt', args.out])
-    t.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
-    t.say(f'test {t.bits()} {r[t.bits()]:.4f} sf {r["sf"]:.2f}')
+        trainer = Trainer(args=args, cfg=cfg, model=rt.wrap_model(model, args, procs.world),
+                          raw_model=model, optimizer=optimizer, scaler=scaler,
+                          stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
+                          procs=procs, state=state, data_identity=data_identity, stop=stop,
+                          saved_time=state.train_time)
+        start_log(trainer, amp)
+        return train_and_test(trainer, splits, labels)
+
+
+def train_and_test(trainer, splits, labels):
+    """Train, then evaluate the whole validation and test splits → the exit code. A stop
+    before the end (a signal, --max-time, --stop-step) keeps a checkpoint of the last
+    step done and says how to continue; exit code 75 where a signal stopped it."""
+    args = trainer.args
+    state = trainer.state
+
+    def chars(split, max_chars):
+        return scored_chars(eval_batches(len(splits[split]), args, args.eval_protocol, max_chars))
+    # for the ETA: the characters a validation, and the final evaluation, score
+    final = chars('valid', args.eval_max_chars) + chars('test', args.eval_max_chars)
+    trainer.eval_chars = (chars('valid', args.eval_subset_chars), final)
+    try:
+        why = train(trainer, splits, labels)
+        if why is None:
+            eval_and_log(trainer, splits, 'valid', args.eval_max_chars)
+            r = eval_and_log(trainer, splits, 'test', args.eval_max_chars)
+    except rt.Stopped:
+        if not trainer.stop:   # (under DDP, another process's signal)
+            trainer.stop.append('a stop signal')
+        why = f'{trainer.stop[0]}: stopped to be resumed'
+        if state.saved != state.step:
+            save_training(trainer)
+    out = Path(args.out)
+    if why is not None:
+        # a clean stop to be resumed, told apart from a crash by report.py
+        trainer.logger.log(dict(kind='stopped', step=state.step, why=why))
+        total = args.max_steps
+        if args.flop_budget:
+            total = f'{args.flop_budget:.3g} FLOPs'
+        trainer.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
+                    f'{resume_command(out, args.imports)}')
+        return rt.EXIT_PREEMPTED if trainer.stop else 0
+    sample = shlex.join(['python', 'sample.py', *import_flags(args.imports),
+                         *path_flag('--ckpt', args.out)])
+    trainer.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
+    trainer.say(f'test {trainer.bits()} {r[trainer.bits()]:.4f} sf {r["sf"]:.2f}')
     return 0
 
 
-def start_log(t, amp):
+def check_recipe(ckpt, args, cfg, rank):
+    """A resumed run's model is the checkpoint's: refuse one whose config does not match
+    the flags it was saved with (an edited file), naming a field; a note on stderr for
+    each flag of the optimisation recipe that a resume changes."""
+    saved = config_from_dict(ckpt['config'])
+    for field in dataclasses.fields(cfg):
+        ours = getattr(cfg, field.name)
+        if ours != getattr(saved, field.name):
+            raise UserError(f'checkpoint {ckpt["path"]}: its config has {field.name} '
+                            f'{getattr(saved, field.name)}, its flags {ours}: damaged or '
+                            'edited; use another copy')
+    for k in ('lr', 'warmup', 'grad_clip'):
+        then = ckpt['args'].get(k)
+        if rank == 0 and getattr(args, k) != then:
+            print(f'note: --{k.replace("_", "-")} {getattr(args, k)} differs from the '
+                  f"checkpoint's {then}: the resumed run continues with it", file=sys.stderr)
+
+
+def start_log(trainer, amp):
     """The run's first line and config record (run_id: its identity) → the logger."""
-    args = t.args
-    params = t.raw_model.num_params()
+    args = trainer.args
+    params = trainer.raw_model.num_params()
     line = f'{args.boundary} on {args.data} -> {args.out}'
-    if t.state.saved is not None:
-        line += f' (resumed at step {t.state.step})'
-    t.say(f'{line}: {params / 1e6:.2f}M parameters, layers {",".join(map(str, args.layers))}, '
-          f'{args.device}, amp {amp}, {t.procs.world} process(es)')
+    if trainer.state.saved is not None:
+        line += f' (resumed at step {trainer.state.step})'
+    layers = ','.join(map(str, args.layers))
+    trainer.say(f'{line}: {params / 1e6:.2f}M parameters, layers {layers}, {args.device}, '
+                f'amp {amp}, {trainer.procs.world} process(es)')
     device_name = platform.machine()
     if args.device.startswith('cuda'):
         device_name = torch.cuda.get_device_name(args.device)
-    vocab = t.data_identity['vocab']
+    vocab = trainer.data_identity['vocab']
+    saved = trainer.state.saved
     config = {'kind': 'config', **vars(args), 'amp': amp, 'params': params,
-              'world': t.procs.world, 'device_name': device_name, 'torch': torch.__version__,
-              'resumed_from': t.state.saved, 'encoding': vocab['encoding'],
+              'world': trainer.procs.world, 'device_name': device_name,
+              'torch': torch.__version__, 'resumed_from': saved, 'encoding': vocab['encoding'],
               'unit': dataset.unit(vocab)}
-    t.logger = rt.Logger(Path(args.out), args, config, t.procs.rank, t.state.saved)
-    return t.logger
+    trainer.logger = rt.Logger(Path(args.out), args, config, trainer.procs.rank, saved)
+    return trainer.logger
 
 
-def train(t, splits, labels):
-    """Steps, records, validations, checkpoints → why the run stopped early, or None."""
-    args = t.args
-    state = t.state
+def train(trainer, splits, labels):
+    """Steps, records, validations, saves → why the run stopped early, None at its end."""
+    args = trainer.args
+    state = trainer.state
+    procs = trainer.procs
     stop = min(args.max_steps, args.stop_step or args.max_steps)
     why = None
     save_steps, save_seconds = save_schedule(args.save_interval)
-    stream = batches(splits['train'], labels and labels['train'], args, t.cfg, state, t.procs)
+    stream = batches(splits['train'], labels and labels['train'], args, trainer.cfg, state, procs)
     started = time.monotonic()
     if state.step == 0:
-        eval_and_log(t, splits, 'valid', args.eval_subset_chars)
+        eval_and_log(trainer, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
     since = (time.monotonic(), state.step)  # the last record's clock and step
     first = dataclasses.replace(state)  # this invocation's start
-    t.model.train()
+    trainer.model.train()
     while state.step < stop and not finished(state, args):
-        lr = advance(t, batch)
+        lr = advance(trainer, batch)
         batch = next(stream)  # cut and copied on the host while the device runs the step
         if args.flop_budget is not None:  # each step (else at a record: no wait)
-            state.train_flops += t.stats.take_step_flops()
+            state.train_flops += trainer.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
         save = validate or (save_steps and state.step % save_steps == 0)
-        # a signal ends the step in flight; with DDP, all ranks agree at a record
-        record = state.step % args.log_interval == 0 or save or (t.stop and t.procs.world == 1)
-        if record:
+        # a signal ends the step in flight (rt.Stopped); with DDP, all ranks agree at a record
+        if state.step % args.log_interval == 0 or save or (trainer.stop and procs.world == 1):
             clock = time.monotonic()
             late = args.max_time is not None and clock - started >= args.max_time
             # the training since the last save
-            unsaved = state.train_time + clock - since[0] - t.saved_time
+            unsaved = state.train_time + clock - since[0] - trainer.saved_time
             due = save_seconds is not None and unsaved >= save_seconds
-            r = t.stats.read(late or bool(t.stop), due)
+            r = trainer.stats.read(late, due)
             now = time.monotonic()
             last = since[0]
             steps = state.step - since[1]
             state.train_time += now - last
             since = (now, state.step)
             if r['bad']:
-                diverged(t, f'non-finite loss or gradient at a step in {state.step - steps + 1}'
-                            f'..{state.step}, skipped: the weights stayed finite')
+                where = f'a step in {state.step - steps + 1}..{state.step}'
+                diverged(trainer, f'non-finite loss or gradient at {where}, skipped: the '
+                                  'weights stayed finite')
             if args.flop_budget is None:
                 state.train_flops += r['flops']
-            log_train(t, r, lr, steps, now - last, stop, first)
+            log_train(trainer, r, lr, steps, now - last, stop, first)
+            rt.check_stop(trainer.stop, procs, args.device)
             save = save or r['save']
             if r['late'] and not end:
                 stop = state.step
-                save = True
-                why = stop_reason(t)
-                if not t.stop:  # (a signal's notice is short: no extra validation)
-                    validate = True
+                save = validate = True
+                why = f'--max-time {args.max_time:g}s'
         if not save:
             continue
-        # (a finished run is evaluated in full later)
-        if validate and not finished(state, args):
-            eval_and_log(t, splits, 'valid', args.eval_subset_chars)
-        save_training(t)
+        if validate and not finished(state, args):  # (a finished one: in full, later)
+            eval_and_log(trainer, splits, 'valid', args.eval_subset_chars)
+        save_training(trainer)
         since = (time.monotonic(), since[1])  # evaluating, saving: not training time
+        rt.check_stop(trainer.stop, procs, args.device)
     if finished(state, args):
         return None
     return why or f'--stop-step {args.stop_step}'
 
 
-def stop_reason(t):
-    """Why a run stops before its end at a record: a signal, or --max-time."""
-    if t.args.max_time is None and not t.stop:  # another process's signal (DDP)
-        t.stop.append('a stop signal')
-    if t.stop:
-        return f'{t.stop[0]}: stopped to be resumed'
-    return f'--max-time {t.args.max_time:g}s'
-
-
-def advance(t, batch):
+def advance(trainer, batch):
     """An optimizer step on the batch at the schedule's learning rate → the rate."""
-    args = t.args
-    state = t.state
+    args = trainer.args
+    state = trainer.state
     if args.flop_budget is not None and state.step >= args.warmup:
         if state.warmup_flops is None:  # the cosine decays over the FLOPs from here
             state.warmup_flops = state.train_flops
     lr = lr_at(state.step, args, state)
-    for group in t.optimizer.param_groups:
+    for group in trainer.optimizer.param_groups:
         group['lr'] = lr
-    train_step(t, batch)
+    train_step(trainer, batch)
     state.step += 1
     state.epoch = batch.epoch
     state.pos = batch.pos
@@ -499,45 +599,59 @@ def advance(t, batch):
     return lr
 
 
-def save_training(t):
+def save_training(trainer):
     """The checkpoint of the run's state, written whole (Ctrl-C waits for it)."""
-    state = t.state
+    state = trainer.state
     with rt.interrupts_deferred():  # the checkpoint and the step it holds, together
-        if t.procs.rank == 0:
+        if trainer.procs.rank == 0:
             counters = {k: v for k, v in vars(state).items() if k != 'saved'}
-            training = training_state(t.raw_model, t.optimizer, t.scaler, counters, t.cfg,
-                                      t.data_identity, t.args)
-            save_checkpoint(Path(t.args.out) / 'ckpt.pt', training, state.saved)
+            training = training_state(trainer.raw_model, trainer.optimizer, trainer.scaler,
+                                      counters, trainer.cfg, trainer.data_identity, trainer.args)
+            save_checkpoint(Path(trainer.args.out) / 'ckpt.pt', training, state.saved)
         state.saved = state.step
-        t.saved_time = state.train_time
-        reseed_rank(t.args.seed, t.procs.rank, state.step)  # as a resumed run would
+        trainer.saved_time = state.train_time
+        reseed_rank(trainer.args.seed, trainer.procs.rank, state.step)  # as a resumed run would
 
 
-def log_train(t, r, lr, steps, dt, stop, first):
+def log_train(trainer, r, lr, steps, dt, stop, first):
     """A train record of the statistics of the `steps` steps in `dt` seconds since the
-    last one, and its line, with an ETA from this invocation's speed: the steps (or
-    FLOPs) left at the rate of those since `first`, the RunState where it started."""
-    args = t.args
-    state = t.state
-    seconds = state.train_time - first.train_time
+    last one, and its line, with the ETA of the whole run (eta)."""
+    args = trainer.args
+    state = trainer.state
     speed = steps * args.batch_size * args.seq_len / dt
     bits = r['lm_loss'] / math.log(2)
-    t.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
-                      train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                      loss=r['loss'], **{t.bits(): bits}, sf=r['sf'], precision=r['precision'],
-                      recall=r['recall'], chars_per_s=round(speed), lr=lr,
-                      grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
-                      epoch=state.epoch))
-    if args.flop_budget is None:
-        where = f'{state.step}/{stop}'
-        left = (args.max_steps - state.step) / max(state.step - first.step, 1)
-    else:
+    trainer.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
+                            train_flops=state.train_flops, train_time=round(state.train_time, 3),
+                            loss=r['loss'], **{trainer.bits(): bits}, sf=r['sf'],
+                            precision=r['precision'], recall=r['recall'],
+                            chars_per_s=round(speed), lr=lr, grad_norm=r['grad_norm'],
+                            mem_mb=round(rt.peak_mem_mb(args.device)), epoch=state.epoch))
+    where = f'{state.step}/{stop}'
+    if args.flop_budget is not None:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
+    trainer.say(f'step {where} | loss {r["loss"]:.3f} | {trainer.bits()} {bits:.3f} | '
+                f'sf {r["sf"]:.2f} | {1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | '
+                f'ETA {eta(trainer, first)}')
+
+
+def eta(trainer, first):
+    """The time to the run's end: the steps (or FLOPs) left at the rate of those done since
+    `first`, the RunState where this invocation started, then the validations left and the
+    final evaluation at the last evaluation's speed."""
+    args = trainer.args
+    state = trainer.state
+    done = max(state.step - first.step, 1)
+    left = (args.max_steps - state.step) / done   # (in units of the steps done)
+    if args.flop_budget is not None:
         spent = state.train_flops - first.train_flops
         left = (args.flop_budget - state.train_flops) / max(spent, 1)
-    eta = timedelta(seconds=round(max(left, 0) * seconds))
-    t.say(f'step {where} | loss {r["loss"]:.3f} | {t.bits()} {bits:.3f} | sf {r["sf"]:.2f} | '
-          f'{1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | ETA {eta}')
+    left = max(left, 0)
+    end = state.step + round(left * done)
+    validations = max(0, (end - 1) // args.eval_interval - state.step // args.eval_interval)
+    validation, final = trainer.eval_chars
+    seconds = left * (state.train_time - first.train_time)
+    seconds += (trainer.eval_rate or 0) * (validations * validation + final)
+    return timedelta(seconds=round(seconds))
 
 
 def main(argv=None):
@@ -545,9 +659,11 @@ def main(argv=None):
     procs = rt.Processes.of_torchrun()
     if argv is None:
         argv = sys.argv[1:]
-    code = [0]
-    failed = common.main(lambda: code.append(run(argv, procs)), procs.rank)
-    return failed or code[-1]
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    try:
+        return common.main(lambda: run(argv, procs), procs.rank)
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)   # (ignored once a run was interrupted)
 
 
 if __name__ == '__main__':
