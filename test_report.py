@@ -86,7 +86,7 @@ def test_run_rows_and_seed_means(study):
         (300, 300 * CHARS_PER_STEP, 300e9, 150.0)
     assert (ws['valid_bpc'], ws['test_bpc'], ws['sf'], ws['done']) == (2.2, 2.1, 5.0, True)
     assert ws['chars_per_s'] == pytest.approx(CHARS_PER_STEP / 0.5)
-    pooled = [g for g in groups if g['n'] == 2]
+    pooled = [g for g in groups if g['n'] == '2']
     assert len(groups) == 3 and len(pooled) == 1  # other layers, other mode: not pooled
     g = pooled[0]
     assert g['seeds'] == '1,2'
@@ -503,8 +503,8 @@ def spy_on_figures(monkeypatch):
     """{flag: figure} of the figures report.py draws (their axes read back after saving)."""
     seen, draw = {}, report.draw
 
-    def spy(plt, flag, done):
-        seen[flag] = draw(plt, flag, done)
+    def spy(plt, flag, done, runs):
+        seen[flag] = draw(plt, flag, done, runs)
         return seen[flag]
     monkeypatch.setattr(report, 'draw', spy)
     return seen
@@ -620,7 +620,7 @@ class StandInFigure:
 def stand_in_for_matplotlib(monkeypatch):
     monkeypatch.setattr(report.common, 'import_pyplot', lambda flag: types.SimpleNamespace(
         close=lambda fig: None))
-    monkeypatch.setattr(report, 'draw', lambda plt, flag, done: StandInFigure())
+    monkeypatch.setattr(report, 'draw', lambda plt, flag, done, runs: StandInFigure())
 
 
 def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch):
