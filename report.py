@@ -45,7 +45,7 @@ NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
 NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
-           'resumed_from', 'seed', 'flop_budget')
+           'resumed_from', 'seed', 'flop_budget', 'max_steps', 'fixed_factor', 'prior')
 # the records of steps (the others: config, a test's own)
 STEP_KINDS = ('train', 'eval', 'diverged', 'stopped')
 # the curve panels of --plot: (x label, field of a validation record)
@@ -64,7 +64,7 @@ SIGNIFICANCE = ("p: two-sided paired t-test of test BPC (BPB), paired by seed wi
 def rank(mode):
     """Where a source (a mode label's first word) sorts: the paper's order, then any
     other by name."""
-    boundary = mode.split()[0]
+    boundary = mode.partition(' ')[0]
     if boundary in PAPER_MODES:
         return PAPER_MODES.index(boundary), ''
     return len(PAPER_MODES), boundary
@@ -166,7 +166,8 @@ def summarize(run):
         bits = 'BPB'
     score = bits.lower()
     # the last evaluation of each split
-    evals = {rec.get('split'): rec for rec in recs if rec['kind'] == 'eval'}
+    # (by its name as text: a damaged record's split may be any JSON value)
+    evals = {str(rec.get('split')): rec for rec in recs if rec['kind'] == 'eval'}
     curve = [dict(rec, bpc=rec.get(score)) for rec in recs
              if rec['kind'] == 'eval' and rec.get('split') == 'valid']
     done = 'test' in evals
@@ -182,7 +183,7 @@ def summarize(run):
     fingerprint = None
     if isinstance(cfg.get('dataset'), dict):
         fingerprint = cfg['dataset'].get('fingerprint')
-    return dict(run=run, id=cfg.get('run_id') or str(run), config=cfg, mode=mode_label(cfg),
+    return dict(run=run, id=str(cfg.get('run_id') or run), config=cfg, mode=mode_label(cfg),
                 boundary=str(cfg.get('boundary')), data=Path(data).name, data_path=data,
                 fingerprint=fingerprint, data_id=json.dumps(fingerprint or data),
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
@@ -521,13 +522,12 @@ def legible(fig):
 
     texts = fig.findobj(text.Text)
     wanted = {c for t in texts for c in t.get_text() if not c.isascii()}
-    default = font_manager.get_font(font_manager.findfont(font_manager.FontProperties()))
-    families = [default.family_name]
-    for font in [default] + font_manager.fontManager.ttflist:
+    default = font_manager.findfont(font_manager.FontProperties())
+    families = [font_manager.get_font(default).family_name]
+    for path in [default] + [font.fname for font in font_manager.fontManager.ttflist]:
         if not wanted:
             break
-        if font is not default:
-            font = font_manager.get_font(font.fname)
+        font = font_manager.get_font(path)
         # (its glyphs are boxes: a missing glyph drawn, no better than the warning)
         if font.family_name.startswith('Last Resort'):
             continue
