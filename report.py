@@ -492,14 +492,15 @@ def draw(plt, flag, done, runs):
             if not (text and v.isdigit()):
                 text = g['data']
             panels.setdefault(f'{text}: ', []).append(g)
-    shown = list(panels.items())
+    # (title, rows, field of the curves' x axis: None for a Pareto panel)
+    shown = [(title, rows, None) for title, rows in panels.items()]
     if flag == '--plot':
-        shown += [(x_label, runs) for x_label, _ in CURVES]
+        shown += [(x_label, runs, field) for x_label, field in CURVES]
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.5), squeeze=False)
-    for ax, (title, rows) in zip(axes.flat, shown):
+    for ax, (title, rows, field) in zip(axes.flat, shown):
         bits = bits_of(rows, flag)
-        if rows is runs:
-            curves(ax, runs, colours, dict(CURVES)[title])
+        if field:
+            curves(ax, runs, colours, field)
             if bits == 'BPB':
                 title = title.replace('characters', 'bytes')
             ax.set(xlabel=title, ylabel=f'valid {bits}', title=f'valid {bits} against {title}')
@@ -549,7 +550,8 @@ def parse_args(argv):
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
     p.add_argument('--plot', type=common.nonblank, metavar='OUT.png',
-                   help='also draw test BPC against SF (the Pareto figure), all runs in one panel')
+                   help="also draw test BPC against SF (the Pareto figure) and each run's "
+                   'validation BPC against training characters, seconds and FLOPs')
     p.add_argument('--plot-sf', type=common.nonblank, metavar='OUT.png',
                    help='also draw test BPC against SF, a panel per dataset')
     p.add_argument('--by-data', action='store_true',
