@@ -179,7 +179,8 @@ def summarize(run):
     budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
         budget_words = f'{fmt(budget, ".3g")} FLOPs'
-    data = str(cfg.get('data', '?'))
+    # (data/en/ and ./data/en are data/en)
+    data = os.path.normpath(str(cfg.get('data', '?')))
     fingerprint = None
     if isinstance(cfg.get('dataset'), dict):
         fingerprint = cfg['dataset'].get('fingerprint')

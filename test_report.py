@@ -886,7 +886,8 @@ def test_runs_on_other_data_are_never_pooled_nor_paired(tmp_path, capsys):
                                                                dataset=dataset)]
                           + evals_and_steps([4.0, 3.0], test))
     runs(tmp_path / 'a', 'a/en', none={1: 2.0, 2: 2.1}, whitespace={1: 1.9, 2: 1.95})
-    runs(tmp_path / 'b', 'b/en', none={1: 3.0, 2: 3.1, 3: 3.3})
+    runs(tmp_path / 'b', 'b/en', none={1: 3.0, 2: 3.1})
+    runs(tmp_path / 'b2', './b/en/', none={3: 3.3})   # the same path, written otherwise
     assert report.main([str(tmp_path), '--markdown']) == 0
     rows = {(r['mode'], r['data']): r for r in md_rows(capsys.readouterr().out, 'over seeds')}
     assert set(rows) == {('none', 'a/en'), ('none', 'b/en'), ('whitespace', 'a/en')}
