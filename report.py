@@ -155,8 +155,8 @@ def summarize(run):
         # over (no evaluation counts)
         if kind == 'config':
             start = rec.get('resumed_from') or 0
-            recs = [step for step in recs
-                    if step['step'] <= start and (start or step['kind'] == 'train')]
+            recs = [prev for prev in recs
+                    if prev['step'] <= start and (start or prev['kind'] == 'train')]
             cfg = rec
         elif kind in STEP_KINDS:
             recs.append(dict(rec, kind=kind))
