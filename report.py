@@ -309,13 +309,12 @@ def experiments(rows):
                  and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
-        mine = {seed: sample(runs, 'test_bpc') for seed, runs in g['samples'].items()}
         for base in [b for b in bases if b is not g] + twins:
-            theirs = {seed: sample(runs, 'test_bpc') for seed, runs in base['samples'].items()}
-            seeds = sorted(mine.keys() & theirs.keys() - {None})
+            seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
             with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
                 warnings.simplefilter('ignore')
-                t = scipy.stats.ttest_rel([mine[s] for s in seeds], [theirs[s] for s in seeds])
+                t = scipy.stats.ttest_rel([sample(g['samples'][s], 'test_bpc') for s in seeds],
+                                          [sample(base['samples'][s], 'test_bpc') for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
             if base not in twins:   # (the twin's p answers Table 2, not the star's)
                 beaten.append(t.pvalue < 0.05 and t.statistic < 0)
@@ -534,7 +533,7 @@ def legible(fig):
         if font.family_name.startswith('Last Resort'):
             continue
         has = {c for c in wanted if ord(c) in font.get_charmap()}
-        if has and font.family_name not in families:
+        if has:
             families.append(font.family_name)
         wanted -= has
     escapes = {ord(c): ascii(c)[1:-1] for c in wanted}
