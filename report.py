@@ -409,7 +409,7 @@ def by_data(groups, markdown):
     """Test BPC (SF, seeds): a column per dataset, a row per source (with its knob, as
     mode_label names it) and kind of budget, each cell's entries made from one
     experiment's record each, named by their budget where the row has several and by
-    their flags where the cell has several."""
+    their flags where the cell's differ."""
     rows = {}
     for g in sorted(groups, key=order):
         row = rows.setdefault((g['mode'], bool(g['flop_budget'])),
@@ -422,11 +422,12 @@ def by_data(groups, markdown):
         row['budget'] = ' / '.join(row['budgets'])
         for data in datasets:
             entries = []
-            for g in row['cells'].get(data, []):
+            here = row['cells'].get(data, [])
+            for g in here:
                 names = []
                 if len(row['budgets']) > 1:
                     names.append(g['budget'])
-                if len(row['cells'][data]) > 1:
+                if len({other['flags'] for other in here}) > 1:
                     names.append(g['flags'])
                 result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
                 entries.append(': '.join(names + [result]))

@@ -940,6 +940,7 @@ def by_data_runs(root):
     run('vi-ws', 'vi', 2.07)
     run('en-ws-flops', 'en', 2.11, max_steps=10**9, flop_budget=9e12)
     run('vi-ws-flops', 'vi', 2.13, max_steps=10**9, flop_budget=1e13)
+    run('en-ws-flops2', 'en', 2.15, max_steps=10**9, flop_budget=2e13)
     run('en-fixed10', 'en', 2.17, 'fixed', fixed_factor=10)
     run('en-fixed2', 'en', 2.19, 'fixed', fixed_factor=2)
     return sorted(root.iterdir())
@@ -957,10 +958,12 @@ def test_by_data_names_each_entry_by_its_own_record(tmp_path, capsys):
     """A row of two FLOP budgets names each cell's budget (in order of value, not of text); a
     cell of two experiments names each by its flags; fixed k in order of k."""
     cells, keys = by_data_cells([str(p) for p in by_data_runs(tmp_path)], capsys)
+    budgets = '9e12 FLOPs / 1e13 FLOPs / 2e13 FLOPs'
     assert keys == [('fixed k=2', '300 steps'), ('fixed k=10', '300 steps'),
-                    ('whitespace', '300 steps'), ('whitespace', '9e12 FLOPs / 1e13 FLOPs')]
-    flops = cells['whitespace', '9e12 FLOPs / 1e13 FLOPs']
-    assert flops == {'en': '9e12 FLOPs: 2.1100 (5.00, n=1)', 'vi': '1e13 FLOPs: 2.1300 (5.00, n=1)'}
+                    ('whitespace', '300 steps'), ('whitespace', budgets)]
+    assert cells['whitespace', budgets] == {
+        'en': '9e12 FLOPs: 2.1100 (5.00, n=1) / 2e13 FLOPs: 2.1500 (5.00, n=1)',
+        'vi': '1e13 FLOPs: 2.1300 (5.00, n=1)'}
     sd = statistics.stdev([2.01, 2.03])
     assert cells['whitespace', '300 steps'] == {
         'en': f'layers=1,4,1: 2.0200 ± {sd:.4f} (5.00, n=2) / layers=2,8,2: 2.0500 (5.00, n=1)',
