@@ -18,21 +18,23 @@ import scipy.stats
 
 import common
 from common import UserError
-from dynpool import BOUNDARY_MODES as MODES
 
-# a mode's colour is C<rank>; a mode no longer known comes last
-RANK = collections.defaultdict(lambda: 9, {mode: i for i, mode in enumerate(MODES)})
+# The paper's sources in its order (and H-Net's): the order of the tables' rows and the
+# plots' colours. The mode names come from the runs' own records, so a table needs no
+# dynpool (nor torch); a source of its own (train.py --import) comes after these, by name.
+PAPER_MODES = ('none', 'fixed', 'whitespace', 'unigram', 'entropy', 'gumbel', 'hnet')
 # Config fields that say nothing about the experiment: runs differing only in these are
-# its seeds. (The dataset decides the encoding and the unit.)
+# its seeds. (The dataset decides the encoding and the unit; its identity, data_id, is
+# compared instead of the path it was given by.)
 NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_step',
                       'params', 'torch', 'device_name', 'world', 'preset', 'run_id',
-                      'encoding', 'unit'}
+                      'encoding', 'unit', 'data', 'dataset'}
 # The fields that choose the boundary source and its pooling (and hnet's), and the
 # budget's: all others (model shape, training), the dataset and the budget (its words)
 # must match to pair a baseline's seeds.
 NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
-                 'data', 'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
+                 'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
 OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
 # (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
@@ -43,9 +45,12 @@ NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train
 # Fields read as numbers: train.py writes them >= 0 or null (NaN and inf: a diverged
 # run's).
 NUMBERS = ('step', 'bpc', 'bpb', 'sf', 'train_chars', 'train_flops', 'train_time',
-           'resumed_from', 'seed', 'flop_budget')
+           'resumed_from', 'seed', 'flop_budget', 'max_steps', 'fixed_factor', 'prior')
 # the records of steps (the others: config, a test's own)
 STEP_KINDS = ('train', 'eval', 'diverged', 'stopped')
+# the curve panels of --plot: (x label, field of a validation record)
+CURVES = (('training characters', 'train_chars'), ('training seconds', 'train_time'),
+          ('training FLOPs', 'train_flops'))
 # The paper's baselines; its paired t-test two-sided, as the paper names no direction.
 BASELINES = ('none', 'fixed')
 SIGNIFICANCE = ("p: two-sided paired t-test of test BPC (BPB), paired by seed with the "
@@ -54,6 +59,15 @@ SIGNIFICANCE = ("p: two-sided paired t-test of test BPC (BPB), paired by seed wi
                 "its last token: also with its mean-pooled runs); seeds on one side only left "
                 "out; '-': < 2 pairs; *: lower than vanilla and every fixed k at p < 0.05 (the "
                 "paper's Table 1)")
+
+
+def rank(mode):
+    """Where a source (a mode label's first word) sorts: the paper's order, then any
+    other by name."""
+    boundary = mode.partition(' ')[0]
+    if boundary in PAPER_MODES:
+        return PAPER_MODES.index(boundary), ''
+    return len(PAPER_MODES), boundary
 
 
 def mode_label(cfg):
@@ -121,7 +135,7 @@ def run_state(run, recs, done):
             return 'running'
         except OSError:   # a folder this process may not write: it cannot ask
             pass
-    if any(r['kind'] == 'diverged' for r in recs):
+    if any(rec['kind'] == 'diverged' for rec in recs):
         return 'diverged'
     if not recs or recs[-1]['kind'] in ('eval', 'stopped'):
         return 'unfinished'
@@ -131,7 +145,9 @@ def run_state(run, recs, done):
 def summarize(run):
     """One row of the runs table from <run>/log.jsonl, less the records a resume redid,
     with its state (run_state), its unit (bits: BPC, or BPB where the run's config record
-    says 'byte') and its identity: the run_id of its config record, else its folder."""
+    says 'byte'), its identity (the run_id of its config record, else its folder), its
+    data's (data_id: the fingerprint train.py records, else the path it was given) and
+    its curve (its validation records)."""
     cfg = {}
     recs = []
     for kind, rec in read_log(run / 'log.jsonl'):
@@ -139,8 +155,8 @@ def summarize(run):
         # over (no evaluation counts)
         if kind == 'config':
             start = rec.get('resumed_from') or 0
-            recs = [r for r in recs
-                    if r['step'] <= start and (start or r['kind'] == 'train')]
+            recs = [prev for prev in recs
+                    if prev['step'] <= start and (start or prev['kind'] == 'train')]
             cfg = rec
         elif kind in STEP_KINDS:
             recs.append(dict(rec, kind=kind))
@@ -150,9 +166,12 @@ def summarize(run):
         bits = 'BPB'
     score = bits.lower()
     # the last evaluation of each split
-    evals = {r.get('split'): r for r in recs if r['kind'] == 'eval'}
+    # (by its name as text: a damaged record's split may be any JSON value)
+    evals = {str(rec.get('split')): rec for rec in recs if rec['kind'] == 'eval'}
+    curve = [dict(rec, bpc=rec.get(score)) for rec in recs
+             if rec['kind'] == 'eval' and rec.get('split') == 'valid']
     done = 'test' in evals
-    last = max(recs, key=lambda r: r['step'], default={})
+    last = max(recs, key=lambda rec: rec['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
         chars_per_s = last['train_chars'] / last['train_time']
@@ -160,10 +179,16 @@ def summarize(run):
     budget_words = f'{cfg.get("max_steps")} steps'
     if budget:
         budget_words = f'{fmt(budget, ".3g")} FLOPs'
-    return dict(run=run, id=cfg.get('run_id') or str(run), config=cfg, mode=mode_label(cfg),
-                boundary=str(cfg.get('boundary')), data=Path(str(cfg.get('data', '?'))).name,
+    # (data/en/ and ./data/en are data/en)
+    data = os.path.normpath(str(cfg.get('data', '?')))
+    fingerprint = None
+    if isinstance(cfg.get('dataset'), dict):
+        fingerprint = cfg['dataset'].get('fingerprint')
+    return dict(run=run, id=str(cfg.get('run_id') or run), config=cfg, mode=mode_label(cfg),
+                boundary=str(cfg.get('boundary')), data=Path(data).name, data_path=data,
+                fingerprint=fingerprint, data_id=json.dumps(fingerprint or data),
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
-                done=done, state=run_state(run, recs, done), bits=bits,
+                done=done, state=run_state(run, recs, done), bits=bits, curve=curve,
                 flop_budget=budget, budget=budget_words,
                 valid_bpc=evals.get('valid', {}).get(score),
                 test_bpc=evals.get('test', {}).get(score),
@@ -180,13 +205,29 @@ def one_per_run(rows):
         copies[row['id']].append(row)
     kept = []
     for same in copies.values():
-        best = max(same, key=lambda r: (r['done'], r['steps']))
+        best = max(same, key=lambda row: (row['done'], row['steps']))
         kept.append(best)
-        names = ' and '.join(str(r['run']) for r in same)
+        names = ' and '.join(str(row['run']) for row in same)
         if len(same) > 1:
             print(f'note: {names} are one run (same run_id): counted once, as {best["run"]}',
                   file=sys.stderr)
     return kept
+
+
+def name_datasets(rows):
+    """Each row's 'data' names its dataset alone among the rows: the folder's name, or
+    where two datasets share it, the path, and where one path held both (data remade
+    from other text), the path with the fingerprint. A dataset's first row names it."""
+    datasets = {}
+    for row in rows:
+        datasets.setdefault(row['data_id'], row)
+    for form in ('{data_path}', '{data_path}@{fingerprint}'):
+        shared = collections.Counter(row['data'] for row in datasets.values())
+        for row in datasets.values():
+            if shared[row['data']] > 1:
+                row['data'] = form.format(**row)
+    for row in rows:
+        row['data'] = datasets[row['data_id']]['data']
 
 
 def mean_std(values):
@@ -202,27 +243,47 @@ def mean_std(values):
     return statistics.fmean(values), std
 
 
+def sample(replicas, key):
+    """One seed's value of `key`: the mean over its replicas (runs of one configuration,
+    data and seed, one sample), None where one lacks it."""
+    values = [row[key] for row in replicas]
+    if None in values:
+        return None
+    return statistics.fmean(values)
+
+
 def group_seeds(rows):
-    """One group per experiment (all that defines it but the seed): the first seed's row
-    with n, members, the furthest steps, the seeds, the states, its shape (model,
-    data, budget: what a baseline must share) and (mean, std) of every number."""
+    """One group per experiment (all that defines it but the seed: its configuration and
+    its data): the first seed's row with n (its seeds: a seed's replicas are one sample),
+    members, samples {seed: its replicas}, the furthest steps, the seeds, the states, its
+    shape (model, data, budget: what a baseline must share) and (mean, std) over its
+    samples of every number."""
     groups = collections.defaultdict(list)
-    for r in rows:
-        key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in r['config'].items()
-                           if k not in NOT_THE_EXPERIMENT))
-        groups[r['done'], key].append(dict(r, key=key))
+    for row in rows:
+        key = tuple(sorted((k, json.dumps(v, sort_keys=True))
+                           for k, v in row['config'].items() if k not in NOT_THE_EXPERIMENT))
+        key += (('data_id', row['data_id']),)
+        groups[row['done'], key].append(dict(row, key=key))
     out = []
     for members in groups.values():
+        samples = collections.defaultdict(list)
+        for member in members:
+            samples[member['seed']].append(member)
+        # seeds in order, so the runs' order changes nothing
+        samples = dict(sorted(samples.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
         first = members[0]
         shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
-        shape += (first['data'], first['budget'])
-        g = dict(first, n=len(members), members=members, p={}, shape=shape,
-                 steps=max(m['steps'] for m in members),
-                 seeds=','.join(str(m['seed']) for m in members),
-                 state='/'.join(sorted({m['state'] for m in members})))
+        # n counts samples; the runs where a seed has replicas
+        n = str(len(samples))
+        if len(members) > len(samples):
+            n += f' ({len(members)} runs)'
+        group = dict(first, n=n, members=members, samples=samples, p={},
+                     shape=shape + (first['budget'],), steps=max(m['steps'] for m in members),
+                     seeds=','.join(str(seed) for seed in samples),
+                     state='/'.join(sorted({m['state'] for m in members})))
         for _, key, _ in NUMBER_COLUMNS:
-            g[key] = mean_std([m[key] for m in members])
-        out.append(g)
+            group[key] = mean_std([sample(runs, key) for runs in samples.values()])
+        out.append(group)
     return out
 
 
@@ -248,13 +309,12 @@ def experiments(rows):
                  and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
-        mine = {m['seed']: m['test_bpc'] for m in g['members']}
         for base in [b for b in bases if b is not g] + twins:
-            theirs = {m['seed']: m['test_bpc'] for m in base['members']}
-            seeds = sorted(mine.keys() & theirs.keys() - {None})
+            seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
             with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
                 warnings.simplefilter('ignore')
-                t = scipy.stats.ttest_rel([mine[s] for s in seeds], [theirs[s] for s in seeds])
+                t = scipy.stats.ttest_rel([sample(g['samples'][s], 'test_bpc') for s in seeds],
+                                          [sample(base['samples'][s], 'test_bpc') for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
             if base not in twins:   # (the twin's p answers Table 2, not the star's)
                 beaten.append(t.pvalue < 0.05 and t.statistic < 0)
@@ -298,7 +358,7 @@ def cell(row, key, kind):
 def table(rows, cols, markdown):
     """Aligned text or Markdown of cols, each (head, key, kind) for cell()."""
     heads = [head for head, _, _ in cols]
-    cells = [[cell(r, key, kind) for _, key, kind in cols] for r in rows]
+    cells = [[cell(row, key, kind) for _, key, kind in cols] for row in rows]
     if markdown:
         lines = ['| ' + ' | '.join(line) + ' |' for line in [heads] + cells]
         lines.insert(1, '|' + '---|' * len(heads))
@@ -317,9 +377,9 @@ def columns(rows, bits, baselines=None):
     """The columns of the runs table, or of the seeds table (baselines given: a p column
     each): 'flags' where they differ, 'budget' where a FLOP budget is."""
     heads = ['mode', 'data']
-    if any(r['flags'] for r in rows):
+    if any(row['flags'] for row in rows):
         heads.append('flags')
-    if any(r['flop_budget'] for r in rows):
+    if any(row['flop_budget'] for row in rows):
         heads.append('budget')
     if baselines is None:
         heads = ['run'] + heads + ['seed']
@@ -335,37 +395,94 @@ def columns(rows, bits, baselines=None):
     return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 
+def order(group):
+    """Where an experiment sorts in a table: budget (steps, then FLOPs), the source as
+    rank() has it, its knob, its budget, its flags: by its own record, never by the
+    order of the runs."""
+    cfg = group['config']
+    return (bool(group['flop_budget']), rank(group['boundary']), cfg.get('fixed_factor') or 0,
+            cfg.get('prior') or 0, group['mode'], group['flop_budget'] or cfg.get('max_steps')
+            or 0, group['flags'])
+
+
 def by_data(groups, markdown):
     """Test BPC (SF, seeds): a column per dataset, a row per source (with its knob, as
-    mode_label names it) and budget."""
+    mode_label names it) and kind of budget, each cell's entries made from one
+    experiment's record each, named by their budget where the row has several and by
+    their flags where the cell's differ."""
     rows = {}
-    for g in sorted(groups, key=lambda g: (bool(g['flop_budget']), RANK[g['boundary']])):
-        key = (g['mode'], bool(g['flop_budget']))
-        row = rows.setdefault(key, dict(mode=g['mode'], budgets=set()))
+    for g in sorted(groups, key=order):
+        row = rows.setdefault((g['mode'], bool(g['flop_budget'])),
+                              dict(mode=g['mode'], budgets={}, cells={}))
         # a FLOP budget of one shape differs between datasets
-        row['budgets'].add(g['budget'])
-        result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
-        row.setdefault(g['data'], []).append(result)
+        row['budgets'][g['budget']] = True
+        row['cells'].setdefault(g['data'], []).append(g)
     datasets = list(dict.fromkeys(g['data'] for g in groups))
     for row in rows.values():
-        row['budget'] = ' / '.join(sorted(row['budgets']))
-        for d in datasets:
-            row[d] = ' / '.join(row.get(d, [])) or '-'
+        row['budget'] = ' / '.join(row['budgets'])
+        for data in datasets:
+            entries = []
+            here = row['cells'].get(data, [])
+            for g in here:
+                names = []
+                if len(row['budgets']) > 1:
+                    names.append(g['budget'])
+                if len({other['flags'] for other in here}) > 1:
+                    names.append(g['flags'])
+                result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
+                entries.append(': '.join(names + [result]))
+            row[data] = ' / '.join(entries) or '-'
     cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
     return table(list(rows.values()), cols, markdown)
 
 
 def bits_of(rows, flag):
     """The one unit of a plot's runs: BPC and BPB never share an axis."""
-    units = {r['bits'] for r in rows} or {'BPC'}
+    units = {row['bits'] for row in rows} or {'BPC'}
     if len(units) > 1:
         raise UserError(f'{flag}: runs in BPC and in BPB; plot the runs of each unit apart')
     return units.pop()
 
 
-def draw(plt, flag, done):
-    """The paper's Pareto figure, test BPC against SF, a line per source (a FLOP budget:
-    hollow squares): --plot all finished runs in one panel, --plot-sf a panel per text."""
+def pareto(ax, groups, colours):
+    """The paper's Pareto panel: test BPC against SF of finished experiments, a line per
+    source, a FLOP budget's as hollow squares, the seeds' std as error bars."""
+    for mode in colours:
+        for at_flops in (False, True):
+            pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
+                         for g in groups if g['boundary'] == mode and g['sf'] is not None
+                         and bool(g['flop_budget']) == at_flops)
+            if not pts:
+                continue
+            x, y, x_std, y_std = zip(*pts)
+            style = dict(fmt='o-', label=mode)
+            if at_flops:
+                style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
+            ax.errorbar(x, y, y_std, x_std, capsize=3, color=colours[mode], **style)
+
+
+def curves(ax, runs, colours, field):
+    """Validation BPC against `field` (characters, seconds, FLOPs), a line per run in its
+    source's colour, the source named once."""
+    named = set()
+    for row in runs:
+        pts = [(rec[field], rec['bpc']) for rec in row['curve']
+               if rec.get(field) is not None and rec['bpc'] is not None]
+        if not pts:
+            continue
+        label = row['mode']
+        if label in named:
+            label = '_' + label   # matplotlib leaves it out of the legend
+        named.add(row['mode'])
+        ax.plot(*zip(*pts), '.-', color=colours[row['boundary']], label=label, alpha=0.8)
+
+
+def draw(plt, flag, done, runs):
+    """--plot: the Pareto panel of all finished experiments, and the curves of all runs
+    against characters, seconds and FLOPs; --plot-sf: a Pareto panel per text."""
+    # a source's colour: its place among the paper's and the others drawn
+    modes = sorted(set(PAPER_MODES) | {row['boundary'] for row in runs}, key=rank)
+    colours = {mode: f'C{i % 10}' for i, mode in enumerate(modes)}
     panels = {'': done}
     if flag == '--plot-sf' and done:
         panels = {}
@@ -376,27 +493,55 @@ def draw(plt, flag, done):
             if not (text and v.isdigit()):
                 text = g['data']
             panels.setdefault(f'{text}: ', []).append(g)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
-    for ax, (title, groups) in zip(axes.flat, panels.items()):
-        bits = bits_of(groups, flag)
-        for mode in MODES:
-            for at_flops in (False, True):
-                pts = sorted((g['sf'][0], g['test_bpc'][0], g['sf'][1] or 0, g['test_bpc'][1] or 0)
-                             for g in groups if g['boundary'] == mode and g['sf'] is not None
-                             and bool(g['flop_budget']) == at_flops)
-                if not pts:
-                    continue
-                x, y, x_std, y_std = zip(*pts)
-                style = dict(fmt='o-', label=mode)
-                if at_flops:
-                    style = dict(fmt='s-', mfc='none', label=f'{mode}, FLOP budget')
-                ax.errorbar(x, y, y_std, x_std, capsize=3, color=f'C{RANK[mode]}', **style)
-        ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
-               title=f'{title}test {bits} against SF')
+    # (title, rows, field of the curves' x axis: None for a Pareto panel)
+    shown = [(title, rows, None) for title, rows in panels.items()]
+    if flag == '--plot':
+        shown += [(x_label, runs, field) for x_label, field in CURVES]
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.5), squeeze=False)
+    for ax, (title, rows, field) in zip(axes.flat, shown):
+        bits = bits_of(rows, flag)
+        if field:
+            curves(ax, runs, colours, field)
+            if bits == 'BPB':
+                title = title.replace('characters', 'bytes')
+            ax.set(xlabel=title, ylabel=f'valid {bits}', title=f'valid {bits} against {title}')
+        else:
+            pareto(ax, rows, colours)
+            ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
+                   title=f'{title}test {bits} against SF')
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
+    legible(fig)
     return fig
+
+
+def legible(fig):
+    """Every text of the figure drawn without a missing glyph (no warning): the default
+    font, then the installed fonts with the glyphs it lacks (matplotlib falls back glyph
+    by glyph); a character no installed font has is shown as its escape, \\u4e2d."""
+    from matplotlib import font_manager, text
+
+    texts = fig.findobj(text.Text)
+    wanted = {c for t in texts for c in t.get_text() if not c.isascii()}
+    default = font_manager.findfont(font_manager.FontProperties())
+    families = [font_manager.get_font(default).family_name]
+    for path in [default] + [font.fname for font in font_manager.fontManager.ttflist]:
+        if not wanted:
+            break
+        font = font_manager.get_font(path)
+        # (its glyphs are boxes: a missing glyph drawn, no better than the warning)
+        if font.family_name.startswith('Last Resort'):
+            continue
+        has = {c for c in wanted if ord(c) in font.get_charmap()}
+        if has:
+            families.append(font.family_name)
+        wanted -= has
+    escapes = {ord(c): ascii(c)[1:-1] for c in wanted}
+    for t in texts:
+        t.set_text(t.get_text().translate(escapes))
+        if len(families) > 1:
+            t.set_fontfamily(families)
 
 
 def parse_args(argv):
@@ -406,7 +551,8 @@ def parse_args(argv):
                    help='run folders (with log.jsonl) or folders holding them')
     p.add_argument('--markdown', action='store_true', help='print the tables as Markdown')
     p.add_argument('--plot', type=common.nonblank, metavar='OUT.png',
-                   help='also draw test BPC against SF (the Pareto figure), all runs in one panel')
+                   help="also draw test BPC against SF (the Pareto figure) and each run's "
+                   'validation BPC against training characters, seconds and FLOPs')
     p.add_argument('--plot-sf', type=common.nonblank, metavar='OUT.png',
                    help='also draw test BPC against SF, a panel per dataset')
     p.add_argument('--by-data', action='store_true',
@@ -422,35 +568,36 @@ def find_runs(paths):
         found = sorted(f.parent for f in p.rglob('log.jsonl'))
         if not found:
             raise UserError(f'{p} is not a run: no log.jsonl (of train.py --out) in it or below')
-        runs += [r for r in found if r not in runs]
+        runs += [run for run in found if run not in runs]
     return runs
 
 
 def add_flags(rows):
     """Each row's 'flags': the config fields that differ between the rows (so between
     their experiments too), '-' where a log lacks one."""
-    configs = [r['config'] for r in rows]
+    configs = [row['config'] for row in rows]
     own = OWN_COLUMNS | NOT_THE_EXPERIMENT
-    if any(r['flop_budget'] for r in rows):
+    if any(row['flop_budget'] for row in rows):
         own = own | {'flop_budget', 'max_steps'}
     keys = [k for k in sorted(set().union(*configs) - own)
             if len({json.dumps(c.get(k, '-'), sort_keys=True) for c in configs}) > 1]
-    for r in rows:
-        r['flags'] = ' '.join(f'{k}={r["config"].get(k, "-")}' for k in keys)
+    for row in rows:
+        row['flags'] = ' '.join(f'{k}={row["config"].get(k, "-")}' for k in keys)
 
 
 def run(argv):
     """Print the tables, each unit's apart (no column holds both BPC and BPB), after
     drawing the plots: nothing on stdout from a plot that fails."""
     args = parse_args(argv)
-    rows = one_per_run([summarize(r) for r in find_runs(args.runs)])
+    rows = one_per_run([summarize(run) for run in find_runs(args.runs)])
+    name_datasets(rows)
     head = ''
     if args.markdown:
         head = '### '
     sections = []
     done = []
     for bits, where in (('BPC', ''), ('BPB', ' on bytes')):
-        runs = [r for r in rows if r['bits'] == bits]
+        runs = [row for row in rows if row['bits'] == bits]
         if not runs:
             continue
         # each unit's flags and pairs its own
@@ -460,8 +607,8 @@ def run(argv):
         done += finished
         sections.append(f'{head}Runs{where}\n\n' + table(runs, columns(runs, bits), args.markdown))
         baselines = sorted({b for g in groups for b in g['p']},
-                           key=lambda b: (RANK[b.split()[0]], len(b), b))
-        if any(g['n'] > 1 for g in groups):
+                           key=lambda b: (rank(b), len(b), b))
+        if any(len(g['members']) > 1 for g in groups):
             seeds = table(groups, columns(groups, bits, baselines), args.markdown)
             sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
             if baselines:
@@ -473,7 +620,7 @@ def run(argv):
     for flag, path in (('--plot', args.plot), ('--plot-sf', args.plot_sf)):
         if not path:
             continue
-        fig = draw(common.import_pyplot(flag), flag, done)
+        fig = draw(common.import_pyplot(flag), flag, done, rows)
         kind = Path(path).suffix[1:].lower()
         if kind not in fig.canvas.get_supported_filetypes():
             raise UserError(f'{flag} {path}: matplotlib writes no {kind!r} files (.png, ...)')

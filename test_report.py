@@ -86,7 +86,7 @@ def test_run_rows_and_seed_means(study):
         (300, 300 * CHARS_PER_STEP, 300e9, 150.0)
     assert (ws['valid_bpc'], ws['test_bpc'], ws['sf'], ws['done']) == (2.2, 2.1, 5.0, True)
     assert ws['chars_per_s'] == pytest.approx(CHARS_PER_STEP / 0.5)
-    pooled = [g for g in groups if g['n'] == 2]
+    pooled = [g for g in groups if g['n'] == '2']
     assert len(groups) == 3 and len(pooled) == 1  # other layers, other mode: not pooled
     g = pooled[0]
     assert g['seeds'] == '1,2'
@@ -254,10 +254,14 @@ def seeded_runs(root, test_bpc, **kw):
 def md_table(out, title):
     """{mode (' @ budget' where a budget column is): {column head: cell}} of the Markdown table
     after `title` in report.py's output."""
+    return {' @ '.join(r[k] for k in ('mode', 'budget') if k in r): r for r in md_rows(out, title)}
+
+
+def md_rows(out, title):
+    """[{column head: cell}] of the Markdown table after `title` in report.py's output."""
     lines = out.split(title)[1].strip().split('\n\n')[0].splitlines()
     cells = [[c.strip() for c in x.strip().strip('|').split('|')] for x in lines]
-    rows = [dict(zip(cells[0], x)) for x in cells[2:]]
-    return {' @ '.join(r[k] for k in ('mode', 'budget') if k in r): r for r in rows}
+    return [dict(zip(cells[0], x)) for x in cells[2:]]
 
 
 def hand_p(a, b):
@@ -432,7 +436,8 @@ def test_byte_runs_are_tables_of_their_own_in_bpb(tmp_path, capsys):
     assert seeds['whitespace']['p vs none'] == \
         f'{hand_p(ws_bytes.values(), none_bytes.values()):.3f}'
     assert seeds['none']['test BPB'].startswith(f'{statistics.mean(none_bytes.values()):.4f} ± ')
-    assert md_table(on_bytes, 'by dataset')['none @ 300 steps']['en'].endswith(' (5.00, n=3)')
+    # two datasets named en: each named by its path
+    assert md_table(on_bytes, 'by dataset')['none @ 300 steps']['bytes/en'].endswith(' (5.00, n=3)')
     runs = md_table(out, 'Runs on bytes')
     assert {r['valid BPB'] for r in runs.values()} == {'3.0000'}
     assert {r['train bytes'] for r in runs.values()} == {f'{100 * CHARS_PER_STEP:,}'}
@@ -490,21 +495,47 @@ def test_plot_writes_a_png(study, tmp_path, capsys, monkeypatch):
     seen = spy_on_figures(monkeypatch)
     png = tmp_path / 'study.png'
     assert report.main([str(study), '--plot', str(png)]) == 0
-    [ax] = seen['--plot'].axes
+    ax, *curves = seen['--plot'].axes
     assert ax.get_title() == 'test BPC against SF'
     assert sorted(xy for _, xy, _ in drawn(ax)) == [(1.0, 1.9), (5.0, 2.2), (5.0, 2.25)]
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir() if p.suffix == '.tmp' or 'tmp' in p.name] == []
     assert f'plot: {png}' in capsys.readouterr().out
+    assert [c.get_title() for c in curves] == [f'valid BPC against training {x}' for x in
+                                               ('characters', 'seconds', 'FLOPs')]
 
+
+@pytest.mark.plots
+def test_plot_draws_each_runs_curves_from_its_log(study, tmp_path, monkeypatch):
+    """--plot's curve panels: valid BPC against training characters, seconds and FLOPs, one line
+    per run (unfinished ones too) with the points of its log.jsonl's validations, a legend entry
+    per source; on bytes, BPB against bytes."""
+    pytest.importorskip('matplotlib')
+    write_run(study, 'none-s9', [config('none', seed=9)] + evals_and_steps([4.0, 3.5]))
+    seen = spy_on_figures(monkeypatch)
+    assert report.main([str(study), '--plot', str(tmp_path / 'p.png')]) == 0
+    _, *curves = seen['--plot'].axes
+    logs = sorted(study.glob('*/log.jsonl'))
+    for ax, field in zip(curves, ('train_chars', 'train_time', 'train_flops')):
+        want = []
+        for log in logs:
+            recs = [json.loads(x) for x in log.read_text().splitlines()]
+            want.append([(rec[field], rec['bpc']) for rec in recs
+                         if rec['kind'] == 'eval' and rec['split'] == 'valid'])
+        lines = [[tuple(xy) for xy in line.get_xydata().tolist()] for line in ax.get_lines()]
+        assert sorted(lines) == sorted(want), field
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ['none', 'whitespace']
+    byte_runs(tmp_path / 'bytes', {'none': {1: 1.6}})
+    assert report.main([str(tmp_path / 'bytes'), '--plot', str(tmp_path / 'b.png')]) == 0
+    assert seen['--plot'].axes[1].get_title() == 'valid BPB against training bytes'
 
 
 def spy_on_figures(monkeypatch):
     """{flag: figure} of the figures report.py draws (their axes read back after saving)."""
     seen, draw = {}, report.draw
 
-    def spy(plt, flag, done):
-        seen[flag] = draw(plt, flag, done)
+    def spy(plt, flag, done, runs):
+        seen[flag] = draw(plt, flag, done, runs)
         return seen[flag]
     monkeypatch.setattr(report, 'draw', spy)
     return seen
@@ -620,7 +651,7 @@ class StandInFigure:
 def stand_in_for_matplotlib(monkeypatch):
     monkeypatch.setattr(report.common, 'import_pyplot', lambda flag: types.SimpleNamespace(
         close=lambda fig: None))
-    monkeypatch.setattr(report, 'draw', lambda plt, flag, done: StandInFigure())
+    monkeypatch.setattr(report, 'draw', lambda plt, flag, done, runs: StandInFigure())
 
 
 def test_odd_plot_paths_are_one_line_before_any_table(study, tmp_path, capsys, monkeypatch):
@@ -696,12 +727,16 @@ def test_non_finite_bpc_of_seeds_is_shown_as_missing(tmp_path, capsys):
     assert math.isnan(groups[0]['test_bpc'][1])  # the spread is unknown: NaN, not a crash
 
 
-def test_modes_are_dynpool_s():
-    """report.py takes the boundary modes from dynpool (hnet registered): all of them, in dynpool's
-    order, so every mode gets its colour and its point in the Pareto panel."""
-    from dynpool import BOUNDARY_MODES
-
-    assert report.MODES == BOUNDARY_MODES
+def test_a_table_imports_no_torch(study):
+    """`python report.py` prints its tables without importing torch (nor dynpool): the mode names
+    come from the runs' records (python -X importtime lists every module imported)."""
+    r = subprocess.run([sys.executable, '-X', 'importtime', str(HERE / 'report.py'), str(study),
+                        '--by-data'], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and 'Mean ± std over seeds' in r.stdout, r.stderr[-2000:]
+    imported = {line.split('|')[-1].strip() for line in r.stderr.splitlines()
+                if line.startswith('import time:')}
+    assert 'scipy' in imported   # (what -X importtime lists)
+    assert not {'torch', 'dynpool', 'hnet'} & imported
 
 
 # ---------------------------------------------------------------------------------------------
@@ -808,3 +843,160 @@ def test_runs_that_did_not_finish_say_why(tmp_path, capsys):
         line = next(x for x in out.splitlines() if f'/{name} ' in x)
         assert f' {steps} {rows[name]["state"]}'.rstrip() + ' ' in line, line
     assert report.summarize(running)['state'] == 'unfinished'   # the lock released
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples: a seed's replicas are one; the data compared is one; sources of one's own count
+# ---------------------------------------------------------------------------------------------
+def test_replicas_of_one_seed_are_one_sample(tmp_path, capsys):
+    """Two runs of the same flags, data and seed (separate runs: their own run_id) are one sample:
+    n 1 (2 runs), their mean, no standard deviation; in the t-test a seed's replicas enter as
+    their mean, once (p by hand)."""
+    none = {1: 2.05, 2: 2.08, 3: 2.04}
+    seeded_runs(tmp_path / 'a', {'none': none, 'whitespace': WS})
+    seeded_runs(tmp_path / 'b', {'whitespace': {1: 1.96}})   # a replica of seed 1
+    write_run(tmp_path, 'solo-a', [config(seed=7, layers='2,2,2')] + evals_and_steps([4.0], 2.0))
+    write_run(tmp_path, 'solo-b', [config(seed=7, layers='2,2,2')] + evals_and_steps([4.0], 2.2))
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    rows = {(r['mode'], r['flags']): r for r in md_rows(out, 'over seeds')}
+    solo = rows['whitespace', 'layers=2,2,2']
+    assert (solo['seeds'], solo['n'], solo['test BPC']) == ('7', '1 (2 runs)', '2.1000')
+    ws = rows['whitespace', 'layers=1,4,1']
+    assert (ws['seeds'], ws['n']) == ('1,2,3', '3 (4 runs)')
+    mine = {**WS, 1: (WS[1] + 1.96) / 2}
+    assert ws['test BPC'].startswith(f'{statistics.mean(mine.values()):.4f} ± '
+                                     f'{statistics.stdev(mine.values()):.4f}')
+    assert ws['p vs none'] == f'{hand_p(mine.values(), none.values()):.3f}'
+    by = md_table(out, 'by dataset')['whitespace @ 300 steps']['text8-head']
+    assert 'layers=2,2,2: 2.1000 (5.00, n=1 (2 runs))' in by
+
+
+def test_runs_on_other_data_are_never_pooled_nor_paired(tmp_path, capsys):
+    """Runs whose recorded data differ are other experiments: another path of the same name (each
+    named by its path), or one path holding other data (its fingerprint, which a config record's
+    dataset holds, names it); the same fingerprint at two paths is one dataset."""
+    def runs(root, data, fingerprint=None, **bpc):
+        dataset = None
+        if fingerprint:
+            dataset = dict(path=data, fingerprint=fingerprint)
+        for boundary, by_seed in bpc.items():
+            for seed, test in by_seed.items():
+                write_run(root, f'{boundary}-s{seed}', [config(boundary, seed=seed, data=data,
+                                                               dataset=dataset)]
+                          + evals_and_steps([4.0, 3.0], test))
+    runs(tmp_path / 'a', 'a/en', none={1: 2.0, 2: 2.1}, whitespace={1: 1.9, 2: 1.95})
+    runs(tmp_path / 'b', 'b/en', none={1: 3.0, 2: 3.1})
+    runs(tmp_path / 'b2', './b/en/', none={3: 3.3})   # the same path, written otherwise
+    assert report.main([str(tmp_path), '--markdown']) == 0
+    rows = {(r['mode'], r['data']): r for r in md_rows(capsys.readouterr().out, 'over seeds')}
+    assert set(rows) == {('none', 'a/en'), ('none', 'b/en'), ('whitespace', 'a/en')}
+    assert rows['none', 'b/en']['n'] == '3' and rows['none', 'a/en']['n'] == '2'
+    # paired with the vanilla of its own data only
+    assert rows['whitespace', 'a/en']['p vs none'] == f'{hand_p([1.9, 1.95], [2.0, 2.1]):.3f}'
+    # one path, data remade from other text (its fingerprint), and a copy of it elsewhere
+    runs(tmp_path / 'c', 'data/he', 'f00d', none={1: 2.0, 2: 2.1})
+    runs(tmp_path / 'd', 'data/he', 'beef', none={1: 3.0, 2: 3.1})
+    runs(tmp_path / 'e', '/scratch/he', 'beef', none={3: 3.2})
+    assert report.main([str(tmp_path / d) for d in 'cde'] + ['--markdown']) == 0
+    seeds = md_rows(capsys.readouterr().out, 'over seeds')
+    assert {(r['data'], r['seeds']) for r in seeds} == {('data/he@f00d', '1,2'),
+                                                        ('data/he@beef', '1,2,3')}
+
+
+def test_an_imported_source_is_in_tables_and_plots(tmp_path, capsys, monkeypatch):
+    """A source of one's own (train.py --import) is a mode like any other: rows in the tables
+    after the paper's sources, paired with vanilla, a line in each panel of --plot in a colour of
+    its own."""
+    seeded_runs(tmp_path, {'none': {1: 2.05, 2: 2.08}, 'zeta': {1: 1.9, 2: 1.95},
+                           'whitespace': {1: 2.0, 2: 2.02}})
+    assert report.main([str(tmp_path), '--markdown', '--by-data']) == 0
+    out = capsys.readouterr().out
+    assert list(md_table(out, 'over seeds')) == ['none', 'whitespace', 'zeta']
+    assert list(md_table(out, 'by dataset')) == ['none @ 300 steps', 'whitespace @ 300 steps',
+                                                 'zeta @ 300 steps']
+    zeta = md_table(out, 'over seeds')['zeta']
+    assert zeta['p vs none'] == f'{hand_p([1.9, 1.95], [2.05, 2.08]):.3f}'
+    pytest.importorskip('matplotlib')
+    seen = spy_on_figures(monkeypatch)
+    assert report.main([str(tmp_path), '--plot', str(tmp_path / 'p.png')]) == 0
+    for ax in seen['--plot'].axes:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == ['none', 'whitespace', 'zeta'], ax.get_title()
+    pareto = seen['--plot'].axes[0]
+    colours = [c.lines[0].get_color() for c in pareto.containers]
+    assert len(set(colours)) == 3
+
+
+def by_data_runs(root):
+    """Runs for --by-data whose rows hold several budgets (a FLOP budget differs between datasets)
+    and whose cells hold several experiments (two layer counts); test BPC says which run it is."""
+    def run(name, data, test, boundary='whitespace', seed=1, **kw):
+        write_run(root, name, [config(boundary, seed=seed, data=f'data/{data}', **kw)]
+                  + evals_and_steps([4.0, 3.0], test))
+    run('en-ws-s1', 'en', 2.01)
+    run('en-ws-s2', 'en', 2.03, seed=2)
+    run('en-ws-deep', 'en', 2.05, layers='2,8,2')
+    run('vi-ws', 'vi', 2.07)
+    run('en-ws-flops', 'en', 2.11, max_steps=10**9, flop_budget=9e12)
+    run('vi-ws-flops', 'vi', 2.13, max_steps=10**9, flop_budget=1e13)
+    run('en-ws-flops2', 'en', 2.15, max_steps=10**9, flop_budget=2e13)
+    run('en-fixed10', 'en', 2.17, 'fixed', fixed_factor=10)
+    run('en-fixed2', 'en', 2.19, 'fixed', fixed_factor=2)
+    return sorted(root.iterdir())
+
+
+def by_data_cells(argv, capsys):
+    """{(mode, budget): {dataset: cell}} and the rows' order of --by-data over argv."""
+    assert report.main(argv + ['--by-data', '--markdown']) == 0
+    rows = md_rows(capsys.readouterr().out, 'by dataset')
+    keys = [(row.pop('mode'), row.pop('budget')) for row in rows]
+    return dict(zip(keys, rows)), keys
+
+
+def test_by_data_names_each_entry_by_its_own_record(tmp_path, capsys):
+    """A row of two FLOP budgets names each cell's budget (in order of value, not of text); a
+    cell of two experiments names each by its flags; fixed k in order of k."""
+    cells, keys = by_data_cells([str(p) for p in by_data_runs(tmp_path)], capsys)
+    budgets = '9e12 FLOPs / 1e13 FLOPs / 2e13 FLOPs'
+    assert keys == [('fixed k=2', '300 steps'), ('fixed k=10', '300 steps'),
+                    ('whitespace', '300 steps'), ('whitespace', budgets)]
+    assert cells['whitespace', budgets] == {
+        'en': '9e12 FLOPs: 2.1100 (5.00, n=1) / 2e13 FLOPs: 2.1500 (5.00, n=1)',
+        'vi': '1e13 FLOPs: 2.1300 (5.00, n=1)'}
+    sd = statistics.stdev([2.01, 2.03])
+    assert cells['whitespace', '300 steps'] == {
+        'en': f'layers=1,4,1: 2.0200 ± {sd:.4f} (5.00, n=2) / layers=2,8,2: 2.0500 (5.00, n=1)',
+        'vi': '2.0700 (5.00, n=1)'}
+
+
+@settings(max_examples=15, **HYPOTHESIS_FIXTURES)
+@given(data=st.data())
+def test_by_data_is_the_same_in_any_run_order(data, tmp_path_factory, capsys):
+    """Property: the run folders in any order on the command line give the same --by-data cells
+    and rows (the columns follow the order the datasets were given)."""
+    root = tmp_path_factory.getbasetemp() / 'by-data-order'
+    if not root.exists():
+        by_data_runs(root)
+    runs = [str(p) for p in sorted(root.iterdir())]
+    shuffled = data.draw(st.permutations(runs))
+    assert by_data_cells(shuffled, capsys) == by_data_cells(runs, capsys)
+
+
+@pytest.mark.plots
+def test_labels_in_any_script_draw_without_a_missing_glyph(tmp_path, monkeypatch):
+    """Dataset names in Hebrew, in Chinese and in a symbol the default font lacks (Ⓐ, which
+    matplotlib's own STIX font has): saving the figure warns of no missing glyph; a character is
+    drawn as it is where an installed font has it, else as its escape."""
+    pytest.importorskip('matplotlib')
+    import warnings
+
+    for name in ('עברית', '中文', 'Ⓐ'):
+        write_run(tmp_path, name, [config(data=f'data/{name}')] + evals_and_steps([4.0, 3.0], 2.0))
+    seen = spy_on_figures(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        assert report.main([str(tmp_path), '--plot-sf', str(tmp_path / 'sf.png')]) == 0
+    assert [str(w.message) for w in caught] == []
+    titles = {ax.get_title().split(':')[0] for ax in seen['--plot-sf'].axes}
+    assert {'Ⓐ', 'עברית'} < titles and titles & {'中文', r'\u4e2d\u6587'}
