@@ -60,8 +60,8 @@ PART_DEFAULTS = dict(
 
 
 def listed(kind):
-    """Argument type: words of `kind` apart by spaces or commas, at least one, none twice
-    → a list."""
+    """Argument type: words of `kind` apart by spaces or commas, at least one, none
+    twice → a list."""
     def parse(s):
         items = [kind(word) for word in s.replace(',', ' ').split()]
         if not items:
@@ -73,8 +73,8 @@ def listed(kind):
 
 
 def mode(name):
-    """Argument type: a mode by name: fixedK (any k >= 1), or a --boundary (a source that
-    --import registered too)."""
+    """Argument type: a mode by name: fixedK (any k >= 1), or a --boundary (a source
+    that --import registered too)."""
     k = name.removeprefix('fixed')
     if name in dynpool.BOUNDARY_MODES or (k != name and k.isdigit() and int(k) >= 1):
         return name
@@ -102,7 +102,8 @@ def output_file(s):
 
 
 def mfu_range(s):
-    """Argument type: a model FLOPs utilisation, or a range of two like 0.2-0.4 → (lo, hi)."""
+    """Argument type: a model FLOPs utilisation, or a range of two like 0.2-0.4 → (lo,
+    hi)."""
     ends = [common.float_range(0, 1, lo_open=True)(x) for x in s.split('-', 1)]
     if ends[0] > ends[-1]:
         raise argparse.ArgumentTypeError(f'must be a range low-high, got {s!r}')
@@ -116,7 +117,7 @@ def parser():
     p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
     p.add_argument('--steps', type=common.positive_int,
                    help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
-                   "200000)")
+                   '200000)')
     p.add_argument('--seeds', type=listed(common.seed_int), default=[1337, 2, 3])
     p.add_argument('--pareto-seeds', type=listed(common.seed_int), default=[1337])
     p.add_argument('--langs', type=listed(language),
@@ -147,13 +148,14 @@ def parser():
     p.add_argument('--peak-tflops', type=common.positive_float, default=989,
                    help="the GPU's dense bf16 peak (989: an H100's)")
     p.add_argument('--bench', default=f'{AT}out/bench-paper.json',
-                   help='bench.py --preset paper\'s measured speeds')
+                   help="bench.py --preset paper's measured speeds")
     return p
 
 
 def parse(argv):
-    """Flags → args, with each part's defaults, the slots runs go to and train.py's flags
-    (after --); the --import files imported first, so that their modes are known."""
+    """Flags → args, with each part's defaults, the slots runs go to and train.py's
+    flags (after --); the --import files imported first, so that their modes are
+    known."""
     cut = len(argv)
     if '--' in argv:
         cut = argv.index('--')
@@ -165,7 +167,8 @@ def parse(argv):
     # On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
     args.paper_scale = args.device.startswith('cuda') and args.part in ('table2', 'scaling')
     args.paper = args.paper_scale or args.part == 'table1'
-    defaults = {'langs': 'text8', 'modes': '', 'steps': 1000, **PART_DEFAULTS.get(args.part, {})}
+    defaults = dict(langs='text8', modes='', steps=1000)
+    defaults.update(PART_DEFAULTS.get(args.part, {}))
     if args.paper_scale:
         defaults['steps'] = 200_000
     args.steps = args.steps or defaults['steps']
@@ -177,7 +180,8 @@ def parse(argv):
     args.slots = [None] * args.jobs
     if args.gpus:
         if len(args.gpus) % per_run:
-            raise UserError(f'--gpus {len(args.gpus)} do not split into --nproc {per_run}', code=2)
+            raise UserError(f'--gpus {len(args.gpus)} do not split into --nproc {per_run}',
+                            code=2)
         ids = [str(i) for i in args.gpus]
         args.slots = [','.join(ids[i:i + per_run]) for i in range(0, len(ids), per_run)]
     # the machine's cores split between the runs at a time
@@ -193,7 +197,8 @@ def lang_code(lang):
 
 
 def mode_flags(name, lang):
-    """train.py's flags of a mode by name: fixedK any k, gumbel at its language's prior."""
+    """train.py's flags of a mode by name: fixedK any k, gumbel at its language's
+    prior."""
     if name.startswith('fixed') and name != 'fixed':
         return ['--boundary', 'fixed', '--fixed-factor', name[5:]]
     if name == 'gumbel':
@@ -203,8 +208,9 @@ def mode_flags(name, lang):
 
 def dataset_of(args, lang, V=None):
     """The dataset of a language with the Unigram labels of V pieces (default: the
-    language's) → its name; its prepare_data.py flags kept in args.datasets. text8 is the
-    slice of --input, the whole text8 in the paper's parts; L is --raw-dir's L.txt."""
+    language's) → its name; its prepare_data.py flags kept in args.datasets. text8 is
+    the slice of --input, the whole text8 in the paper's parts; L is --raw-dir's
+    L.txt."""
     code = lang_code(lang)
     kind = lang.rpartition('-')[0]
     name = lang
@@ -224,8 +230,8 @@ def dataset_of(args, lang, V=None):
 
 
 def plan(args):
-    """The part's runs → {name: (dataset, train.py flags)} in order; a run that two parts
-    share (vanilla at seed 1337 in seeds and pareto) is planned once."""
+    """The part's runs → {name: (dataset, train.py flags)} in order; a run that two
+    parts share (vanilla at seed 1337 in seeds and pareto) is planned once."""
     runs = {}
 
     def add(name, data, *flags):
@@ -278,9 +284,9 @@ def prepare_command(args, name):
 
 
 def train_command(args, run, data, flags, threads=None):
-    """train.py's command for a run of the plan: the dry run prints, --emit writes and the
-    runner starts this one. threads: each run's --threads (None: the machine's that runs
-    it decides)."""
+    """train.py's command for a run of the plan: the dry run prints, --emit writes and
+    the runner starts this one. threads: each run's --threads (None: the machine's that
+    runs it decides)."""
     script = f'{AT}train.py'
     cmd = ['python', script]
     if args.nproc:
@@ -308,8 +314,8 @@ def finished(args, run):
 
 
 def read_meta(args, name):
-    """A prepared dataset's meta.json as a dict, or None where it is not prepared ({} where
-    it cannot be read: train.py will say why)."""
+    """A prepared dataset's meta.json as a dict, or None where it is not prepared ({}
+    where it cannot be read: train.py will say why)."""
     path = Path(args.data_dir, name, 'meta.json')
     if not path.exists():
         return None
@@ -323,11 +329,12 @@ def read_meta(args, name):
 
 
 def shortening(a, meta, assume_sf):
-    """The SF a run's FLOPs are priced at (a: its flags, filled in) → (SF, whether assumed):
-    fixed k; gumbel 1 / its prior; hnet its ratio_target; whitespace and unigram the SF of
-    the training split that meta.json records (whitespace: "whitespace" {"shortening_factor":
-    {split: SF}}; unigram: its label set's in "unigram_sets", else the default "unigram");
-    else (entropy, a source of one's own, data not prepared yet) assume_sf."""
+    """The SF a run's FLOPs are priced at (a: its flags, filled in) → (SF, whether
+    assumed): fixed k; gumbel 1 / its prior; hnet its ratio_target; whitespace and
+    unigram the SF of the training split that meta.json records (whitespace:
+    "whitespace" {"shortening_factor": {split: SF}}; unigram: its label set's in
+    "unigram_sets", else the default "unigram"); else (entropy, a source of one's own,
+    data not prepared yet) assume_sf."""
     boundary = a['boundary']
     sf = None
     if boundary == 'none':
@@ -339,7 +346,8 @@ def shortening(a, meta, assume_sf):
     elif boundary == 'hnet':
         sf = a['ratio_target']
     elif boundary in ('whitespace', 'unigram'):
-        labels = (meta.get('unigram_sets') or {}).get(str(a.get('unigram'))) or meta.get('unigram')
+        sets = meta.get('unigram_sets') or {}
+        labels = sets.get(str(a.get('unigram'))) or meta.get('unigram')
         if boundary == 'whitespace':
             labels = meta.get('whitespace')
         sf = ((labels or {}).get('shortening_factor') or {}).get('train')
@@ -349,9 +357,9 @@ def shortening(a, meta, assume_sf):
 
 
 def run_flops(args, train_parser, cmd, meta):
-    """A train.py command's training FLOPs at its preset's shape (dynpool.step_flops), its
-    words read by train.py's parser (one error line, exit 2) → (FLOPs, SF or None for a
-    FLOP budget, whether the SF is assumed)."""
+    """A train.py command's training FLOPs at its preset's shape (dynpool.step_flops),
+    its words read by train.py's parser (one error line, exit 2) → (FLOPs, SF or None
+    for a FLOP budget, whether the SF is assumed)."""
     script = [w.endswith('train.py') for w in cmd].index(True)
     flags = vars(train_parser.parse_args(cmd[script + 1:]))
     preset = presets.CPU_PRESET
@@ -362,7 +370,8 @@ def run_flops(args, train_parser, cmd, meta):
     cfg = presets.config_from_dict(a, vocab_size=(meta or {}).get('vocab_size', 27),
                                    whitespace_id=0)
     if flags['flop_budget']:
-        return presets.budget_flops(flags['flop_budget'], cfg, a['batch_size'], a['seq_len']), None, 0
+        budget = presets.budget_flops(flags['flop_budget'], cfg, a['batch_size'], a['seq_len'])
+        return budget, None, False
     sf, assumed = shortening(a, meta or {}, args.assume_sf)
     n_short = dynpool.shortened_length(a['seq_len'], sf)
     step = dynpool.step_flops(cfg, a['batch_size'], a['seq_len'], n_short)
@@ -370,7 +379,8 @@ def run_flops(args, train_parser, cmd, meta):
 
 
 def wall_hours(hours, slots):
-    """Hours until the last run ends, each run started in order on the first slot free."""
+    """Hours until the last run ends, each run started in order on the first slot
+    free."""
     ends = [0.0] * slots
     for h in hours:
         ends[ends.index(min(ends))] += h
@@ -384,9 +394,9 @@ def span(values):
 
 
 def cost(args, flops):
-    """What runs of these FLOPs cost: hours at the speed bench.py --preset paper measured
-    on the device they run on (--bench), else for a GPU a range at --mfu of --peak-tflops,
-    assumed; with several slots, the wall-clock time too."""
+    """What runs of these FLOPs cost: hours at the speed bench.py --preset paper
+    measured on the device they run on (--bench), else for a GPU a range at --mfu of
+    --peak-tflops, assumed; with several slots, the wall-clock time too."""
     cuda = args.device.startswith('cuda')
     device = f'CPU, {args.threads} threads'
     if cuda:
@@ -422,9 +432,9 @@ def cost(args, flops):
 
 
 def data_lines(args):
-    """The datasets of the plan as the dry run prints them: a command for each one still to
-    prepare, a comment for each prepared one. The paper's parts refuse data that is not the
-    paper's (dataset.paper_data_problem's one line); the others name it so."""
+    """The datasets of the plan as the dry run prints them: a command for each one still
+    to prepare, a comment for each prepared one. The paper's parts refuse data that is
+    not the paper's (dataset.paper_data_problem's one line); the others name it so."""
     lines = []
     for name in args.datasets:
         path = Path(args.data_dir, name)
@@ -446,8 +456,8 @@ def data_lines(args):
 
 def check(args, runs):
     """The plan as the dry run prints it, all checked before anything is prepared or run
-    (data_lines; each train.py command read by train.py's parser), each run with its FLOPs
-    and SF, then the total and its cost → (lines, names of the runs to do)."""
+    (data_lines; each train.py command read by train.py's parser), each run with its
+    FLOPs and SF, then the total and its cost → (lines, names of the runs to do)."""
     lines = data_lines(args)
     train_parser = presets.parser()
     args.model_defaults = presets.model_defaults()
@@ -514,10 +524,10 @@ def interrupted(signum, frame):
 
 
 def run_all(args, runs, todo):
-    """Each run to do started on the first free slot, its output in <out>/<run>.log where
-    several run at a time, in a session of its own: Ctrl-C and SIGTERM reach the study,
-    which stops every run with SIGTERM (train.py saves, then exits 75) and then itself
-    → (failed, stopped: the runs that ended so)."""
+    """Each run to do started on the first free slot, its output in <out>/<run>.log
+    where several run at a time, in a session of its own: Ctrl-C and SIGTERM reach the
+    study, which stops every run with SIGTERM (train.py saves, then exits 75) and then
+    itself → (failed, stopped: the runs that ended so)."""
     free = list(args.slots)
     running = {}
     failed = []
@@ -583,8 +593,9 @@ def write_report(args, name, dirs, *flags):
 
 
 def plot_scaling(dirs, path):
-    """The scaling study's figure: test BPC (the mean over seeds) against the layers in all
-    and against the training FLOPs, a line per mode and budget (equal steps, FLOP budget)."""
+    """The scaling study's figure: test BPC (the mean over seeds) against the layers in
+    all and against the training FLOPs, a line per mode and budget (equal steps, FLOP
+    budget)."""
     rows = [r for r in map(report.summarize, map(Path, dirs)) if r['test_bpc'] is not None]
     if not rows:
         return
@@ -595,8 +606,8 @@ def plot_scaling(dirs, path):
         budget = r['budget']
         if r['flop_budget']:
             budget = 'FLOP budget'
-        kinds.setdefault(f"{r['mode']}, {budget}", {}).setdefault(sum(r['config']['layers']),
-                                                                  []).append(r)
+        by_depth = kinds.setdefault(f"{r['mode']}, {budget}", {})
+        by_depth.setdefault(sum(r['config']['layers']), []).append(r)
     for label, by_depth in kinds.items():
         depths = sorted(by_depth)
         bpc = [statistics.mean(r['test_bpc'] for r in by_depth[n]) for n in depths]
@@ -612,19 +623,22 @@ def plot_scaling(dirs, path):
 
 
 def report_part(args, runs):
-    """report.py over the part's runs that have a log: the tables and the plot of the part
-    (<out>/<part>.md, .png); languages, table1 and pareto over several languages one of
-    each per language too (<out>/<part>-<lang>.*) → what failed."""
-    dirs = [f'{args.out}/{run}' for run in runs if Path(args.out, run, 'log.jsonl').exists()]
+    """report.py over the part's runs that have a log: the tables and the plot of the
+    part (<out>/<part>.md, .png); languages, table1 and pareto over several languages
+    one of each per language too (<out>/<part>-<lang>.*) → what failed."""
+    dirs = [f'{args.out}/{run}' for run in runs
+            if Path(args.out, run, 'log.jsonl').exists()]
     png = f'{args.out}/{args.part}.png'
     failed = []
     if not dirs:
         return failed
-    if args.part in ('languages', 'table1') or (args.part == 'pareto' and args.langs != ['text8']):
+    several = args.part == 'pareto' and args.langs != ['text8']
+    if args.part in ('languages', 'table1') or several:
         for lang in args.langs:
             # a run's language is its name's prefix; none: the text8 slice
-            mine = [d for d in dirs if Path(d).name.split('-')[0] == lang
-                    or (lang == 'text8' and Path(d).name.split('-')[0] not in args.langs)]
+            prefixes = [Path(d).name.split('-')[0] for d in dirs]
+            mine = [d for d, first in zip(dirs, prefixes)
+                    if first == lang or (lang == 'text8' and first not in args.langs)]
             if mine:
                 failed += write_report(args, f'{args.part}-{lang}', mine, '--plot',
                                        f'{args.out}/{args.part}-{lang}.png')
@@ -636,8 +650,8 @@ def report_part(args, runs):
 
 
 def run(argv):
-    """The study: the plan checked; printed (--dry-run), or its data prepared and its runs
-    written to --emit or run, then reported."""
+    """The study: the plan checked; printed (--dry-run), or its data prepared and its
+    runs written to --emit or run, then reported."""
     args = parse(argv)
     args.datasets = {}
     runs = plan(args)
@@ -657,11 +671,11 @@ def run(argv):
     if stopped:
         resume = f"(stopped to be resumed: {' '.join(stopped)}) "
     if failed:
-        raise UserError(f"failed: {' '.join(failed)} {resume}(see <run>.log in {args.out}); run "
-                        'the same command to retry')
+        raise UserError(f"failed: {' '.join(failed)} {resume}(see <run>.log in {args.out}); "
+                        'run the same command to retry')
     if stopped:
-        raise UserError(f"stopped to be resumed: {' '.join(stopped)}; run the same command again",
-                        code=75)
+        raise UserError(f"stopped to be resumed: {' '.join(stopped)}; run the same command "
+                        'again', code=75)
 
 
 if __name__ == '__main__':

@@ -16,12 +16,11 @@ import pytest
 
 import presets
 import dataset
-from conftest import random_words, write_dataset
+from conftest import random_words, shared_data, write_dataset
 
 ROOT = Path(__file__).parent
-SHARED = ROOT.parent / 'shared' / 'data'
 # a boundary source of one's own, in a file outside the project (README's every_k.py)
-EVERY_K = '''import dataclasses
+EVERY_K = """import dataclasses
 
 import torch
 from dynpool import ExternalBoundaries, register_source
@@ -41,7 +40,7 @@ class EveryBoundaries(ExternalBoundaries):
 
 
 register_source('every', EveryBoundaries)
-'''
+"""
 STUDY = str(ROOT / 'study.sh')
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
 TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
@@ -463,13 +462,12 @@ def make_dataset(tmp_path, name, *flags):
     return tmp_path / 'data' / name
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason='needs ../shared/data (the text8 slice)')
 def test_study_refuses_data_that_is_not_the_papers_and_names_a_slice(tmp_path):
     """A study part that reproduces the paper (table1) refuses a text8 that is a slice (made
     from --input), in dataset.paper_data_problem's one line naming the command that makes the
     whole one, before anything runs; a CPU part on the same slice runs and names it."""
     text = tmp_path / 'text8-part.txt'
-    text.write_text((SHARED / 'text8-head.txt').read_text()[:200_000])
+    text.write_text(shared_data('text8-head.txt').read_text()[:200_000])
     slice8 = make_dataset(tmp_path, 'text8', '--input', text, '--dataset', 'text8',
                           '--unigram', '0')
     problem = dataset.paper_data_problem(slice8)
@@ -487,12 +485,11 @@ def test_study_refuses_data_that_is_not_the_papers_and_names_a_slice(tmp_path):
     assert f"# {named}: prepared, used as it is (not the paper's data: {note})" in r.stdout
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data (Finnish raw text)")
 def test_study_prices_each_run_at_the_sf_its_data_records(tmp_path):
     """The dry run prices Finnish Unigram at V = 200 at its labels' SF from meta.json (about 2,
     not an assumed 4.5): more FLOPs than entropy at the assumed SF; gumbel at 1 / prior."""
     text = tmp_path / 'fi.txt'
-    text.write_text((SHARED / 'raw' / 'fi.txt').read_text()[:300_000])
+    text.write_text(shared_data('raw/fi.txt').read_text()[:300_000])
     fi = make_dataset(tmp_path, 'fi', '--input', text, '--lang', 'fi', '--unigram', '200')
     labels = json.loads((fi / 'meta.json').read_text())['unigram_sets']['200']
     r = study('--part', 'languages', '--langs', 'fi', '--modes', 'unigram entropy gumbel',
