@@ -619,7 +619,7 @@ def plot_scaling(dirs, path):
     by_layers.legend(fontsize=8)
     fig.tight_layout()
     common.write_atomic(path, lambda tmp: fig.savefig(tmp, format='png', dpi=120))
-    print(f'plot: {path}')
+    print(f'plot: {path} (test {rows[0]["bits"]} against the layers and the training FLOPs)')
 
 
 def report_part(args, runs):

@@ -207,6 +207,27 @@ def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_langu
     assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
 
 
+@pytest.mark.slow
+def test_study_scaling_plots_bpc_against_depth_and_flops(tmp_path):
+    """study.sh --part scaling (tiny runs at 5 and 6 layers, vanilla and whitespace): its
+    figure is the scaling study's, test BPC against the layers and the training FLOPs, with
+    the tables beside it."""
+    pytest.importorskip('matplotlib')
+    write_dataset(tmp_path / 'data' / 'text8-head-u10000', random_words(20_000, seed=3),
+                  unigram=False)
+    at = TINY.index('--layers')
+    flags = [f for f in TINY[:at] + TINY[at + 2:] if f not in ('--device', 'cpu')]
+    runs = tmp_path / 'runs'
+    r = study('--part', 'scaling', '--scaling-layers', '5 6', '--seeds', '1', '--steps', '4',
+              '--data-dir', tmp_path / 'data', '--out', runs, '--', *flags, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    said = f'plot: {runs}/scaling.png (test BPC against the layers and the training FLOPs)'
+    assert said in r.stdout.splitlines()
+    assert (runs / 'scaling.png').stat().st_size > 10_000
+    md = (runs / 'scaling.md').read_text()
+    assert all(f'{m}-l{n}-s1' in md for m in ('none', 'whitespace') for n in (5, 6))
+
+
 def test_study_table1_dry_run_prepares_each_dataset_first_at_the_papers_settings(tmp_path):
     """--part table1 --device cuda --dry-run: one prepare_data.py command per dataset, before
     any run, with the paper's Unigram V (Finnish and Hebrew 200, English and Vietnamese 10000),
