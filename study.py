@@ -26,7 +26,6 @@ import common
 import dataset
 import dynpool
 import presets
-import report
 from cleaning import LANGS
 from common import UserError
 
@@ -110,9 +109,16 @@ def mfu_range(s):
     return ends[0], ends[-1]
 
 
+class Parser(common.Parser):
+    """common.Parser, whose mistakes name the command the user typed."""
+
+    def error(self, message):
+        raise UserError(f'{message} (see bash study.sh --help)', code=2)
+
+
 def parser():
     """study.sh's flags; list flags take words apart by spaces or commas."""
-    p = common.Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
+    p = Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
                       epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
     p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
     p.add_argument('--steps', type=common.positive_int,
@@ -180,8 +186,8 @@ def parse(argv):
     args.slots = [None] * args.jobs
     if args.gpus:
         if len(args.gpus) % per_run:
-            raise UserError(f'--gpus {len(args.gpus)} do not split into --nproc {per_run}',
-                            code=2)
+            raise UserError(f'--gpus: {len(args.gpus)} GPUs do not split into --nproc '
+                            f'{per_run}', code=2)
         ids = [str(i) for i in args.gpus]
         args.slots = [','.join(ids[i:i + per_run]) for i in range(0, len(ids), per_run)]
     # the machine's cores split between the runs at a time
@@ -568,7 +574,8 @@ def run_all(args, runs, todo):
                 log.close()
         while running:
             wait_one()
-    except UserError:
+    except BaseException:
+        # interrupted (or unable to start a run): every run started is stopped first
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for pid in running:
@@ -596,6 +603,8 @@ def plot_scaling(dirs, path):
     """The scaling study's figure: test BPC (the mean over seeds) against the layers in
     all and against the training FLOPs, a line per mode and budget (equal steps, FLOP
     budget)."""
+    # report.py's reading of a run (imported here: scipy, which it imports, is slow to load)
+    import report
     rows = [r for r in map(report.summarize, map(Path, dirs)) if r['test_bpc'] is not None]
     if not rows:
         return
