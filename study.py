@@ -124,22 +124,27 @@ def parser():
     p.add_argument('--steps', type=common.positive_int,
                    help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
                    '200000)')
-    p.add_argument('--seeds', type=listed(common.seed_int), default=[1337, 2, 3])
-    p.add_argument('--pareto-seeds', type=listed(common.seed_int), default=[1337])
+    p.add_argument('--seeds', type=listed(common.seed_int), default=[1337, 2, 3],
+                   help='seeds of each run (default "1337 2 3")')
+    p.add_argument('--pareto-seeds', type=listed(common.seed_int), default=[1337],
+                   help='seeds of the pareto runs (default 1337)')
     p.add_argument('--langs', type=listed(language),
                    help='text8 (the slice; whole for the paper), fi he vi (--raw-dir), '
                    'wiki40b-L, cc100-L')
     p.add_argument('--modes', type=listed(mode), help='none, fixedK, whitespace, unigram, ...')
-    p.add_argument('--scaling-layers', type=listed(common.int_range(5)), default=[8, 12, 16, 20])
+    p.add_argument('--scaling-layers', type=listed(common.int_range(5)), default=[8, 12, 16, 20],
+                   help='total layers of the scaling runs (default "8 12 16 20")')
     p.add_argument('--out', type=common.nonblank, help='runs/study-<steps>: a folder a run')
-    p.add_argument('--data-dir', type=common.nonblank, default=f'{AT}data')
+    p.add_argument('--data-dir', type=common.nonblank, default=f'{AT}data',
+                   help='where datasets are prepared (default data)')
     p.add_argument('--input', type=common.nonblank, default=f'{AT}../shared/data/text8-head.txt',
                    help="the text8 slice's text")
     p.add_argument('--raw-dir', type=common.nonblank, default=f'{AT}../shared/data/raw',
                    help="a language's raw text: <L>.txt")
     p.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE',
                    help='a boundary source to register (as train.py), passed to every run')
-    p.add_argument('--device', type=common.nonblank, default='cpu', help='cpu, cuda, ...')
+    p.add_argument('--device', type=common.nonblank, default='cpu',
+                   help="cpu (default), cuda: the GPU preset, the paper's recipe")
     p.add_argument('--jobs', type=common.positive_int, default=1, help='CPU runs at a time')
     p.add_argument('--gpus', type=listed(common.non_negative_int),
                    help='GPU ids like 0,1,2,3: one run on each at a time (--device cuda)')
