@@ -343,7 +343,7 @@ def shortening(a, meta, assume_sf):
     """The SF a run's FLOPs are priced at (a: its flags, filled in) → (SF, whether
     assumed): fixed k; gumbel 1 / its prior; hnet its ratio_target; whitespace and
     unigram the SF of the training split that meta.json records (whitespace:
-    "whitespace" {"shortening_factor": {split: SF}}; unigram: its label set's in
+    "whitespace_shortening_factor" {split: SF}; unigram: its label set's in
     "unigram_sets", else the default "unigram"); else (entropy, a source of one's own,
     data not prepared yet) assume_sf."""
     boundary = a['boundary']
@@ -359,9 +359,10 @@ def shortening(a, meta, assume_sf):
     elif boundary in ('whitespace', 'unigram'):
         sets = meta.get('unigram_sets') or {}
         labels = sets.get(str(a.get('unigram'))) or meta.get('unigram')
+        by_split = (labels or {}).get('shortening_factor')
         if boundary == 'whitespace':
-            labels = meta.get('whitespace')
-        sf = ((labels or {}).get('shortening_factor') or {}).get('train')
+            by_split = meta.get('whitespace_shortening_factor')
+        sf = (by_split or {}).get('train')
     if sf is None:
         return assume_sf, True
     return sf, False

@@ -508,13 +508,16 @@ def test_study_refuses_data_that_is_not_the_papers_and_names_a_slice(tmp_path):
 
 def test_study_prices_each_run_at_the_sf_its_data_records(tmp_path):
     """The dry run prices Finnish Unigram at V = 200 at its labels' SF from meta.json (about 2,
-    not an assumed 4.5): more FLOPs than entropy at the assumed SF; gumbel at 1 / prior."""
+    not an assumed 4.5): more FLOPs than entropy at the assumed SF; gumbel at 1 / prior;
+    whitespace at the whitespace SF meta.json records (assumed where it records none)."""
     text = tmp_path / 'fi.txt'
     text.write_text(shared_data('raw/fi.txt').read_text()[:300_000])
     fi = make_dataset(tmp_path, 'fi', '--input', text, '--lang', 'fi', '--unigram', '200')
-    labels = json.loads((fi / 'meta.json').read_text())['unigram_sets']['200']
-    r = study('--part', 'languages', '--langs', 'fi', '--modes', 'unigram entropy gumbel',
-              '--seeds', '1', '--device', 'cuda', '--dry-run', '--data-dir', tmp_path / 'data',
+    meta = json.loads((fi / 'meta.json').read_text())
+    labels = meta['unigram_sets']['200']
+    modes = 'unigram entropy gumbel whitespace'
+    r = study('--part', 'languages', '--langs', 'fi', '--modes', modes, '--seeds', '1',
+              '--device', 'cuda', '--dry-run', '--data-dir', tmp_path / 'data',
               '--out', tmp_path / 'runs')
     assert r.returncode == 0, r.stderr
     priced = {}
@@ -529,6 +532,11 @@ def test_study_prices_each_run_at_the_sf_its_data_records(tmp_path):
     assert priced['fi-entropy-s1'][1:] == (4.5, True)
     assert priced['fi-gumbel-s1'][1:] == (round(1 / 0.37, 2), False)
     assert priced['fi-unigram-s1'][0] > priced['fi-gumbel-s1'][0] > priced['fi-entropy-s1'][0]
+    spaces = meta.get('whitespace_shortening_factor')
+    if spaces:
+        assert priced['fi-whitespace-s1'][1:] == (round(spaces['train'], 2), False)
+    else:
+        assert priced['fi-whitespace-s1'][1:] == (4.5, True)
 
 
 def test_study_passes_an_imported_source_to_its_runs(tmp_path):
