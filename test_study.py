@@ -15,9 +15,32 @@ from pathlib import Path
 import pytest
 
 import presets
-from conftest import random_words, write_dataset
+import dataset
+from conftest import random_words, shared_data, write_dataset
 
 ROOT = Path(__file__).parent
+# a boundary source of one's own, in a file outside the project (README's every_k.py)
+EVERY_K = """import dataclasses
+
+import torch
+from dynpool import ExternalBoundaries, register_source
+
+
+@dataclasses.dataclass
+class EveryOptions:
+    every: int = 4
+
+
+class EveryBoundaries(ExternalBoundaries):
+    Options = EveryOptions
+
+    def derive(self, x, offset):
+        t = torch.arange(offset, offset + x.size(1), device=x.device)
+        return ((t + 1) % self.cfg.every == 0).expand_as(x)
+
+
+register_source('every', EveryBoundaries)
+"""
 STUDY = str(ROOT / 'study.sh')
 # A tiny model and short sequences: every run here takes a second or two on one CPU core.
 TINY = ['--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64',
@@ -34,14 +57,14 @@ def stand_ins(tmp_path):
     """A `python` and a `torchrun` first on PATH → (env, calls): each records the command it is
     given as "tool|working directory|CUDA_VISIBLE_DEVICES|arguments" in the file calls and exits
     with $FAKE_RC (default 0) after $FAKE_HOLD seconds, or with 75 on SIGUSR1 or SIGTERM (as
-    train.py), recording "signal"; `python -c` (study.sh's check and plan) runs the real Python. A
+    train.py), recording "signal"; `python study.py` (study.sh's planner) runs the real Python. A
     GPU given to a second run while the first holds it is recorded as a clash."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     calls = tmp_path / 'calls'
     for tool in ('python', 'torchrun'):
         (bin_dir / tool).write_text(f"""#!/bin/bash
-if [ "$1" = -c ]; then exec {shlex.quote(sys.executable)} "$@"; fi
+if [ "${{1##*/}}" = study.py ]; then exec {shlex.quote(sys.executable)} "$@"; fi
 gpu=${{CUDA_VISIBLE_DEVICES-}}
 if [ -n "$gpu" ] && ! mkdir "{bin_dir}/busy-$gpu" 2>/dev/null; then echo clash >> {calls}; fi
 echo "{tool}|$PWD|$gpu|$*" >> {calls}
@@ -78,20 +101,14 @@ def commands(stdout):
 def test_study_plans_the_papers_experiments(tmp_path):
     """study.sh --dry-run: table1 is the paper's grid (6 datasets x 8 sources x 3 seeds, the GPU
     preset's 200k steps on a GPU) with each command's FLOPs (train.py's parser and presets) and a
-    GPU-hours total; scaling grows the shortened stage between 2 + 2 outer layers (its plan read
-    through a stand-in `python` that echoes the commands: one torch import is enough); fixed k of
+    GPU-hours total; scaling grows the shortened stage between 2 + 2 outer layers; fixed k of
     any k by name."""
-    echo = tmp_path / 'bin' / 'python'
-    echo.parent.mkdir()
-    echo.write_text('#!/bin/sh\ncat\n')
-    echo.chmod(0o755)
-
-    def plan(*flags, env=None):
-        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT, env=env,
+    def plan(*flags):
+        r = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         lines = [x for x in r.stdout.splitlines() if x.startswith('python train.py')]
-        assert env or all(x.split('    # ')[1].endswith(' FLOPs') for x in lines)
+        assert all(' FLOPs at SF ' in x.split('    # ')[1] for x in lines)
         cmds = [shlex.split(x.split('    #')[0]) for x in lines]
         return [dict(zip(c[2::2], c[3::2])) for c in cmds], r.stdout.splitlines()[-1]
     table1, total = plan('--part', 'table1', '--device', 'cuda')
@@ -106,8 +123,7 @@ def test_study_plans_the_papers_experiments(tmp_path):
         assert {(c['--data'], c['--max-steps']) for c in runs} == {('data/text8', '200000')}
     table2, _ = plan('--part', 'table2')  # on the CPU the slice
     assert {(c['--data'], c['--max-steps']) for c in table2} == {('data/text8-head-u10000', '1000')}
-    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1',
-                      env=dict(os.environ, PATH=f'{echo.parent}:{os.environ["PATH"]}'))
+    scaling, _ = plan('--part', 'scaling', '--modes', 'none fixed5', '--seeds', '1')
     want = {(b, k, f'2,{n - 4},2') for b, k in (('none', None), ('fixed', '5'))
             for n in (8, 12, 16, 20)}
     assert {(c['--boundary'], c.get('--fixed-factor'), c['--layers']) for c in scaling} == want
@@ -126,7 +142,8 @@ def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_p
     (a test record in log.jsonl) are skipped; a stand-in `python` echoes report.py's arguments."""
     stand_in = tmp_path / 'bin' / 'python'
     stand_in.parent.mkdir()
-    stand_in.write_text('#!/bin/sh\necho "$@"\n')
+    stand_in.write_text(f'#!/bin/bash\nif [ "${{1##*/}}" = study.py ]; then exec '
+                        f'{shlex.quote(sys.executable)} "$@"; fi\necho "$@"\n')
     stand_in.chmod(0o755)
     env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
     flags = ['--part', 'pareto', '--langs', 'text8 fi', '--data-dir', str(tmp_path / 'data'),
@@ -190,11 +207,32 @@ def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_langu
     assert again.returncode == 0 and again.stdout.count('finished, skipped') == 6, again.stdout
 
 
+@pytest.mark.slow
+def test_study_scaling_plots_bpc_against_depth_and_flops(tmp_path):
+    """study.sh --part scaling (tiny runs at 5 and 6 layers, vanilla and whitespace): its
+    figure is the scaling study's, test BPC against the layers and the training FLOPs, with
+    the tables beside it."""
+    pytest.importorskip('matplotlib')
+    write_dataset(tmp_path / 'data' / 'text8-head-u10000', random_words(20_000, seed=3),
+                  unigram=False)
+    at = TINY.index('--layers')
+    flags = [f for f in TINY[:at] + TINY[at + 2:] if f not in ('--device', 'cpu')]
+    runs = tmp_path / 'runs'
+    r = study('--part', 'scaling', '--scaling-layers', '5 6', '--seeds', '1', '--steps', '4',
+              '--data-dir', tmp_path / 'data', '--out', runs, '--', *flags, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    said = f'plot: {runs}/scaling.png (test BPC against the layers and the training FLOPs)'
+    assert said in r.stdout.splitlines()
+    assert (runs / 'scaling.png').stat().st_size > 10_000
+    md = (runs / 'scaling.md').read_text()
+    assert all(f'{m}-l{n}-s1' in md for m in ('none', 'whitespace') for n in (5, 6))
+
+
 def test_study_table1_dry_run_prepares_each_dataset_first_at_the_papers_settings(tmp_path):
     """--part table1 --device cuda --dry-run: one prepare_data.py command per dataset, before
     any run, with the paper's Unigram V (Finnish and Hebrew 200, English and Vietnamese 10000),
     then the runs (Gumbel's prior 0.37 for Finnish, 0.2 elsewhere), each parsed by train.py's own
-    parser as printed; the cost without a measured speed says it is assumed."""
+    parser as printed; the cost without a measured speed is a range that says it is assumed."""
     r = study('--part', 'table1', '--device', 'cuda', '--dry-run', '--seeds', '1',
               '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs')
     assert r.returncode == 0, r.stderr
@@ -211,15 +249,18 @@ def test_study_table1_dry_run_prepares_each_dataset_first_at_the_papers_settings
         assert Path(args.data).name in unigram and args.device == 'cuda'
         if args.boundary == 'gumbel':
             assert args.prior == (0.37 if args.data.endswith('-fi') else 0.2), c
-    assert r.stdout.splitlines()[-1].endswith('(assumed)')
+    total = r.stdout.splitlines()[-1]
+    assert 'GPU-hours at 20%-40% MFU' in total and '(assumed: bench.py --preset paper' in total
 
 
 def test_study_prices_the_plan_at_the_speed_bench_measured(tmp_path):
     """The dry run's cost is FLOPs / flops_per_s of bench.py --preset paper's entry for the
-    device the runs use (here 'CPU, 1 threads': --jobs 2 runs each on one thread)."""
+    device the runs use (here 'CPU, N threads': --jobs 2 runs each on half the cores), and the
+    wall-clock time of the two jobs."""
+    device = f'CPU, {max(1, len(os.sched_getaffinity(0)) // 2)} threads'
     bench = tmp_path / 'bench-paper.json'
-    bench.write_text(json.dumps({'CPU, 1 threads': dict(flops_per_s=2e9, date='2026-01-02',
-                                                        torch='2.13.0')}))
+    bench.write_text(json.dumps({device: dict(flops_per_s=2e9, date='2026-01-02',
+                                              torch='2.13.0')}))
     r = study('--part', 'table2', '--dry-run', '--jobs', '2', '--bench', bench,
               '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs')
     assert r.returncode == 0, r.stderr
@@ -227,25 +268,30 @@ def test_study_prices_the_plan_at_the_speed_bench_measured(tmp_path):
     flops = float(total.split()[1])
     hours = float(total.split('about ')[1].split()[0])
     assert hours == pytest.approx(flops / 2e9 / 3600, rel=0.05, abs=0.05)
-    assert 'CPU, 1 threads' in total and '2026-01-02' in total and 'assumed' not in total
+    assert device in total and '2026-01-02' in total and 'MFU' not in total
+    assert total.endswith(' hours on 2 jobs')
 
 
 def test_study_runs_exactly_the_commands_its_dry_run_prints(tmp_path):
     """The runner starts the dry run's commands, in its order: the missing dataset prepared
     first (the present one used as it is), then every run, a FLOP-budget run without
-    --max-steps (which would cap it)."""
+    --max-steps (which would cap it); --jobs 2 splits the machine's cores between the two
+    (train.py's --threads)."""
     env, calls = stand_ins(tmp_path)
     (tmp_path / 'data' / 'fi').mkdir(parents=True)
     (tmp_path / 'data' / 'fi' / 'meta.json').write_text('{}')
     flags = ['--part', 'languages', '--langs', 'fi he', '--modes', 'none whitespace',
              '--seeds', '1', '--steps', '3', '--data-dir', tmp_path / 'data',
-             '--raw-dir', tmp_path / 'raw', '--out', tmp_path / 'runs']
+             '--raw-dir', tmp_path / 'raw', '--out', tmp_path / 'runs', '--jobs', '2']
     dry = study(*flags, '--dry-run')
     assert dry.returncode == 0, dry.stderr
     printed = commands(dry.stdout)
     assert [c[1] for c in printed].count('prepare_data.py') == 1
     budget = [c for c in printed if '--flop-budget' in c]
     assert len(budget) == 2 and not any('--max-steps' in c for c in budget)
+    threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    trains = [c for c in printed if c[1] == 'train.py']
+    assert len(trains) == 6 and all(c[c.index('--threads') + 1] == threads for c in trains)
     r = study(*flags, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [[tool, *args] for tool, _, _, args in recorded(calls)] == printed
@@ -256,10 +302,10 @@ def test_study_gpus_gives_each_gpu_one_run_at_a_time(tmp_path):
     used, never two runs on one GPU at once; with --nproc 2 each run is torchrun's on two."""
     env, calls = stand_ins(tmp_path)
     env['FAKE_HOLD'] = '0.3'
-    (tmp_path / 'data' / 'text8').mkdir(parents=True)   # a GPU study: the whole text8
-    (tmp_path / 'data' / 'text8' / 'meta.json').write_text('{}')
-    flags = ['--part', 'table2', '--modes', 'fixed2 whitespace', '--seeds', '1', '--steps', '2',
-             '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs']
+    (tmp_path / 'data' / 'fi').mkdir(parents=True)
+    (tmp_path / 'data' / 'fi' / 'meta.json').write_text('{}')
+    flags = ['--part', 'languages', '--langs', 'fi', '--modes', 'fixed2 whitespace', '--seeds',
+             '1', '--steps', '2', '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs']
     r = study(*flags, '--gpus', '0,1', env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = recorded(calls)
@@ -353,9 +399,17 @@ def test_study_reports_runs_stopped_to_be_resumed_and_resumes_them(tmp_path):
     ['--part', 'table2', '--gpus', '0,1,2', '--nproc', '2'],
     ['--part', 'table1', '--dry-run', '--mfu', 'abc'],
     ['--part', 'table1', '--dry-run', '--peak-tflops', '0'],
-], ids=['mode', 'part', 'train-flag', 'train-flag-dry-run', 'gpus-nproc', 'mfu', 'peak'])
+    ['--part', 'table2', '--gpus', '0,1,0'],
+    ['--part', 'table2', '--jobs', ''],
+    ['--part', 'table2', '--seeds', '1 2 1'],
+    ['--part', 'table2', '--modes', 'fixed2 fixed2'],
+    ['--part', 'table2', '--emit', '/'],
+    ['--part', 'languages', '--langs', 'xx'],
+], ids=['mode', 'part', 'train-flag', 'train-flag-dry-run', 'gpus-nproc', 'mfu', 'peak',
+        'gpu-twice', 'jobs-empty', 'seed-twice', 'mode-twice', 'emit-folder', 'language'])
 def test_study_refuses_bad_input_before_anything(tmp_path, flags):
-    """A mistake in a mode, a part, or a train.py flag after -- (train.py's own parser says so),
+    """A mistake in a mode, a part, a list (a GPU, seed or mode twice), a number, an output
+    path (--emit naming a folder), or a train.py flag after -- (train.py's own parser says so),
     from any working directory: exit 2, one error line, nothing printed, prepared or run."""
     env, calls = stand_ins(tmp_path)
     r = study(*flags, '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs', cwd='/',
@@ -418,3 +472,83 @@ def test_study_stopped_by_sigterm_stops_its_runs_so_they_save_first(tmp_path):
     assert run.returncode == 75
     assert [args for *_, args in recorded(calls)][2:] == [['signal'], ['signal']]
     assert len(err.splitlines()) == 1 and err.startswith('error: interrupted')
+
+
+def make_dataset(tmp_path, name, *flags):
+    """A dataset made by prepare_data.py as a user makes one → its folder."""
+    r = subprocess.run([sys.executable, ROOT / 'prepare_data.py', *map(str, flags), '--out-dir',
+                        tmp_path / 'data', '--name', name], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return tmp_path / 'data' / name
+
+
+def test_study_refuses_data_that_is_not_the_papers_and_names_a_slice(tmp_path):
+    """A study part that reproduces the paper (table1) refuses a text8 that is a slice (made
+    from --input), in dataset.paper_data_problem's one line naming the command that makes the
+    whole one, before anything runs; a CPU part on the same slice runs and names it."""
+    text = tmp_path / 'text8-part.txt'
+    text.write_text(shared_data('text8-head.txt').read_text()[:200_000])
+    slice8 = make_dataset(tmp_path, 'text8', '--input', text, '--dataset', 'text8',
+                          '--unigram', '0')
+    problem = dataset.paper_data_problem(slice8)
+    assert problem and 'prepare_data.py' in problem
+    r = study('--part', 'table1', '--langs', 'text8', '--modes', 'none', '--seeds', '1',
+              '--device', 'cuda', '--dry-run', '--data-dir', tmp_path / 'data')
+    assert r.returncode == 1 and r.stdout == ''
+    assert r.stderr.splitlines() == [f'error: {problem}']
+    named = make_dataset(tmp_path, 'text8-head-u10000', '--input', text, '--dataset', 'text8',
+                         '--unigram', '0')
+    r = study('--part', 'table2', '--modes', 'fixed2', '--seeds', '1', '--dry-run',
+              '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs')
+    assert r.returncode == 0, r.stderr
+    note = dataset.paper_data_problem(named)
+    assert f"# {named}: prepared, used as it is (not the paper's data: {note})" in r.stdout
+
+
+def test_study_prices_each_run_at_the_sf_its_data_records(tmp_path):
+    """The dry run prices Finnish Unigram at V = 200 at its labels' SF from meta.json (about 2,
+    not an assumed 4.5): more FLOPs than entropy at the assumed SF; gumbel at 1 / prior;
+    whitespace at the whitespace SF meta.json records (assumed where it records none)."""
+    text = tmp_path / 'fi.txt'
+    text.write_text(shared_data('raw/fi.txt').read_text()[:300_000])
+    fi = make_dataset(tmp_path, 'fi', '--input', text, '--lang', 'fi', '--unigram', '200')
+    meta = json.loads((fi / 'meta.json').read_text())
+    labels = meta['unigram_sets']['200']
+    modes = 'unigram entropy gumbel whitespace'
+    r = study('--part', 'languages', '--langs', 'fi', '--modes', modes, '--seeds', '1',
+              '--device', 'cuda', '--dry-run', '--data-dir', tmp_path / 'data',
+              '--out', tmp_path / 'runs')
+    assert r.returncode == 0, r.stderr
+    priced = {}
+    for line in r.stdout.splitlines():
+        if line.startswith('python') and ' at SF ' in line:
+            run = line.split(' --out ')[1].split()[0].split('/')[-1]
+            cost = line.split('    # ')[1].split()
+            priced[run] = float(cost[0]), float(cost[4]), 'assumed' in line
+    sf = labels['shortening_factor']['train']
+    assert priced['fi-unigram-s1'] == (pytest.approx(priced['fi-unigram-s1'][0]),
+                                       round(sf, 2), False) and sf < 3
+    assert priced['fi-entropy-s1'][1:] == (4.5, True)
+    assert priced['fi-gumbel-s1'][1:] == (round(1 / 0.37, 2), False)
+    assert priced['fi-unigram-s1'][0] > priced['fi-gumbel-s1'][0] > priced['fi-entropy-s1'][0]
+    spaces = meta.get('whitespace_shortening_factor')
+    if spaces:
+        assert priced['fi-whitespace-s1'][1:] == (round(spaces['train'], 2), False)
+    else:
+        assert priced['fi-whitespace-s1'][1:] == (4.5, True)
+
+
+def test_study_passes_an_imported_source_to_its_runs(tmp_path):
+    """--import FILE, as train.py takes it: the file's source is a mode of the study, and each
+    run gets the same --import (checked and priced by train.py's parser with it)."""
+    source = tmp_path / 'every_k.py'
+    source.write_text(EVERY_K)
+    r = study('--part', 'table2', '--modes', 'every fixed2', '--seeds', '1', '--dry-run',
+              '--import', source, '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs',
+              cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = [c for c in commands(r.stdout) if c[1].endswith('train.py')]
+    assert len(runs) == 4
+    assert all(c[c.index('--import') + 1] == str(source) for c in runs)
+    assert {c[c.index('--boundary') + 1] for c in runs} == {'every', 'fixed'}
