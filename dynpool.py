@@ -451,7 +451,9 @@ def count_segments(cfg, x):
     source = SOURCES.get(cfg.boundary)
     if source is None or not issubclass(source, ExternalBoundaries):
         return None
-    return source(cfg).derive(x, 0).long().sum(-1)
+    # a source derives rows [B, L], as in the model's forward
+    rows = torch.as_tensor(x).reshape(-1, x.shape[-1])
+    return source(cfg).derive(rows, 0).long().sum(-1).reshape(x.shape[:-1])
 
 
 def shortened_length(seq_len, sf):

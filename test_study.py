@@ -36,7 +36,7 @@ class EveryBoundaries(ExternalBoundaries):
 
     def derive(self, x, offset):
         t = torch.arange(offset, offset + x.size(1), device=x.device)
-        return ((t + 1) % self.cfg.every == 0).expand_as(x)
+        return ((t + 1) % self.options.every == 0).expand_as(x)
 
 
 register_source('every', EveryBoundaries)

@@ -737,12 +737,12 @@ class EveryBoundaries(ExternalBoundaries):
 
     @staticmethod
     def check_config(cfg):
-        if cfg.every < 1:
-            raise ValueError(f'every must be >= 1, got {cfg.every}')
+        if cfg.options['every'] < 1:
+            raise ValueError(f'every must be >= 1, got {cfg.options["every"]}')
 
     def derive(self, x, offset):
         t = torch.arange(offset, offset + x.size(1), device=x.device)
-        return ((t + 1) % self.cfg.every == 0).expand_as(x)
+        return ((t + 1) % self.options.every == 0).expand_as(x)
 
 
 register_source('every', EveryBoundaries)
