@@ -22,7 +22,8 @@ DATASETS = ('text8', 'enwik8', 'wiki40b', 'cc100')
 ENCODINGS = ('paper', 'chars', 'bytes')
 # the caps of a download not told otherwise: the splits the paper's studies read
 CAPS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000)
-# text8's characters and enwik8's bytes, whole
+# the sources that are one file (English), and its size whole: text8's characters, enwik8's bytes
+WHOLE_FILES = ('text8', 'enwik8')
 WHOLE = 100_000_000
 
 
@@ -59,7 +60,7 @@ def recorded_settings(d):
 def _named(name):
     """The settings whose default name is `name` (default_name run backwards), or None."""
     for dataset, lang, encoding in itertools.product(DATASETS, (None, *LANGS), ENCODINGS):
-        if default_name(dataset, lang, encoding) == name:
+        if default_name(dataset, lang, encoding) == name and (lang or dataset in WHOLE_FILES):
             return dict(dataset=dataset, lang=lang, encoding=encoding, input=None, **CAPS)
     # text of one's own: named input-<lang>[-bytes|-chars], or input-bytes, input-chars
     for lang, encoding in itertools.product((None, *LANGS), ENCODINGS):

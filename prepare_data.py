@@ -265,7 +265,8 @@ def file_pieces(path, encoding, stream=None):
 def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'):
     """Writes the token ids of (text, separator) pieces to path, up to `cap` of them →
     their count, a progress line for `what` every PROGRESS characters read. lang:
-    cleaned for it, every cleaned line, the last one too, ending with a newline; text whose letters mostly fall outside lang's alphabet is refused
+    cleaned for it, every cleaned line, the last one too, ending with a newline; text
+    whose letters mostly fall outside lang's alphabet is refused
     (cleaning.foreign_letters, on its first MiB of characters). Otherwise the text as it
     is (NFC for "chars", whose ids are code points until index_chars)."""
     lut = np.arange(0x110000, dtype=np.int32)
@@ -273,7 +274,6 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'
         lut = np.full(0x110000, -1, dtype=np.int32)
         lut[[ord(c) for c in alphabet]] = np.arange(len(alphabet))
     n = 0
-    read = 0
     pending = ''
     sample = '' if lang else None   # raw text until its letters are checked
     with open(path, 'wb') as f:
@@ -288,11 +288,7 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'
             f.write(ids.astype(dtype).tobytes())
             n += len(ids)
             return cap is None or n < cap
-        for text, sep in pieces:
-            if (read + len(text)) // PROGRESS > read // PROGRESS:
-                print(f'{what}: {read + len(text):,} characters read, {n:,} kept',
-                      file=sys.stderr)
-            read += len(text)
+        for text, sep in _reporting(pieces, what):
             if sample is not None and len(sample) < 1 << 20:
                 sample += text
             elif sample:
@@ -322,6 +318,17 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'
     if sample:
         _refuse_foreign(sample, lang)
     return n
+
+
+def _reporting(pieces, what):
+    """(text, separator) pieces passed on, with a progress line for `what` every PROGRESS
+    characters read."""
+    read = 0
+    for text, sep in pieces:
+        if (read + len(text)) // PROGRESS > read // PROGRESS:
+            print(f'{what}: {read + len(text):,} characters read', file=sys.stderr)
+        read += len(text)
+        yield text, sep
 
 
 def _refuse_foreign(text, lang):
