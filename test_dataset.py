@@ -197,10 +197,11 @@ def test_train_refuses_splits_by_the_shared_rule(tmp_path, capsys):
     dataset.split_problem, the rule prepare_data.py also refuses by."""
     root, meta = make_dataset(tmp_path / 'd', unigram=())
     argv = ['--data', root, '--boundary', 'fixed', '--device', 'cpu', '--out', tmp_path / 'o',
-            '--batch-size', '4', '--seq-len', '80', '--d-model', '32', '--n-head', '2',
+            '--batch-size', '4', '--seq-len', '75', '--d-model', '32', '--n-head', '2',
             '--d-head', '16', '--d-inner', '64', '--layers', '1,1,1']
     code, line = train_main(argv, capsys)
-    assert code == 1 and line == f'error: {root}: {dataset.split_problem(meta["sizes"], 4, 80)}'
-    assert 'train 300 tokens: too few for a run of batch 4 x 81' in line
+    # 300 tokens: 4 x 75 would fit, but each sequence needs one more token (the last target)
+    assert code == 1 and line == f'error: {root}: {dataset.split_problem(meta["sizes"], 4, 75)}'
+    assert 'train 300 tokens: too few for a run of batch 4 x 76' in line
     assert dataset.split_problem(meta['sizes'], 2, 80) is None
     assert 'valid 1 tokens' in dataset.split_problem(dict(meta['sizes'], valid=1))
