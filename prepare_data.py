@@ -720,11 +720,7 @@ def prepare(args, out, lang, inputs):
     codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, encoding=args.encoding)
     # everything that decides the text of the splits: recorded in .splits.json, compared by
     # re-runs ("lang" the --lang given; the one cleaned for goes into meta.json's "cleaning")
-    key = {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
-           'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
-           'input': None}
-    if inputs:
-        key['input'] = [f['path'] for f in inputs]
+    key = settings(args, inputs)
     stamp = splits(args, out, codec, key, inputs)
     alphabet = stamp['alphabet']
     ids = {c: i for i, c in enumerate(alphabet)}
@@ -744,6 +740,16 @@ def prepare(args, out, lang, inputs):
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
     return meta
+
+
+def settings(args, inputs=None):
+    """What decides the text of the splits, as dataset.recorded_settings reads it: recorded
+    in .splits.json (compared by re-runs) and meta.json."""
+    key = dict(dataset=args.dataset, lang=args.lang, encoding=args.encoding, input=None)
+    key.update({cap: getattr(args, cap) for cap in CAPS})
+    if inputs:
+        key['input'] = [f['path'] for f in inputs]
+    return key
 
 
 def extent(args, meta):
@@ -850,22 +856,6 @@ def parser():
     return p
 
 
-def _rerun(args, flags):
-    """This run's command line for a POSIX shell, with `flags` ({flag: its values, or
-    None to drop it}) in place of the same flags given: no flag twice."""
-    words = []
-    dropping = False
-    for word in args.argv:
-        if word.startswith('-'):
-            dropping = word.split('=')[0] in flags
-        if not dropping:
-            words.append(word)
-    for flag, values in flags.items():
-        if values is not None:
-            words += [flag, *values]
-    return prepare_command(*words)
-
-
 def resolve(args):
     """Fills in what the flags leave open, in one place (an existing dataset's recorded
     source, language, encoding, input and options where none of --dataset, --lang,
@@ -940,24 +930,21 @@ def remove_leftovers(out):
             f.unlink()
 
 
-def offline_howto(args, error):
+def offline_howto(args, out, error):
     """The one line for a failed download: what failed, and the two commands that need no
-    network (the files fetched by hand, or any text of one's own)."""
+    network: this dataset's own (its settings, dataset.prepare_command) from the files
+    fetched by hand, or from any text of one's own."""
     if args.dataset == 'wiki40b':
         what = f'the {args.lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
     else:
         what = _url(args)
         files = Path(what).name
-    by_hand = {'--dataset': [args.dataset], '--lang': [args.lang], '--input': []}
-    # (the file names last and unquoted: shell-safe names, the shards a pattern for the
-    # shell)
-    own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
-    if args.encoding != 'paper':
-        own_text[f'--{args.encoding}'] = []
+    command = prepare_command(data=out, settings=dict(settings(args), unigram=args.unigram))
+    # (the file names last and unquoted: shell-safe names, the shards a pattern for the shell)
     return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
-            f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
-            f'{_rerun(args, own_text)}')
+            f'folder and run: {command} --input {files}; or prepare text of your own: '
+            f'{command} --input FILE')
 
 
 def run(argv=None):
@@ -966,7 +953,6 @@ def run(argv=None):
         argv = sys.argv[1:]
     argv = [str(a) for a in argv]
     args = parser().parse_args(argv)
-    args.argv = argv
     out, lang = resolve(args)
     inputs = describe_inputs(args.input)
     made = [f for f in [out, *out.parents] if not f.exists()]   # deepest first
@@ -979,7 +965,7 @@ def run(argv=None):
                 unmake(out, made)
                 raise
     except DownloadError as e:
-        raise UserError(offline_howto(args, e)) from None
+        raise UserError(offline_howto(args, out, e)) from None
 
 
 def unmake(out, made):

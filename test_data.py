@@ -1556,9 +1556,9 @@ def test_data_unreachable_host_one_attempt_then_both_ways_on(source, tmp_path, c
             words = shlex.split(command)
             flags = [w for w in words if w.startswith('--')]
             assert len(flags) == len(set(flags)) and str(out) in words, command
-        lang = 'en' if source == 'text8' else 'he'
-        assert shlex.split(own)[-4:] == ['--input', 'FILE', '--lang', lang]
-        assert '--dataset' not in own and f'--dataset {source}' in by_hand
+        # the same dataset's command either way: from the files by hand, or from one's own text
+        assert shlex.split(own)[-2:] == ['--input', 'FILE'] and f'--dataset {source}' in own
+        assert own.replace('FILE', by_hand.split(' --input ')[1]) == by_hand
 
 
 def _data_one_error(r):
@@ -1583,7 +1583,7 @@ def test_data_wiki40b_hub_unreachable_one_line_nothing_left(host, tmp_path):
     for command in (by_hand, own):
         flags = [w for w in shlex.split(command) if w.startswith('--')]
         assert len(flags) == len(set(flags)), command
-    assert shlex.split(own)[-4:] == ['--input', 'FILE', '--lang', 'he']
+    assert own.endswith('--dataset wiki40b --lang he --input FILE'), own
     assert not (tmp_path / 'data').exists()
 
 
@@ -1600,7 +1600,7 @@ def test_data_design_card_command_without_network(tmp_path):
     r = subprocess.run(['unshare', '-n', sys.executable, 'prepare_data.py', '--lang', 'he'],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     line = _data_one_error(r)
-    assert 'python prepare_data.py --input FILE --lang he' in line, line
+    assert 'python prepare_data.py --dataset wiki40b --lang he --input FILE' in line, line
     assert not (tmp_path / 'data').exists()
 
 
@@ -1827,7 +1827,7 @@ def test_data_enwik8_download_split_and_offline(_data_server, tmp_path, capsys, 
     capsys.readouterr()
     r = _data_main(['--dataset', 'enwik8', '--enwik8-url', f'http://127.0.0.1:{_data_closed_port()}'
                     '/enwik8.zip', '--out-dir', tmp_path / 'off', '--unigram', '0'], capsys)
-    msg = _data_one_line(r, 1, 'download failed', '--input enwik8.zip', '--bytes')
+    msg = _data_one_line(r, 1, 'download failed', '--input enwik8.zip', '--dataset enwik8')
     (tmp_path / 'enwik8.zip').write_bytes(buf.getvalue())
     done = _data_run_printed(msg, tmp_path)
     assert done.returncode == 0, done.stderr
