@@ -59,13 +59,13 @@ def recorded_settings(d):
 
 def _named(name):
     """The settings whose default name is `name` (default_name run backwards), or None."""
-    for dataset, lang, encoding in itertools.product(DATASETS, (None, *LANGS), ENCODINGS):
-        if default_name(dataset, lang, encoding) == name and (lang or dataset in WHOLE_FILES):
-            return dict(dataset=dataset, lang=lang, encoding=encoding, input=None, **CAPS)
-    # text of one's own: named input-<lang>[-bytes|-chars], or input-bytes, input-chars
-    for lang, encoding in itertools.product((None, *LANGS), ENCODINGS):
-        if default_name('input', lang, encoding) == name and (lang or encoding != 'paper'):
-            return dict(dataset='input', lang=lang, encoding=encoding, input=['FILE'])
+    for dataset, lang, encoding in itertools.product((*DATASETS, 'input'), (None, *LANGS),
+                                                     ENCODINGS):
+        # a language is needed but by text8, enwik8 and one's own text in bytes or as it is
+        known = lang or dataset in WHOLE_FILES or (dataset == 'input' and encoding != 'paper')
+        if default_name(dataset, lang, encoding) == name and known:
+            return dict(dataset=dataset, lang=lang, encoding=encoding, **CAPS,
+                        input=['FILE'] if dataset == 'input' else None)
     return None
 
 
@@ -268,8 +268,7 @@ def paper_data_problem(path):
         return str(e)
     extent = meta.get('extent')
     if not isinstance(extent, dict):
-        return f'{d}/meta.json does not say what {d} holds (an older prepare_data.py); ' \
-               f'remake it with: {prepare_command("--force", data=d)}'
+        extent = {'what': 'of unknown extent (made by an older prepare_data.py)'}
     if extent.get('whole') is True:
         return None
     s = recorded_settings(d) or {}
