@@ -3,6 +3,7 @@ memmapped splits, Unigram labels); what cannot be used is one UserError line nam
 file and how to remake it.
     meta, splits, labels = load_data('data/text8', 'unigram')  # {split: uint8/16 [N]}"""
 import hashlib
+import itertools
 import json
 import math
 import shlex
@@ -10,30 +11,100 @@ from pathlib import Path
 
 import numpy as np
 
+from cleaning import LANGS
 from common import UserError
 
 SPLITS = ('train', 'valid', 'test')
 
 
-def prepare_command(*words, data=None):
+# the sources prepare_data.py downloads, and its encodings
+DATASETS = ('text8', 'enwik8', 'wiki40b', 'cc100')
+ENCODINGS = ('paper', 'chars', 'bytes')
+# the caps of a download not told otherwise: the splits the paper's studies read
+CAPS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000)
+# the sources that are one file (English), and its size whole: text8's characters, enwik8's bytes
+WHOLE_FILES = ('text8', 'enwik8')
+WHOLE = 100_000_000
+
+
+def default_name(dataset, lang, encoding):
+    """The folder prepare_data.py makes without --name: the source (input: text of one's own),
+    -<lang> but for text8 and enwik8, -bytes or -chars but for enwik8 (always bytes)."""
+    name = dataset
+    if lang and dataset not in ('text8', 'enwik8'):
+        name += f'-{lang}'
+    if encoding != 'paper' and dataset != 'enwik8':
+        name += f'-{encoding}'
+    return name
+
+
+def recorded_settings(d):
+    """The settings dataset directory d was made with (meta.json's "settings", else those of
+    its splits in .splits.json), or None where neither is readable and whole."""
+    for file, key in (('meta.json', 'settings'), ('.splits.json', 'key')):
+        path = Path(d) / file
+        try:
+            if not path.is_file():   # (a FIFO would hang the read)
+                continue
+            s = json.loads(path.read_bytes())[key]
+            ok = s['dataset'] in (*DATASETS, 'input') and s['lang'] in (None, *LANGS)
+            ok = ok and s['encoding'] in ENCODINGS
+            ok = ok and all(type(s[k]) is int for k in CAPS) and type(s.get('unigram', 0)) is int
+            if ok and all(isinstance(p, str) for p in s['input'] or []):
+                return s
+        except (OSError, ValueError, RecursionError, TypeError, KeyError):
+            pass
+    return None
+
+
+def _named(name):
+    """The settings whose default name is `name` (default_name run backwards), or None."""
+    for dataset, lang, encoding in itertools.product((*DATASETS, 'input'), (None, *LANGS),
+                                                     ENCODINGS):
+        # a language is needed but by text8, enwik8 and one's own text in bytes or as it is
+        known = lang or dataset in WHOLE_FILES or (dataset == 'input' and encoding != 'paper')
+        if default_name(dataset, lang, encoding) == name and known:
+            return dict(dataset=dataset, lang=lang, encoding=encoding, **CAPS,
+                        input=['FILE'] if dataset == 'input' else None)
+    return None
+
+
+def _flags(s):
+    """prepare_data.py's flags that make a dataset of settings s."""
+    flags = []
+    if s['input']:
+        flags += ['--input', *s['input']]
+    if s['dataset'] != 'input':
+        flags += ['--dataset', s['dataset']]
+    if s['lang'] and s['dataset'] not in ('text8', 'enwik8'):
+        flags += ['--lang', s['lang']]
+    if s['encoding'] != 'paper' and s['dataset'] != 'enwik8':
+        flags.append(f'--{s["encoding"]}')
+    for cap, default in CAPS.items():
+        if s.get(cap, default) != default:
+            flags += [f'--{cap.replace("_", "-")}', s[cap]]
+    V = s.get('unigram')
+    if V is not None and V != LANGS.get(s['lang'], {}).get('unigram', 0):
+        flags += ['--unigram', V]
+    return flags
+
+
+def prepare_command(*words, data=None, settings=None):
     """`python prepare_data.py` and words, quoted for a POSIX shell: every
     prepare_data.py command the project suggests is built here. data: a dataset
-    directory, whose flags come first."""
+    directory, made with `settings` (default: those recorded, recorded_settings; else
+    those its name says) first."""
     flags = []
     if data is not None:
-        name = data.name
-        # prepare_data.py's default names: text8, enwik8, <dataset>-<lang>[-bytes|-chars]
-        encoding = name.rpartition('-')[2]
-        if encoding in ('bytes', 'chars'):
-            name = name.removesuffix(f'-{encoding}')
-            flags = [f'--{encoding}']
-        kind, _, lang = name.partition('-')
-        if lang and kind in ('wiki40b', 'cc100'):
-            flags += ['--dataset', kind, '--lang', lang]
-        elif name == 'enwik8':
-            flags = ['--dataset', 'enwik8']
-        elif name != 'text8':
-            flags += ['--input', 'FILE', '--lang', 'LANG', '--name', data.name]
+        data = Path(data)
+        s = settings or recorded_settings(data) or _named(data.name)
+        if s is None:
+            s = dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
+        if '--unigram' in words:
+            s = dict(s, unigram=None)
+        flags = _flags(s)
+        if data.name != default_name(s['dataset'], s['lang'], s['encoding']):
+            flags += ['--name', data.name]
         if data.parent != Path('data'):
             flags += ['--out-dir', data.parent]
     return shlex.join(['python', 'prepare_data.py', *map(str, flags + list(words))])
@@ -113,9 +184,14 @@ def read_meta(d):
     """meta.json of dataset directory d, every field checked: one UserError line
     otherwise."""
     path = Path(d) / 'meta.json'
-    remake = f'remake it with: {prepare_command("--force", data=Path(d))}'
+    remake = f'remake it with: {prepare_command("--force", data=d)}'
     if not path.is_file():  # (a probe: a FIFO named meta.json would hang the read)
-        raise UserError(f'no dataset at {d} (make it with: {prepare_command(data=Path(d))})')
+        make = prepare_command(data=d)
+        s = recorded_settings(d) or _named(Path(d).name)
+        offline = prepare_command(data=d, settings=s and dict(s, input=['FILE']))
+        if offline != make:
+            make += f'; without network: {offline}'
+        raise UserError(f'no dataset at {d} (make it with: {make})')
     try:
         meta = json.loads(path.read_bytes().decode('utf-8'))
     except (ValueError, RecursionError) as e:
@@ -167,6 +243,41 @@ def load_data(data_dir, boundary, unigram=None):
     labels = {s: open_ids(d / f'{s}.unigram-{u["vocab_size"]}.bin', 'uint8', len(splits[s]), 2,
                           'Unigram labels', remake) for s in SPLITS}
     return meta, splits, labels
+
+
+def split_problem(sizes, batch_size=1, seq_len=1):
+    """Why splits of these sizes ({split: tokens}) are too small for a run of batch_size
+    sequences of seq_len (the smallest run: 1 x 1): train needs one batch of seq_len + 1
+    tokens, valid and test a token to predict after one; or None."""
+    need = dict(train=batch_size * (seq_len + 1), valid=2, test=2)
+    short = [f'{s} {sizes[s]:,}' for s in SPLITS if sizes[s] < need[s]]
+    if not short:
+        return None
+    return (f'{", ".join(short)} tokens: too few for a run of batch {batch_size} x '
+            f'{seq_len + 1} (train), 2 tokens each to evaluate (valid, test)')
+
+
+def paper_data_problem(path):
+    """None where path/meta.json records a whole dataset of the paper (text8 or enwik8 whole,
+    wiki40b-<lang> or cc100-<lang> downloaded at the default caps); else why not, in one line
+    naming the command that makes the whole one."""
+    d = Path(path)
+    try:
+        meta = read_meta(d)
+    except (UserError, OSError) as e:
+        return str(e)
+    extent = meta.get('extent')
+    if not isinstance(extent, dict):
+        extent = {'what': 'of unknown extent (made by an older prepare_data.py)'}
+    if extent.get('whole') is True:
+        return None
+    s = recorded_settings(d) or {}
+    if s.get('dataset') in DATASETS:
+        paper = dict(s, input=None, unigram=None, **CAPS)
+        return f"{d} is {extent.get('what')}; the paper's {s['dataset']} is: " \
+               f'{prepare_command(data=d, settings=paper)}'
+    return f"{d} is {extent.get('what')}, not a dataset of the paper (made by " \
+           f"{prepare_command()}, or {prepare_command('--lang', 'LANG')})"
 
 
 def dataset_defaults(data_dir, names):

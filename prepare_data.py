@@ -36,12 +36,12 @@ import numpy as np
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import SPLITS, prepare_command, read_meta, unit
+from dataset import (CAPS, SPLITS, WHOLE, default_name, prepare_command, read_meta,
+                     split_problem, unit)
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
-# the flags whose default an existing dataset's recorded value replaces
-DEFAULTS = dict(max_train_chars=400_000_000, max_eval_chars=2_000_000)
+PROGRESS = 1 << 24       # characters of raw text read between two progress lines
 AGENT = {'User-Agent': 'dynpool-prepare-data'}
 # retries per download request, the first waiting BACKOFF s, each next one twice as long
 RETRIES = 5
@@ -147,6 +147,52 @@ def download(url, dest):
     return dest
 
 
+def archive_problem(path, size=None, sha256=None):
+    """Why a downloaded file cannot be read, or None: its size or SHA-256 not the ones the
+    server lists (where it lists them), a zip member that fails its CRC, a parquet file
+    without its footer (cut short)."""
+    import zipfile
+    import zlib
+    if size is not None and path.stat().st_size != size:
+        return f'{path.stat().st_size:,} bytes, not the {size:,} listed'
+    if sha256:
+        with open(path, 'rb') as f:
+            if hashlib.file_digest(f, 'sha256').hexdigest() != sha256:
+                return 'its SHA-256 is not the one listed'
+    try:
+        if path.suffix == '.zip':
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            if bad:
+                return f'{bad} in it fails its CRC check'
+        elif path.suffix == '.parquet':
+            import pyarrow.parquet as pq
+            pq.ParquetFile(path).close()
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as e:
+        if getattr(e, 'errno', None):   # the OS's own error: common.main says it
+            raise
+        return first_line(e)
+    return None
+
+
+def fetched(fetch, check=archive_problem):
+    """A download checked before it is read: fetch(again) → its path; a file that fails
+    `check` (→ why, or None) is removed and fetched again, once; failing twice, one
+    UserError line naming it."""
+    path = Path(fetch(False))
+    for again in (True, False):
+        why = check(path)
+        if why is None:
+            return path
+        path.resolve().unlink(missing_ok=True)   # (a cache's link: its file, then the link)
+        path.unlink(missing_ok=True)
+        print(f'{path}: damaged ({why}); removed', file=sys.stderr)
+        if again:
+            path = Path(fetch(True))
+    raise UserError(f'{path}: damaged again when fetched again ({why}); removed. The file on '
+                    'the server may be damaged: fetch it by hand and use --input')
+
+
 def text_pieces(f, label, encoding):
     """A binary file of UTF-8 → (text, separator) pieces of about CHUNK characters, cut at
     line ends; a giant line at its last space or ASCII punctuation (what cleaning makes a
@@ -178,10 +224,10 @@ def text_pieces(f, label, encoding):
         yield buf, ''
 
 
-def file_pieces(path, encoding, downloaded=False, stream=None):
+def file_pieces(path, encoding, stream=None):
     """(text, separator) pieces of a .txt/.zip/.xz/.parquet file, or of `stream` named
-    `path` (cc-100's response), read for encoding (text_pieces). A corrupt download is
-    removed, so that a re-run fetches it."""
+    `path` (cc-100's response), read for encoding (text_pieces). Downloads are checked
+    before (fetched): what fails here is the text's own fault, or a cut stream's."""
     import lzma
     import zipfile
     label = str(path)
@@ -209,20 +255,18 @@ def file_pieces(path, encoding, downloaded=False, stream=None):
                                  http.client.HTTPException, UnicodeDecodeError))
         if said_by_os or not (damaged or type(e).__module__.startswith('pyarrow')):
             raise
-        if downloaded:
-            path.resolve().unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
         fix = ''
-        if downloaded or stream:
+        if stream:
             fix = '; re-run to fetch it again'
         raise UserError(f'{label}: corrupt, cut short or not UTF-8 text '
                         f'({first_line(e)}){fix}') from None
 
 
-def encode(path, pieces, cap, alphabet, dtype, lang, encoding):
+def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'):
     """Writes the token ids of (text, separator) pieces to path, up to `cap` of them →
-    their count. lang: cleaned for it, every cleaned line, the last one too, ending with a
-    newline; text whose letters mostly fall outside lang's alphabet is refused
+    their count, a progress line for `what` every PROGRESS characters read. lang:
+    cleaned for it, every cleaned line, the last one too, ending with a newline; text
+    whose letters mostly fall outside lang's alphabet is refused
     (cleaning.foreign_letters, on its first MiB of characters). Otherwise the text as it
     is (NFC for "chars", whose ids are code points until index_chars)."""
     lut = np.arange(0x110000, dtype=np.int32)
@@ -244,7 +288,7 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding):
             f.write(ids.astype(dtype).tobytes())
             n += len(ids)
             return cap is None or n < cap
-        for text, sep in pieces:
+        for text, sep in _reporting(pieces, what):
             if sample is not None and len(sample) < 1 << 20:
                 sample += text
             elif sample:
@@ -274,6 +318,17 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding):
     if sample:
         _refuse_foreign(sample, lang)
     return n
+
+
+def _reporting(pieces, what):
+    """(text, separator) pieces passed on, with a progress line for `what` every PROGRESS
+    characters read."""
+    read = 0
+    for text, sep in pieces:
+        if (read + len(text)) // PROGRESS > read // PROGRESS:
+            print(f'{what}: {read + len(text):,} characters read', file=sys.stderr)
+        read += len(text)
+        yield text, sep
 
 
 def _refuse_foreign(text, lang):
@@ -314,7 +369,8 @@ def _by_split(out, groups, caps, codec):
     """Each split's .bin from its group of (text, separator) iterators, up to its cap."""
     for split, cap, group in zip(SPLITS, caps, groups):
         pieces = itertools.chain.from_iterable(group)
-        write_atomic(out / f'{split}.bin', lambda tmp: encode(tmp, pieces, cap, **codec))
+        write_atomic(out / f'{split}.bin', lambda tmp: encode(tmp, pieces, cap, **codec,
+                                                              what=split))
 
 
 def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
@@ -343,29 +399,32 @@ def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
 
 def _wiki40b(args, out, caps, codec):
     """The official splits of wiki40b's <lang> parquet shards, through huggingface_hub
-    (its cache, resumed downloads, HF_TOKEN, login); a shard is fetched only while its
-    split's cap is not reached → (the shards read, the split rule)."""
-    import huggingface_hub as hub
-    endpoint = args.hf_base or hub.constants.ENDPOINT
+    (its settings HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN; its cache, resumed
+    downloads); a shard is fetched only while its split's cap is not reached, and checked
+    against the listed size and SHA-256 → (the shards read, the split rule)."""
+    from huggingface_hub import HfApi
+    api = HfApi()
     sources = []
 
     def listing():
-        tree = hub.HfApi(endpoint=args.hf_base).list_repo_tree(
-            WIKI40B, path_in_repo=args.lang, repo_type='dataset')
-        return sorted(Path(f.path) for f in tree if f.path.endswith('.parquet'))
+        tree = api.list_repo_tree(WIKI40B, path_in_repo=args.lang, repo_type='dataset')
+        return {Path(f.path): f for f in tree if f.path.endswith('.parquet')}
 
     def shard(path):
         name = path.as_posix()
+        size = files[path].size
+        sha256 = files[path].lfs and files[path].lfs.sha256
 
-        def fetch():
-            return hub.hf_hub_download(WIKI40B, name, repo_type='dataset', endpoint=args.hf_base)
+        def fetch(again):
+            return _retrying(api.endpoint, lambda: api.hf_hub_download(
+                WIKI40B, name, repo_type='dataset', force_download=again), what=name)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
-        path = _retrying(endpoint, fetch, what=name)
-        return file_pieces(path, args.encoding, downloaded=True)
+        return file_pieces(fetched(fetch, lambda p: archive_problem(p, size, sha256)),
+                           args.encoding)
 
-    shards = _retrying(endpoint, listing, what=f'{endpoint}: {WIKI40B}/{args.lang}')
+    files = _retrying(api.endpoint, listing, what=f'{api.endpoint}: {WIKI40B}/{args.lang}')
     # train-*, validation-*, test-*: split by name as --input files are
-    groups = [map(shard, names) for names in input_roles(shards)]
+    groups = [map(shard, names) for names in input_roles(sorted(files))]
     _by_split(out, groups, caps, codec)
     return sources, 'official wiki40b splits, capped'
 
@@ -390,8 +449,9 @@ def _make_splits(args, out, codec):
         path = args.input and args.input[0]
         if not args.input:
             sources = [_url(args)]
-            path = download(sources[0], out / 'download' / f'{args.dataset}.zip')
-        pieces = file_pieces(path, encoding, downloaded=not args.input)
+            dest = out / 'download' / f'{args.dataset}.zip'
+            path = fetched(lambda again: download(sources[0], dest))
+        pieces = file_pieces(path, encoding)
         _one_stream(out, pieces, cap, eval_cap, codec)
         return sources, '90% train / 5% valid / 5% test, in order'
     if args.dataset == 'wiki40b':
@@ -465,10 +525,9 @@ def splits(args, out, codec, key, inputs):
         sources, rule = _make_splits(args, out, codec)
         item = np.dtype(codec['dtype']).itemsize
         sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
-        if min(sizes.values()) == 0:
+        if why := split_problem(sizes):   # what no run could train on is not kept
             read = ', '.join(map(str, sources)) or WIKI40B
-            raise UserError(f'{read}: too little text for three non-empty splits '
-                            f'({sum(sizes.values())} characters cleaned)')
+            raise UserError(f'{read}: too little text: {why}')
         alphabet = codec['alphabet']
         dtype = codec['dtype']
         if alphabet is None:
@@ -661,11 +720,7 @@ def prepare(args, out, lang, inputs):
     codec = dict(alphabet=alphabet, dtype=dtype, lang=lang, encoding=args.encoding)
     # everything that decides the text of the splits: recorded in .splits.json, compared by
     # re-runs ("lang" the --lang given; the one cleaned for goes into meta.json's "cleaning")
-    key = {'dataset': args.dataset, 'lang': args.lang, 'encoding': args.encoding,
-           'max_train_chars': args.max_train_chars, 'max_eval_chars': args.max_eval_chars,
-           'input': None}
-    if inputs:
-        key['input'] = [f['path'] for f in inputs]
+    key = settings(args, inputs)
     stamp = splits(args, out, codec, key, inputs)
     alphabet = stamp['alphabet']
     ids = {c: i for i, c in enumerate(alphabet)}
@@ -679,16 +734,64 @@ def prepare(args, out, lang, inputs):
             'cleaning': {**key, 'lang': lang, 'split': stamp['rule']}, 'inputs': inputs,
             'defaults': defaults}
     meta.update(unigram(args, out, meta))
+    meta['settings'] = dict(key, unigram=(meta['unigram'] or {}).get('vocab_size', 0))
+    meta['extent'] = extent(args, meta)
+    meta['whitespace_shortening_factor'] = whitespace_sf(out, meta)
     _write_json(out / 'meta.json', meta)
     _report(out, meta, stamp['rule'])
     return meta
+
+
+def settings(args, inputs=None):
+    """What decides the text of the splits, as dataset.recorded_settings reads it: recorded
+    in .splits.json (compared by re-runs) and meta.json."""
+    key = dict(dataset=args.dataset, lang=args.lang, encoding=args.encoding, input=None)
+    key.update({cap: getattr(args, cap) for cap in CAPS})
+    if inputs:
+        key['input'] = [f['path'] for f in inputs]
+    return key
+
+
+def extent(args, meta):
+    """What the dataset is of its source → {"whole": whether it is a whole dataset of the
+    paper, "what": it in words}: text8 and enwik8 whole at 100,000,000 characters (bytes);
+    wiki40b and cc-100 downloaded at the default caps; else a slice, or other text."""
+    total = sum(meta['sizes'].values())
+    noun = 'character'
+    if args.encoding == 'bytes':
+        noun = 'byte'
+    source = ', '.join(meta['source'])
+    whole = not args.input and all(getattr(args, cap) >= CAPS[cap] for cap in CAPS)
+    what = f'{total:,} {noun}s of {args.dataset}-{args.lang} (capped)'
+    if args.dataset in ('text8', 'enwik8'):
+        whole = total == WHOLE
+        what = f'a {total:,}-{noun} slice of {args.dataset} made from {source}'
+    elif args.input:
+        what = f'{total:,} {noun}s of text made from {source}'
+    if whole:
+        what = f'the whole {args.dataset}'
+    return dict(whole=whole, what=what)
+
+
+def whitespace_sf(out, meta):
+    """Each split's whitespace shortening factor, its tokens per space (null without
+    spaces): what --boundary whitespace shortens it by."""
+    sf = dict.fromkeys(SPLITS)
+    for split in SPLITS:
+        ids = _ids(out / f'{split}.bin', meta['dtype'])
+        spaces = sum(int(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id']))
+                     for i in range(0, len(ids), CHUNK) if meta['space_id'] is not None)
+        if spaces:
+            sf[split] = round(len(ids) / spaces, 4)
+    return sf
 
 
 def _report(out, meta, rule):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
           f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
-    print(f"{unit(meta)}s: {meta['sizes']}")
+    print(f"{unit(meta)}s: {meta['sizes']}; {meta['extent']['what']}")
+    print(f"whitespace shortening factor: {meta['whitespace_shortening_factor']}")
     for V, u in meta['unigram_sets'].items():
         print(f"unigram-{V} shortening factor: {u['shortening_factor']}")
 
@@ -741,8 +844,6 @@ def parser():
                    f'{unigram_defaults}; 0: none made, those present kept)')
     p.add_argument('--force', action='store_true',
                    help='redo finished steps, not downloads (default off)')
-    p.add_argument('--hf-base', type=url,
-                   help='Hugging Face hub (default HF_ENDPOINT, else huggingface.co)')
     p.add_argument('--text8-url', type=url,
                    default='http://mattmahoney.net/dc/text8.zip',
                    help='(default http://mattmahoney.net/dc/text8.zip)')
@@ -753,22 +854,6 @@ def parser():
                    default='https://data.statmt.org/cc-100',
                    help='holds <lang>.txt.xz (default https://data.statmt.org/cc-100)')
     return p
-
-
-def _rerun(args, flags):
-    """This run's command line for a POSIX shell, with `flags` ({flag: its values, or
-    None to drop it}) in place of the same flags given: no flag twice."""
-    words = []
-    dropping = False
-    for word in args.argv:
-        if word.startswith('-'):
-            dropping = word.split('=')[0] in flags
-        if not dropping:
-            words.append(word)
-    for flag, values in flags.items():
-        if values is not None:
-            words += [flag, *values]
-    return prepare_command(*words)
 
 
 def resolve(args):
@@ -791,12 +876,7 @@ def resolve(args):
         dataset = 'wiki40b'
     else:
         dataset = 'text8'
-    name = dataset
-    if args.lang and dataset not in ('text8', 'enwik8'):
-        name += f'-{args.lang}'
-    if encoding != 'paper' and dataset != 'enwik8':
-        name += f'-{encoding}'
-    out = args.out_dir / (args.name or name)
+    out = args.out_dir / (args.name or default_name(dataset, args.lang, encoding))
     try:
         old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
         if not (args.dataset or args.lang or args.input or args.bytes or args.chars):
@@ -806,7 +886,7 @@ def resolve(args):
             args.input = old['input'] and [Path(p) for p in old['input']]
     except (OSError, ValueError, TypeError, KeyError):
         old = {}
-    for flag, default in DEFAULTS.items():
+    for flag, default in CAPS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
     if dataset in ('text8', 'enwik8'):
@@ -850,24 +930,21 @@ def remove_leftovers(out):
             f.unlink()
 
 
-def offline_howto(args, error):
+def offline_howto(args, out, error):
     """The one line for a failed download: what failed, and the two commands that need no
-    network (the files fetched by hand, or any text of one's own)."""
+    network: this dataset's own (its settings, dataset.prepare_command) from the files
+    fetched by hand, or from any text of one's own."""
     if args.dataset == 'wiki40b':
         what = f'the {args.lang}/*.parquet shards of {WIKI40B} (a dataset on the Hugging Face hub)'
         files = 'train-*.parquet validation-*.parquet test-*.parquet'
     else:
         what = _url(args)
         files = Path(what).name
-    by_hand = {'--dataset': [args.dataset], '--lang': [args.lang], '--input': []}
-    # (the file names last and unquoted: shell-safe names, the shards a pattern for the
-    # shell)
-    own_text = {'--dataset': None, '--input': ['FILE'], '--lang': [args.lang]}
-    if args.encoding != 'paper':
-        own_text[f'--{args.encoding}'] = []
+    command = prepare_command(data=out, settings=dict(settings(args), unigram=args.unigram))
+    # (the file names last and unquoted: shell-safe names, the shards a pattern for the shell)
     return (f'download failed: {error}. Without network, fetch {what} by hand into the current '
-            f'folder and run: {_rerun(args, by_hand)} {files}; or prepare text of your own: '
-            f'{_rerun(args, own_text)}')
+            f'folder and run: {command} --input {files}; or prepare text of your own: '
+            f'{command} --input FILE')
 
 
 def run(argv=None):
@@ -876,15 +953,33 @@ def run(argv=None):
         argv = sys.argv[1:]
     argv = [str(a) for a in argv]
     args = parser().parse_args(argv)
-    args.argv = argv
     out, lang = resolve(args)
     inputs = describe_inputs(args.input)
+    made = [f for f in [out, *out.parents] if not f.exists()]   # deepest first
     try:
         with common.locked(out, 'the run preparing it'):
-            remove_leftovers(out)
-            return prepare(args, out, lang, inputs)
+            try:
+                remove_leftovers(out)
+                return prepare(args, out, lang, inputs)
+            except BaseException:
+                unmake(out, made)
+                raise
     except DownloadError as e:
-        raise UserError(offline_howto(args, e)) from None
+        raise UserError(offline_howto(args, out, e)) from None
+
+
+def unmake(out, made):
+    """After a failure, under the lock: the folders this run made (`made`, out and its
+    parents) removed where nothing is in them but the lock and empty folders, so that no
+    empty dataset folder outlives it (a cut download's .part stays, to be resumed)."""
+    if not made or [f for f in out.rglob('*') if not f.is_dir()] != [out / '.lock']:
+        return
+    (out / '.lock').unlink()
+    for folder in [*sorted(out.rglob('*'), reverse=True), *made]:
+        try:
+            folder.rmdir()
+        except OSError:   # not empty: another run's, or a user's
+            return
 
 
 def main(argv=None):

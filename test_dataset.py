@@ -170,3 +170,38 @@ def test_a_split_of_under_two_tokens_is_refused(tmp_path, n_bytes):
     (root / 'meta.json').write_text(json.dumps(dict(meta, sizes=sizes)))
     with pytest.raises(UserError, match=r'valid\.bin is empty or holds one item; remake'):
         dataset.load_data(root, 'fixed')
+
+
+# ----------------------------------------------------------------------- what train.py says
+def train_main(argv, capsys):
+    """train.py's main in-process → (exit code, its one stderr line)."""
+    import train
+    code = train.main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: '), err
+    return code, err[0]
+
+
+def test_missing_data_names_the_download_and_the_offline_way(tmp_path, capsys, monkeypatch):
+    """`python train.py --boundary entropy` with no data: the message names both the
+    download and the way without network (--input FILE)."""
+    monkeypatch.chdir(tmp_path)
+    code, line = train_main(['--boundary', 'entropy', '--device', 'cpu'], capsys)
+    assert code == 1 and line.endswith(
+        'no dataset at data/text8 (make it with: python prepare_data.py --dataset text8; '
+        'without network: python prepare_data.py --input FILE --dataset text8)'), line
+
+
+def test_train_refuses_splits_by_the_shared_rule(tmp_path, capsys):
+    """A train split shorter than one batch: train.py refuses it in the words of
+    dataset.split_problem, the rule prepare_data.py also refuses by."""
+    root, meta = make_dataset(tmp_path / 'd', unigram=())
+    argv = ['--data', root, '--boundary', 'fixed', '--device', 'cpu', '--out', tmp_path / 'o',
+            '--batch-size', '4', '--seq-len', '75', '--d-model', '32', '--n-head', '2',
+            '--d-head', '16', '--d-inner', '64', '--layers', '1,1,1']
+    code, line = train_main(argv, capsys)
+    # 300 tokens: 4 x 75 would fit, but each sequence needs one more token (the last target)
+    assert code == 1 and line == f'error: {root}: {dataset.split_problem(meta["sizes"], 4, 75)}'
+    assert 'train 300 tokens: too few for a run of batch 4 x 76' in line
+    assert dataset.split_problem(meta['sizes'], 2, 80) is None
+    assert 'valid 1 tokens' in dataset.split_problem(dict(meta['sizes'], valid=1))

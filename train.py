@@ -410,9 +410,9 @@ def run(argv, procs):
     if args.flop_budget is not None:
         args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
     amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
-    if len(splits['train']) < args.batch_size * (args.seq_len + 1):  # (the stream would hang)
-        raise UserError(f'{args.data}/train.bin has {len(splits["train"])} chars, fewer '
-                        f'than one batch ({args.batch_size} x {args.seq_len + 1})')
+    sizes = {s: len(ids) for s, ids in splits.items()}   # (too few: the stream would hang)
+    if why := dataset.split_problem(sizes, args.batch_size, args.seq_len):
+        raise UserError(f'{args.data}: {why}')
     check_pooling(cfg, splits['train'], args.seq_len, args.data)
     rt.check_model_memory(cfg, args.device)
     out = Path(args.out)
