@@ -65,10 +65,13 @@ def stand_ins(tmp_path):
     for tool in ('python', 'torchrun'):
         (bin_dir / tool).write_text(f"""#!/bin/bash
 if [ "${{1##*/}}" = study.py ]; then exec {shlex.quote(sys.executable)} "$@"; fi
+tool={tool}
+# docs/slurm-array.sh runs torchrun's launcher as `python -c SCRIPT ARGS`
+if [ "$1" = -c ]; then tool=torchrun; shift 2; fi
 gpu=${{CUDA_VISIBLE_DEVICES-}}
 if [ -n "$gpu" ] && ! mkdir "{bin_dir}/busy-$gpu" 2>/dev/null; then echo clash >> {calls}; fi
-echo "{tool}|$PWD|$gpu|$*" >> {calls}
-trap 'echo "{tool}|$PWD|$gpu|signal" >> {calls}; exit 75' USR1 TERM
+echo "$tool|$PWD|$gpu|$*" >> {calls}
+trap 'echo "$tool|$PWD|$gpu|signal" >> {calls}; exit 75' USR1 TERM
 sleep "${{FAKE_HOLD:-0}}" &
 wait $!
 if [ -n "$gpu" ]; then rmdir "{bin_dir}/busy-$gpu"; fi
