@@ -92,7 +92,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason='slow: run with --slow'))
         if 'plots' in item.keywords and not _HAS_MATPLOTLIB:
             item.add_marker(pytest.mark.skip(
-                reason='needs matplotlib: pip install "matplotlib>=3.5"'))
+                reason='needs matplotlib: pip install "matplotlib>=3.6"'))
 
 
 def assert_close(a, b, atol=1e-5, rtol=0.0, msg=''):
