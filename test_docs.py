@@ -350,6 +350,11 @@ def test_ci_runs_exactly_readmes_marked_commands():
     suite = ['python', '-m', 'pytest', '-q']   # on every core: pyproject.toml's addopts
     assert suite in first
     assert first.index(['pip', 'install', '-r', 'requirements.txt']) < first.index(suite)
+    # Then the floors: requirements.txt again with constraints-floor.txt, and the suite once more.
+    floor = [i for i, c in enumerate(first)
+             if c[:2] == ['pip', 'install'] and 'constraints-floor.txt' in c]
+    assert len(floor) == 1 and first[floor[0]][:4] == ['pip', 'install', '-r', 'requirements.txt']
+    assert first.index(suite) < floor[0] and suite in first[floor[0] + 1:], readme
 
 
 def test_every_python_file_keeps_the_one_style():
@@ -461,6 +466,42 @@ def test_install_claims_only_the_library_names(tmp_path):
                            timeout=300, env=clean_env())
     assert found.returncode == 0, found.stderr
     assert found.stdout.split('\n')[:2] == ['[]', '[]'], found.stdout
+
+
+SLOW_WRAPUP = """
+import gc
+import os
+import time
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, 'workerinput'):   # a worker's wrap-up, as slow as a busy machine makes it
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < 8:
+                gc.collect()
+        except KeyboardInterrupt:
+            open(os.environ['WRAPUP_OUTCOME'], 'w').write('interrupted')
+            raise
+        open(os.environ['WRAPUP_OUTCOME'], 'w').write('finished')
+"""
+
+
+@pytest.mark.slow   # a worker that takes 8 s to wrap up
+def test_suite_worker_slow_to_wrap_up_is_not_interrupted(tmp_path):
+    """A pytest-xdist worker still busy 5 s after sending its results gets a SIGINT from execnet,
+    which once printed a KeyboardInterrupt traceback at the end of a passing suite: conftest.py
+    has the worker ignore it, and the wrap-up finishes."""
+    (tmp_path / 'slow_wrapup.py').write_text(SLOW_WRAPUP)
+    outcome = tmp_path / 'outcome'
+    env = clean_env(PYTHONPATH=str(tmp_path), WRAPUP_OUTCOME=str(outcome))
+    run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '1', '-p', 'slow_wrapup',
+                          '-p', 'no:cacheprovider', 'test_docs.py', '-k',
+                          'test_markers_and_fences_are_well_formed'],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert 'Traceback' not in run.stdout + run.stderr, run.stdout + run.stderr
+    assert outcome.read_text() == 'finished'
 
 
 # The design card's two commands as a newcomer types them first, with no network and no prepared
@@ -630,11 +671,14 @@ def test_ci_reports_failures_tolerates_empty_selections_and_stops_on_setup(tmp_p
     p = ci(["python -c 'import sys; assert sys.prefix != sys.base_prefix'",   # a fresh venv
             "python -c 'raise SystemExit(5)' pytest -m plots",     # exit 5 of a -m selection
             "python -c 'raise SystemExit(5)' pytest",              # exit 5 without -m: a failure
-            'echo still-runs'])
+            'echo still-runs',
+            # exit 0, but an exception printed with its traceback (one raised in a thread)
+            "python -c 'import threading; threading.Thread(target=lambda: 1 / 0).start()'"])
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
     assert '[1] ok' in out and '[2] no tests selected' in out and '[3] FAILED (exit 5)' in out
-    assert 'still-runs' in out and "1 of README's CI commands failed" in out
+    assert 'still-runs' in out and "2 of README's CI commands failed" in out
+    assert '[5] FAILED (exit 0, but a traceback in its output)' in out
     p = ci(['pip install ./no-such-package', 'echo never'])
     assert p.returncode == 1 and 'set-up command [1] failed; stopping' in p.stderr
     assert 'never' not in p.stdout
