@@ -83,12 +83,13 @@ def pytest_report_header(config):
 
 
 def pytest_sessionfinish(session):
-    """In a pytest-xdist worker whose results are sent: SIGINT ignored from here to its exit.
-    The controller closes a worker's connection once the results are in, and execnet interrupts
-    a worker still busy 5 s later (on a busy machine: pytest's last garbage collection) with a
-    SIGINT to itself. Its KeyboardInterrupt lands wherever the worker is, e.g. in hypothesis's
-    garbage-collection callback, and pytest prints it with its traceback as a warning although
-    every test passed. Nothing is left to interrupt; the worker ends by itself."""
+    """In a pytest-xdist worker whose results are sent: SIGINT ignored from here to its
+    exit. The controller closes a worker's connection once the results are in, and
+    execnet interrupts a worker still busy 5 s later (on a busy machine: pytest's last
+    garbage collection) with a SIGINT to itself. Its KeyboardInterrupt lands wherever
+    the worker is, e.g. in hypothesis's garbage-collection callback, and pytest prints
+    it with its traceback as a warning although every test passed. Nothing is left to
+    interrupt; the worker ends by itself."""
     if hasattr(session.config, 'workerinput'):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -350,10 +350,11 @@ def test_ci_runs_exactly_readmes_marked_commands():
     suite = ['python', '-m', 'pytest', '-q']   # on every core: pyproject.toml's addopts
     assert suite in first
     assert first.index(['pip', 'install', '-r', 'requirements.txt']) < first.index(suite)
-    # Then the floors: requirements.txt again with constraints-floor.txt, and the suite once more.
+    # Then the floors: requirements.txt with constraints-floor.txt, and the suite again.
     floor = [i for i, c in enumerate(first)
              if c[:2] == ['pip', 'install'] and 'constraints-floor.txt' in c]
-    assert len(floor) == 1 and first[floor[0]][:4] == ['pip', 'install', '-r', 'requirements.txt']
+    assert len(floor) == 1
+    assert first[floor[0]][:4] == ['pip', 'install', '-r', 'requirements.txt']
     assert first.index(suite) < floor[0] and suite in first[floor[0] + 1:], readme
 
 
@@ -379,8 +380,9 @@ def test_matplotlib_stays_optional():
 # Dependencies, the installed package, the commands a newcomer types first
 # ---------------------------------------------------------------------------------------------
 def lower_bounds():
-    """{name: its lowest allowed version} of every range CI installs: requirements.txt, the plots
-    extra README installs, pyproject.toml's build requirement (names lower-cased, '_' as '-')."""
+    """{name: its lowest allowed version} of every range CI installs: requirements.txt,
+    the plots extra README installs, pyproject.toml's build requirement (names
+    lower-cased, '_' as '-')."""
     text = (ROOT / 'requirements.txt').read_text() + '\n'.join(
         re.findall(r'pip install "(matplotlib[^"]*)"', (ROOT / 'README.md').read_text()))
     text += '\n' + re.search(r'requires = \["([^"]+)"\]', (ROOT / 'pyproject.toml').read_text())[1]
@@ -399,8 +401,9 @@ def version_key(version):
 
 
 def test_floor_constraints_pin_the_floor_of_every_range():
-    """constraints-floor.txt, which CI's second run installs, pins each range's lower bound: no
-    range claims a floor that CI has not run (torch, a single version, is pinned by CI itself)."""
+    """constraints-floor.txt, which CI's second run installs, pins each range's lower
+    bound: no range claims a floor that CI has not run (torch, a single version, is
+    pinned by CI itself)."""
     pins = {}
     for line in (ROOT / 'constraints-floor.txt').read_text().splitlines():
         name, sep, version = line.split('#')[0].strip().partition('==')
@@ -416,9 +419,9 @@ def test_floor_constraints_pin_the_floor_of_every_range():
 
 
 def venv_with_this_torch(path):
-    """A fresh virtual environment that sees this one's packages (torch, numpy) through a .pth
-    file, as --system-site-packages would from a system Python: no download of torch → its
-    python."""
+    """A fresh virtual environment that sees this one's packages (torch, numpy) through
+    a .pth file, as --system-site-packages would from a system Python: no download of
+    torch → its python."""
     subprocess.run([sys.executable, '-m', 'venv', str(path)], check=True, timeout=300)
     python = path / 'bin' / 'python'
     site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
@@ -428,7 +431,7 @@ def venv_with_this_torch(path):
 
 
 def clean_env(**extra):
-    """This environment without the variables that would point Python at this checkout."""
+    """This environment less what would point Python at this checkout."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(('VIRTUAL_ENV', 'PYTHON'))}
     return dict(env, **extra)
@@ -436,9 +439,10 @@ def clean_env(**extra):
 
 @pytest.mark.slow   # a virtual environment and a package build: a minute or more
 def test_install_claims_only_the_library_names(tmp_path):
-    """`pip install -e .` as README's install block runs it, in a fresh virtual environment; a
-    user's script beside their own common.py and dataset.py then imports theirs and dynpool (with
-    hnet), and elsewhere none of the checkout's helper modules or scripts can be imported."""
+    """`pip install -e .` as README's install block runs it, in a fresh virtual
+    environment; a user's script beside their own common.py and dataset.py then imports
+    theirs and dynpool (with hnet), and elsewhere none of the checkout's helper modules
+    or scripts can be imported."""
     repo, _ = make_sandbox(tmp_path / 'box')
     python = venv_with_this_torch(tmp_path / 'venv')
     install = subprocess.run([python, '-m', 'pip', 'install', '-e', '.'], cwd=repo,
@@ -504,8 +508,8 @@ def test_suite_worker_slow_to_wrap_up_is_not_interrupted(tmp_path):
     assert outcome.read_text() == 'finished'
 
 
-# The design card's two commands as a newcomer types them first, with no network and no prepared
-# data: each must end in one line that names the way on.
+# The design card's two commands as a newcomer types them first, with no network and no
+# prepared data: each must end in one line that names the way on.
 CARD_COMMANDS = {
     'python prepare_data.py --lang he': ['download failed', '--input FILE'],
     'python train.py --boundary entropy': ['python prepare_data.py', '--input FILE'],
@@ -513,8 +517,8 @@ CARD_COMMANDS = {
 
 
 def why_no_offline_namespace():
-    """None where `unshare -n` (a network namespace with no network: root) works here, else why
-    not."""
+    """None where `unshare -n` (a network namespace with no network: root) works here,
+    else why not."""
     if shutil.which('unshare') is None:
         return 'unshare is not installed'
     probe = subprocess.run(['unshare', '-n', 'true'], capture_output=True, text=True)
@@ -525,18 +529,19 @@ def why_no_offline_namespace():
 
 @pytest.mark.parametrize('command', list(CARD_COMMANDS))
 def test_design_card_commands_offline_end_in_one_line_naming_the_way_on(command, tmp_path):
-    """In a copy of the checkout with no data/ and no network, the command exits non-zero with
-    one `error:` line that names what to do (the download failed, or no data: prepare it; offline:
-    --input FILE), no traceback, and no half-made dataset folder."""
+    """In a copy of the checkout with no data/ and no network, the command exits
+    non-zero with one `error:` line that names what to do (the download failed, or no
+    data: prepare it; offline: --input FILE), no traceback, and no half-made dataset
+    folder."""
     why = why_no_offline_namespace()
     if why:
         pytest.skip(why)
     repo, env = make_sandbox(tmp_path)
-    # An empty hub cache: one from an earlier download would let prepare_data.py succeed offline.
+    # An empty hub cache: an earlier download's would let prepare_data.py work offline.
     env = {k: v for k, v in env.items() if not k.startswith('HF_')}
     env['HF_HOME'] = str(tmp_path / 'hf-home')
-    # A generous bound, not a timing claim: importing torch on a busy 2-core machine takes tens of
-    # seconds; a loop retrying the network would take minutes.
+    # A generous bound, not a timing claim: importing torch on a busy 2-core machine
+    # takes tens of seconds; a loop retrying the network would take minutes.
     p = subprocess.run(['unshare', '-n', 'bash', '-c', command], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=240)
     lines = p.stderr.strip().splitlines()
@@ -672,7 +677,7 @@ def test_ci_reports_failures_tolerates_empty_selections_and_stops_on_setup(tmp_p
             "python -c 'raise SystemExit(5)' pytest -m plots",     # exit 5 of a -m selection
             "python -c 'raise SystemExit(5)' pytest",              # exit 5 without -m: a failure
             'echo still-runs',
-            # exit 0, but an exception printed with its traceback (one raised in a thread)
+            # exit 0, but a traceback printed (of an exception raised in a thread)
             "python -c 'import threading; threading.Thread(target=lambda: 1 / 0).start()'"])
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
