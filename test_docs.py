@@ -508,11 +508,14 @@ def test_suite_worker_slow_to_wrap_up_is_not_interrupted(tmp_path):
     assert outcome.read_text() == 'finished'
 
 
-# The design card's two commands as a newcomer types them first, with no network and no
-# prepared data: each must end in one line that names the way on.
-CARD_COMMANDS = {
+# The first commands a newcomer types, as the docs give them (the design card's two, then
+# README's quick start on the full text8), with no network and no prepared data: each must end
+# in one line that names the way on.
+FIRST_COMMANDS = {
     'python prepare_data.py --lang he': ['download failed', '--input FILE'],
     'python train.py --boundary entropy': ['python prepare_data.py', '--input FILE'],
+    'python prepare_data.py': ['download failed', '--input FILE'],
+    'python train.py --boundary whitespace': ['python prepare_data.py', '--input FILE'],
 }
 
 
@@ -527,12 +530,14 @@ def why_no_offline_namespace():
     return None
 
 
-@pytest.mark.parametrize('command', list(CARD_COMMANDS))
-def test_design_card_commands_offline_end_in_one_line_naming_the_way_on(command, tmp_path):
+@pytest.mark.parametrize('command', list(FIRST_COMMANDS))
+def test_first_commands_offline_end_in_one_line_naming_the_way_on(command, tmp_path):
     """In a copy of the checkout with no data/ and no network, the command exits
     non-zero with one `error:` line that names what to do (the download failed, or no
     data: prepare it; offline: --input FILE), no traceback, and no half-made dataset
     folder."""
+    typed = {line.split('#')[0].strip() for b in all_blocks() for line in b.code.splitlines()}
+    assert command in typed, f'{command!r} is no longer a line of README or docs/'
     why = why_no_offline_namespace()
     if why:
         pytest.skip(why)
@@ -548,7 +553,7 @@ def test_design_card_commands_offline_end_in_one_line_naming_the_way_on(command,
     assert p.returncode != 0 and 'Traceback' not in p.stdout + p.stderr, p.stderr
     assert lines and lines[-1].startswith('error: '), p.stderr
     assert [line.startswith('error') for line in lines].count(True) == 1, p.stderr
-    missing = [way for way in CARD_COMMANDS[command] if way not in lines[-1]]
+    missing = [way for way in FIRST_COMMANDS[command] if way not in lines[-1]]
     assert not missing, f'the error line names no {missing}: {lines[-1]}'
     data = repo / 'data'
     assert not data.exists() or not list(data.iterdir()), list(data.iterdir())
