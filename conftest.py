@@ -86,6 +86,18 @@ def pytest_report_header(config):
     return None
 
 
+def pytest_sessionfinish(session):
+    """In a pytest-xdist worker whose results are sent: SIGINT ignored from here to its
+    exit. The controller closes a worker's connection once the results are in, and
+    execnet interrupts a worker still busy 5 s later (on a busy machine: pytest's last
+    garbage collection) with a SIGINT to itself. Its KeyboardInterrupt lands wherever
+    the worker is, e.g. in hypothesis's garbage-collection callback, and pytest prints
+    it with its traceback as a warning although every test passed. Nothing is left to
+    interrupt; the worker ends by itself."""
+    if hasattr(session.config, 'workerinput'):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_hypothesis_test(getattr(item, 'obj', None)):
@@ -96,7 +108,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason='slow: run with --slow'))
         if 'plots' in item.keywords and not _HAS_MATPLOTLIB:
             item.add_marker(pytest.mark.skip(
-                reason='needs matplotlib: pip install "matplotlib>=3.5"'))
+                reason='needs matplotlib: pip install "matplotlib>=3.6"'))
 
 
 def assert_close(a, b, atol=1e-5, rtol=0.0, msg=''):

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,7 +191,7 @@ def skip_reason(block, slow, cuda, shared, plots=True):
     if 'gpu' in block.kinds and not cuda:
         return 'doctest: gpu (needs CUDA)'
     if 'plots' in block.kinds and not plots:
-        return 'doctest: plots (needs matplotlib: pip install "matplotlib>=3.5")'
+        return 'doctest: plots (needs matplotlib: pip install "matplotlib>=3.6")'
     if 'slow' in block.kinds and not slow:
         return 'doctest: slow (minutes): run with --slow'
     if '../shared' in block.code and not shared:
@@ -349,6 +350,12 @@ def test_ci_runs_exactly_readmes_marked_commands():
     suite = ['python', '-m', 'pytest', '-q']   # on every core: pyproject.toml's addopts
     assert suite in first
     assert first.index(['pip', 'install', '-r', 'requirements.txt']) < first.index(suite)
+    # Then the floors: requirements.txt with constraints-floor.txt, and the suite again.
+    floor = [i for i, c in enumerate(first)
+             if c[:2] == ['pip', 'install'] and 'constraints-floor.txt' in c]
+    assert len(floor) == 1
+    assert first[floor[0]][:4] == ['pip', 'install', '-r', 'requirements.txt']
+    assert first.index(suite) < floor[0] and suite in first[floor[0] + 1:], readme
 
 
 def test_every_python_file_keeps_the_one_style():
@@ -367,6 +374,189 @@ def test_matplotlib_stays_optional():
     reqs = [line.split('#')[0].strip() for line in lines]
     assert not [r for r in reqs if r.lower().startswith('matplotlib')]
     assert any(r.lower().startswith('torch') for r in reqs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dependencies, the installed package, the commands a newcomer types first
+# ---------------------------------------------------------------------------------------------
+def lower_bounds():
+    """{name: its lowest allowed version} of every range CI installs: requirements.txt,
+    the plots extra README installs, pyproject.toml's build requirement (names
+    lower-cased, '_' as '-')."""
+    text = (ROOT / 'requirements.txt').read_text() + '\n'.join(
+        re.findall(r'pip install "(matplotlib[^"]*)"', (ROOT / 'README.md').read_text()))
+    text += '\n' + re.search(r'requires = \["([^"]+)"\]', (ROOT / 'pyproject.toml').read_text())[1]
+    bounds = {}
+    for line in text.splitlines():
+        m = re.match(r'\s*([A-Za-z][\w.-]*)\s*(==|>=)\s*([\d.]+)', line.split('#')[0])
+        if m:
+            bounds[m[1].lower().replace('_', '-')] = m[3]
+    return bounds
+
+
+def version_key(version):
+    """'1.24' and '1.24.0' as the same sortable tuple."""
+    parts = [int(p) for p in version.split('.')]
+    return tuple(parts + [0] * (4 - len(parts)))
+
+
+def test_floor_constraints_pin_the_floor_of_every_range():
+    """constraints-floor.txt, which CI's second run installs, pins each range's lower
+    bound: no range claims a floor that CI has not run (torch, a single version, is
+    pinned by CI itself)."""
+    pins = {}
+    for line in (ROOT / 'constraints-floor.txt').read_text().splitlines():
+        name, sep, version = line.split('#')[0].strip().partition('==')
+        if sep:
+            pins[name.lower().replace('_', '-')] = version
+    bounds = lower_bounds()
+    assert 'matplotlib' in bounds and 'setuptools' in bounds and 'numpy' in bounds, bounds
+    floors = {name: v for name, v in bounds.items() if name != 'torch'}
+    assert set(pins) == set(floors), (pins, floors)
+    wrong = {name: (pins[name], v) for name, v in floors.items()
+             if version_key(pins[name]) != version_key(v)}
+    assert not wrong, f"constraints-floor.txt pins other versions than the ranges' floors: {wrong}"
+
+
+def venv_with_this_torch(path):
+    """A fresh virtual environment that sees this one's packages (torch, numpy) through
+    a .pth file, as --system-site-packages would from a system Python: no download of
+    torch → its python."""
+    subprocess.run([sys.executable, '-m', 'venv', str(path)], check=True, timeout=300)
+    python = path / 'bin' / 'python'
+    site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, 'outer-packages.pth').write_text(sysconfig.get_path('purelib') + '\n')
+    return python
+
+
+def clean_env(**extra):
+    """This environment less what would point Python at this checkout."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(('VIRTUAL_ENV', 'PYTHON'))}
+    return dict(env, **extra)
+
+
+@pytest.mark.slow   # a virtual environment and a package build: a minute or more
+def test_install_claims_only_the_library_names(tmp_path):
+    """`pip install -e .` as README's install block runs it, in a fresh virtual
+    environment; a user's script beside their own common.py and dataset.py then imports
+    theirs and dynpool (with hnet), and elsewhere none of the checkout's helper modules
+    or scripts can be imported."""
+    repo, _ = make_sandbox(tmp_path / 'box')
+    python = venv_with_this_torch(tmp_path / 'venv')
+    install = subprocess.run([python, '-m', 'pip', 'install', '-e', '.'], cwd=repo,
+                             capture_output=True, text=True, timeout=900, env=clean_env())
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    user = tmp_path / 'user'
+    user.mkdir()
+    for name in ('common', 'dataset'):
+        (user / f'{name}.py').write_text(f'OWNER = "user"\nNAME = "{name}"\n')
+    (user / 'script.py').write_text(
+        'import common, dataset, dynpool, hnet\n'
+        'assert (common.OWNER, dataset.NAME) == ("user", "dataset"), common.__file__\n'
+        'assert "hnet" in dynpool.BOUNDARY_MODES\n'
+        'print(dynpool.__file__)\n')
+    run = subprocess.run([python, 'script.py'], cwd=user, capture_output=True, text=True,
+                         timeout=300, env=clean_env())
+    assert run.returncode == 0, run.stderr
+    assert Path(run.stdout.strip()) == repo / 'dynpool.py'   # editable: the checkout's own file
+    project_only = ['common', 'dataset', 'runtime', 'checkpoint', 'cleaning', 'presets', 'train',
+                    'sample', 'bench', 'report', 'prepare_data', 'conftest']
+    probe = ('import importlib.util, sys\n'
+             f'print([n for n in {project_only!r} if importlib.util.find_spec(n)])\n'
+             f'print([p for p in sys.path if p.startswith({str(repo)!r})])\n')
+    found = subprocess.run([python, '-c', probe], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env=clean_env())
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split('\n')[:2] == ['[]', '[]'], found.stdout
+
+
+SLOW_WRAPUP = """
+import gc
+import os
+import time
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, 'workerinput'):   # a worker's wrap-up, as slow as a busy machine makes it
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < 8:
+                gc.collect()
+        except KeyboardInterrupt:
+            open(os.environ['WRAPUP_OUTCOME'], 'w').write('interrupted')
+            raise
+        open(os.environ['WRAPUP_OUTCOME'], 'w').write('finished')
+"""
+
+
+@pytest.mark.slow   # a worker that takes 8 s to wrap up
+def test_suite_worker_slow_to_wrap_up_is_not_interrupted(tmp_path):
+    """A pytest-xdist worker still busy 5 s after sending its results gets a SIGINT from execnet,
+    which once printed a KeyboardInterrupt traceback at the end of a passing suite: conftest.py
+    has the worker ignore it, and the wrap-up finishes."""
+    (tmp_path / 'slow_wrapup.py').write_text(SLOW_WRAPUP)
+    outcome = tmp_path / 'outcome'
+    env = clean_env(PYTHONPATH=str(tmp_path), WRAPUP_OUTCOME=str(outcome))
+    run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '1', '-p', 'slow_wrapup',
+                          '-p', 'no:cacheprovider', 'test_docs.py', '-k',
+                          'test_markers_and_fences_are_well_formed'],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert 'Traceback' not in run.stdout + run.stderr, run.stdout + run.stderr
+    assert outcome.read_text() == 'finished'
+
+
+# The first commands a newcomer types, as the docs give them (the design card's two, then
+# README's quick start on the full text8), with no network and no prepared data: each must end
+# in one line that names the way on.
+FIRST_COMMANDS = {
+    'python prepare_data.py --lang he': ['download failed', '--input FILE'],
+    'python train.py --boundary entropy': ['python prepare_data.py', '--input FILE'],
+    'python prepare_data.py': ['download failed', '--input FILE'],
+    'python train.py --boundary whitespace': ['python prepare_data.py', '--input FILE'],
+}
+
+
+def why_no_offline_namespace():
+    """None where `unshare -n` (a network namespace with no network: root) works here,
+    else why not."""
+    if shutil.which('unshare') is None:
+        return 'unshare is not installed'
+    probe = subprocess.run(['unshare', '-n', 'true'], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f'unshare -n is not allowed here: {probe.stderr.strip()}'
+    return None
+
+
+@pytest.mark.parametrize('command', list(FIRST_COMMANDS))
+def test_first_commands_offline_end_in_one_line_naming_the_way_on(command, tmp_path):
+    """In a copy of the checkout with no data/ and no network, the command exits
+    non-zero with one `error:` line that names what to do (the download failed, or no
+    data: prepare it; offline: --input FILE), no traceback, and no half-made dataset
+    folder."""
+    typed = {line.split('#')[0].strip() for b in all_blocks() for line in b.code.splitlines()}
+    assert command in typed, f'{command!r} is no longer a line of README or docs/'
+    why = why_no_offline_namespace()
+    if why:
+        pytest.skip(why)
+    repo, env = make_sandbox(tmp_path)
+    # An empty hub cache: an earlier download's would let prepare_data.py work offline.
+    env = {k: v for k, v in env.items() if not k.startswith('HF_')}
+    env['HF_HOME'] = str(tmp_path / 'hf-home')
+    # A generous bound, not a timing claim: importing torch on a busy 2-core machine
+    # takes tens of seconds; a loop retrying the network would take minutes.
+    p = subprocess.run(['unshare', '-n', 'bash', '-c', command], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=240)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode != 0 and 'Traceback' not in p.stdout + p.stderr, p.stderr
+    assert lines and lines[-1].startswith('error: '), p.stderr
+    assert [line.startswith('error') for line in lines].count(True) == 1, p.stderr
+    missing = [way for way in FIRST_COMMANDS[command] if way not in lines[-1]]
+    assert not missing, f'the error line names no {missing}: {lines[-1]}'
+    data = repo / 'data'
+    assert not data.exists() or not list(data.iterdir()), list(data.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,11 +681,14 @@ def test_ci_reports_failures_tolerates_empty_selections_and_stops_on_setup(tmp_p
     p = ci(["python -c 'import sys; assert sys.prefix != sys.base_prefix'",   # a fresh venv
             "python -c 'raise SystemExit(5)' pytest -m plots",     # exit 5 of a -m selection
             "python -c 'raise SystemExit(5)' pytest",              # exit 5 without -m: a failure
-            'echo still-runs'])
+            'echo still-runs',
+            # exit 0, but a traceback printed (of an exception raised in a thread)
+            "python -c 'import threading; threading.Thread(target=lambda: 1 / 0).start()'"])
     out = p.stdout + p.stderr
     assert p.returncode == 1, out
     assert '[1] ok' in out and '[2] no tests selected' in out and '[3] FAILED (exit 5)' in out
-    assert 'still-runs' in out and "1 of README's CI commands failed" in out
+    assert 'still-runs' in out and "2 of README's CI commands failed" in out
+    assert '[5] FAILED (exit 0, but a traceback in its output)' in out
     p = ci(['pip install ./no-such-package', 'echo never'])
     assert p.returncode == 1 and 'set-up command [1] failed; stopping' in p.stderr
     assert 'never' not in p.stdout
