@@ -213,6 +213,6 @@ def import_pyplot(flag):
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError(f'{flag} needs matplotlib: pip install "matplotlib>=3.5" '
+        raise UserError(f'{flag} needs matplotlib: pip install "matplotlib>=3.6" '
                         f'(or drop {flag})') from None
     return plt
