@@ -27,6 +27,7 @@ from dynpool import entropy_spikes
 from runtime import generation_bytes, pick_device, require_memory
 
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
+UTF8 = codecs.getincrementaldecoder('utf-8')
 
 
 def clean_prompt(text, vocab):
@@ -90,11 +91,22 @@ def encode_prompt(prompt, vocab):
 def decode(ids, vocab):
     """Token ids → the text each one completes, a string per token (joined: the text): a
     character per token; for bytes, a character at the byte that completes its UTF-8
-    sequence ('' before), bytes that never form one as U+FFFD."""
+    sequence ('' before), bytes that never form one as U+FFFD at the last of them (a
+    prompt that ends inside a character the continuation breaks: at the prompt's end)."""
     if dataset.unit(vocab) != 'byte':
         return [vocab['alphabet'][i] for i in ids]
-    decoder = codecs.getincrementaldecoder('utf-8')('replace')
-    pieces = [decoder.decode(bytes([i])) for i in ids]
+    decoder = UTF8('replace')
+    pieces = []
+    for i in ids:
+        pending = decoder.getstate()[0]
+        piece = decoder.decode(bytes([i]))
+        # A byte that breaks the sequence begun before it is read afresh: the decoder
+        # writes that sequence's U+FFFD before this byte's own text, but it ends a token
+        # earlier (where a prompt ended, its end mark falls between the two).
+        if pending and piece == '\ufffd' + UTF8('replace').decode(bytes([i])):
+            pieces[-1] += '\ufffd'
+            piece = piece[1:]
+        pieces.append(piece)
     if pieces:
         pieces[-1] += decoder.decode(b'', final=True)
     return pieces
