@@ -23,6 +23,7 @@ import presets
 from checkpoint import load_checkpoint
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
+from dataset import is_number
 from dynpool import entropy_spikes
 from runtime import generation_bytes, pick_device, require_memory
 
@@ -64,7 +65,7 @@ def encode_prompt(prompt, vocab):
     was (a note where that changed it), a prompt that keeps none of its characters or
     one outside the alphabet refused."""
     encoding = vocab.get('encoding', 'paper')
-    if encoding == 'bytes':
+    if dataset.unit(vocab) == 'byte':
         # (surrogateescape: the bytes a terminal in another encoding passed, unchanged)
         return list(prompt.encode('utf-8', 'surrogateescape'))
     if encoding == 'chars':
@@ -258,6 +259,25 @@ def prompt_ids(args, ckpt):
     return ids
 
 
+def note_unfinished(ckpt):
+    """A note on stderr where the checkpoint's run stopped before its end: train.py's rule
+    (train.finished), --max-steps steps done or, with --flop-budget, its FLOPs spent."""
+    flags = ckpt.get('args', {})
+    step = ckpt.get('step')
+    budget = flags.get('flop_budget')
+    spent = step
+    end = flags.get('max_steps')
+    if budget is not None:
+        spent = ckpt.get('train_flops')
+        end = budget
+    if not (is_number(spent) and is_number(end) and spent < end * (1 - 1e-9)):
+        return
+    where = f'step {step} of {end}'
+    if budget is not None:
+        where = f'step {step}, {spent:.3g} of {end:.3g} FLOPs'
+    print(f'note: checkpoint at {where} (unfinished run)', file=sys.stderr)
+
+
 def print_samples(args, out, prompt_len):
     """The samples on stdout, segments marked with --show-segments."""
     b = out.boundaries
@@ -290,9 +310,8 @@ def run(args):
         fmt = plot_format(args.entropy_plot)
     torch.set_num_threads(args.threads)
     model, ckpt = load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
-    unit = 'character'
-    if dataset.unit(ckpt['vocab']) == 'byte':
-        unit = 'byte'
+    note_unfinished(ckpt)
+    unit = dataset.unit(ckpt['vocab'])
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
     what = f'{args.num_samples} sample(s) of {len(ids)} + {args.chars} {unit}s'
