@@ -9,6 +9,7 @@ dynamic pooling), and cached against recomputed generation (docs/performance.md)
 """
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -226,6 +227,14 @@ def model_config(args, name):
     return cfg, k, 'compile' in suffixes
 
 
+def shape(args):
+    """The model every configuration shares, and the device, in words."""
+    cfg = model_config(args, 'vanilla')[0]
+    return (f'd {cfg.d_model}, heads {cfg.n_head}×{cfg.d_head}, d_inner {cfg.d_inner}, layers '
+            f'{cfg.layers}, dropout {cfg.dropout}/{cfg.dropatt}, vocab {cfg.vocab_size}, '
+            f'{args.where}')
+
+
 def prepared(args, name):
     """(model, step(), outs, (x, y, b)): the seeded model of `name`, training; a step
     (compiled if asked) with Adam at learning rate 0 (an update's arithmetic, weights
@@ -341,11 +350,8 @@ def measure(args):
     """Every configuration in interleaved rounds (a noisy neighbour slows all alike),
     the matmul peak before each → ({name: row}, {name: why it failed}, peak). A row: the
     median step over all rounds, peak and step memory, SF, model FLOPs."""
-    cfg = model_config(args, args.names[0])[0]   # (the sizes all share)
-    print(f'dynpool training step: d {cfg.d_model}, heads {cfg.n_head}×{cfg.d_head}, d_inner '
-          f'{cfg.d_inner}, L {args.seq_len}, batch {args.batch}, layers {cfg.layers}, dropout '
-          f'{cfg.dropout}/{cfg.dropatt}, vocab {cfg.vocab_size}, amp {args.amp}, {args.where}, '
-          f'torch {torch.__version__}')
+    print(f'dynpool training step: {shape(args)}, L {args.seq_len}, batch {args.batch}, amp '
+          f'{args.amp}, torch {torch.__version__}')
     print(f'{args.rounds} rounds × {len(args.names)} configurations, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps')
     width = max(map(len, args.names))
@@ -430,12 +436,12 @@ def record_paper(args, table):
             raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it '
                             'away')
     flops_per_s = statistics.median(row['flops_per_s'] for row in table.values())
-    cfg = model_config(args, 'vanilla')[0]
-    model = {key: getattr(cfg, key) for key in ('d_model', 'n_head', 'd_head', 'd_inner', 'layers')}
     entries[args.where] = dict(flops_per_s=flops_per_s, device=args.where,
                                date=str(datetime.date.today()), torch=torch.__version__,
                                amp=args.amp, batch=args.batch, seq_len=args.seq_len,
-                               vocab=args.vocab, model=model, configs=table)
+                               vocab=args.vocab,
+                               model=dataclasses.asdict(model_config(args, 'vanilla')[0]),
+                               configs=table)
     PAPER_FILE.parent.mkdir(exist_ok=True)
     common.write_atomic(PAPER_FILE, json.dumps(entries, indent=1) + '\n')
     print(f'{flops_per_s / 1e9:.1f} GFLOP/s on {args.where} recorded in {PAPER_FILE}')
@@ -459,10 +465,8 @@ def bench_generate(args):
     # spaces: word-like segments for ws5.5
     x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = args.space_id
     x = x.to(args.device)
-    cfg = model_config(args, GENERATED[0])[0]
-    print(f'generation: context {args.context}, batch {args.gen_batch}, d {cfg.d_model}, layers '
-          f'{cfg.layers}, vocab {cfg.vocab_size}, {args.where}; both methods greedy from the '
-          'same prompt')
+    print(f'generation: {shape(args)}, context {args.context}, batch {args.gen_batch}; both '
+          'methods greedy from the same prompt')
     print(f'  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
     for name in GENERATED:
         torch.manual_seed(args.seed)

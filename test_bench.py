@@ -7,6 +7,7 @@ Run:   python -m pytest -q test_bench.py
 """
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -386,7 +387,9 @@ def test_paper_preset_records_its_flops_per_second(tmp_path, monkeypatch, capsys
     assert mine['torch'] == torch.__version__ and len(mine['date']) == 10
     assert (mine['device'], mine['amp'], mine['batch'], mine['seq_len'], mine['vocab']) == (
         where, 'off', 2, 64, 27)
-    assert mine['model'] == dict(d_model=32, n_head=2, d_head=16, d_inner=64, layers=[1, 1, 1])
+    assert mine['model'] == json.loads(json.dumps(dataclasses.asdict(bench.model_config(
+        bench.parse_args(argv), 'vanilla')[0])))
+    assert (mine['model']['d_model'], mine['model']['layers']) == (32, [1, 1, 1])
     assert entries['a GPU'] == {'flops_per_s': 1e15}
     assert os.listdir(tmp_path / 'out') == ['bench-paper.json']
 
