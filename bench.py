@@ -121,12 +121,10 @@ def model_flags(p):
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
         p.add_argument(flag, type=common.positive_int, help=what)
-    p.add_argument('--layers', type=presets.layer_counts, default=(2, 8, 2),
-                   help='pre,shortened,post (2,8,2; vanilla: the sum)')
-    p.add_argument('--dropout', type=common.fraction, default=0.1,
-                   help='residual dropout (0.1)')
-    p.add_argument('--dropatt', type=common.fraction, default=0.1,
-                   help='attention dropout (0.1)')
+    p.add_argument('--layers', type=presets.layer_counts,
+                   help="pre,shortened,post (Config's; vanilla: the sum)")
+    p.add_argument('--dropout', type=common.fraction, help="residual dropout (Config's)")
+    p.add_argument('--dropatt', type=common.fraction, help="attention dropout (Config's)")
     presets.add_model_flags(p)
 
 

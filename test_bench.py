@@ -249,8 +249,8 @@ def test_the_paper_preset_is_config_s_model_and_times_every_source(punctuation_s
     paper = dynpool.Config()
     for name in args.names:
         cfg = bench.model_config(args, name)[0]
-        assert (cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner, cfg.layers) == (
-            paper.d_model, paper.n_head, paper.d_head, paper.d_inner, paper.layers)
+        assert (cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner, cfg.layers, cfg.dropout) == (
+            paper.d_model, paper.n_head, paper.d_head, paper.d_inner, paper.layers, paper.dropout)
     modes = {bench.model_config(args, name)[0].boundary for name in args.names}
     assert modes == set(dynpool.BOUNDARY_MODES) and 'punct' in modes
     assert args.seq_len == 2048 and args.batch == 8
