@@ -2,12 +2,14 @@
 dynamic pooling), and cached against recomputed generation (docs/performance.md).
 
     python bench.py                   # CPU sizes: d 256, L 512, batch 4, 12 configs
-    python bench.py --preset paper    # GPU: d 512, L 2048, batch 8, bf16
+    python bench.py --preset paper    # GPU: the paper's model (Config()), L 2048, batch 8
+    python bench.py --data data/wiki40b-he-bytes --import my_source.py --configs vanilla,mine
     python bench.py --configs vanilla,ws5.5,ws5.5+compile,ws5.5+blocked
     python bench.py --generate                       # cached vs recomputed generation
 """
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -23,21 +25,22 @@ import torch
 import common
 import dynpool
 import presets
-from common import UserError
+from common import UserError, nonblank
+from dataset import read_meta
 from dynpool import DynamicPoolingLM, step_flops
 from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
                      require_memory, setup_device, setup_precision, start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
-PAPER_CONFIGS = ('vanilla,fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,'
-                 'unigram5.5,entropy,gumbel,hnet')
+# --preset paper: these, then every registered source that takes no K (vanilla first)
+PAPER_K = 'fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5'
 # added to the paper preset's on a GPU
 GPU_EXTRA = ',vanilla+compile,ws5.5+compile,vanilla+blocked,ws5.5+blocked'
+# The paper preset's model is Config()'s: the sizes it leaves unset keep Config's defaults.
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4,
                 configs=DEFAULT_CONFIGS),
-    'paper': dict(d_model=512, n_head=8, d_head=64, d_inner=2048, seq_len=2048, batch=8,
-                  configs=PAPER_CONFIGS),
+    'paper': dict(seq_len=2048, batch=8),
 }
 # The flags whose default depends on the device: a GPU step is short and steady.
 GPU_DEFAULTS = dict(steps=10, warmup=3, rounds=1, peak_n=8192, timeout=300.0)
@@ -49,7 +52,6 @@ CPU_DEFAULTS = dict(steps=3, warmup=1, rounds=2, peak_n=2048, timeout=None)
 SHORT_NAMES = {'none': 'vanilla', 'whitespace': 'ws'}
 WITH_K = ('fixed', 'ws', 'unigram')
 SUFFIXES = ('compile', 'auto', 'sdpa', 'blocked')
-VOCAB = 27   # text8's alphabet; id 0 is the space
 GENERATED = ('vanilla', 'ws5.5')   # the models --generate times
 PAPER_FILE = Path('out/bench-paper.json')   # --preset paper's FLOP/s, for study.sh
 
@@ -65,18 +67,30 @@ def forms():
     return f'{", ".join(names)}, each optionally +{", +".join(SUFFIXES)}'
 
 
+def paper_configs():
+    """--preset paper's configurations: vanilla, PAPER_K, then the other sources."""
+    names = [name for name in config_names() if name not in WITH_K]
+    return ','.join([names[0], PAPER_K, *names[1:]])
+
+
 def parser():
     """The flags; model_flags and measuring_flags add most of them."""
     p = common.Parser(prog='bench.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--preset', choices=PRESETS, default='cpu',
-                   help='sizes to start from (cpu: d 256, L 512, batch 4; paper: d 512, '
-                        'L 2048, batch 8); the flags below override single values')
+                   help="sizes to start from (cpu: d 256, L 512, batch 4; paper: the paper's "
+                        'model, L 2048, batch 8); the flags below override single values')
+    vocab = p.add_mutually_exclusive_group()
+    vocab.add_argument('--data', type=nonblank, metavar='DIR',
+                       help="a dataset (prepare_data.py's folder): its meta.json's vocabulary "
+                            'and space')
+    vocab.add_argument('--vocab', type=common.positive_int, default=27,
+                       help="token ids 0..N-1, id 0 standing for the space (27: text8's)")
     presets.add_import_flag(p)
     model_flags(p)
     p.add_argument('--configs',
                    help=f'comma-separated: {forms()} (K: see docs/performance.md, e.g. '
                         "ws5.5; an --import'ed source: its name). Default: "
-                        f'{DEFAULT_CONFIGS}; --preset paper: {PAPER_CONFIGS} (GPU: '
+                        f'{DEFAULT_CONFIGS}; --preset paper: {paper_configs()} (GPU: '
                         f'{GPU_EXTRA[1:]})')
     measuring_flags(p)
     p.add_argument('--generate', action='store_true',
@@ -143,8 +157,15 @@ def parse_args(argv=None):
     if args.device == 'mps':
         raise UserError(f'--device {args.device}: bench.py runs on cpu or cuda', code=2)
     defaults = dict(PRESETS[args.preset], **(GPU_DEFAULTS if args.cuda else CPU_DEFAULTS))
-    if args.cuda and args.preset == 'paper':
-        defaults['configs'] += GPU_EXTRA
+    if args.preset == 'paper':
+        defaults['configs'] = paper_configs()
+        if args.cuda:
+            defaults['configs'] += GPU_EXTRA
+    args.space_id = 0
+    if args.data:
+        meta = read_meta(args.data)
+        args.vocab = meta['vocab_size']
+        args.space_id = meta['space_id']
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -172,7 +193,7 @@ def model_config(args, name):
     Config's own refusal is one UserError (exit 2)."""
     base, *suffixes = name.split('+')
     k = None
-    match = re.fullmatch(r'(fixed|ws|unigram)(\d+(?:\.\d*)?)', base)
+    match = re.fullmatch(rf'({"|".join(WITH_K)})(\d+(?:\.\d*)?)', base)
     if match:
         base = match[1]
         k = float(match[2])
@@ -185,7 +206,7 @@ def model_config(args, name):
                         '(an integer for fixed)', code=2)
     # the flags that are set (config_from_dict keeps Config's fields)
     fields = {key: value for key, value in vars(args).items() if value is not None}
-    fields.update(vocab_size=VOCAB, boundary=boundary, whitespace_id=0)
+    fields.update(vocab_size=args.vocab, boundary=boundary, whitespace_id=args.space_id)
     if boundary == 'fixed':
         fields['fixed_factor'] = int(k)
     attention = [s for s in suffixes if s != 'compile']
@@ -196,6 +217,14 @@ def model_config(args, name):
     except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes
+
+
+def shape(args):
+    """The model every configuration shares, and the device, in words."""
+    cfg = model_config(args, 'vanilla')[0]
+    return (f'd {cfg.d_model}, heads {cfg.n_head}×{cfg.d_head}, d_inner {cfg.d_inner}, layers '
+            f'{cfg.layers}, dropout {cfg.dropout}/{cfg.dropatt}, vocab {cfg.vocab_size}, '
+            f'{args.where}')
 
 
 def prepared(args, name):
@@ -209,7 +238,7 @@ def prepared(args, name):
     model = DynamicPoolingLM(cfg).to(args.device)
     gen = torch.Generator().manual_seed(args.seed)
     B, L = args.batch, args.seq_len
-    chars = torch.randint(0, VOCAB, (B, L + 1), generator=gen).to(args.device)
+    chars = torch.randint(0, args.vocab, (B, L + 1), generator=gen).to(args.device)
     x = chars[:, :-1]
     y = chars[:, 1:]
     b = None
@@ -249,7 +278,11 @@ def matmul_peak(args):
     """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
     the machine's own peak (the best: the first calls warm up, a GPU's clocks rise)."""
     n = args.peak_n
-    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp, torch.float32)
+    kind = torch.device(args.device).type
+    dtype = torch.float32
+    with args.autocast:   # runtime.setup_precision's choice
+        if torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
     a = torch.randn(n, n, device=args.device, dtype=dtype)
 
     def mm():
@@ -309,10 +342,8 @@ def measure(args):
     """Every configuration in interleaved rounds (a noisy neighbour slows all alike),
     the matmul peak before each → ({name: row}, {name: why it failed}, peak). A row: the
     median step over all rounds, peak and step memory, SF, model FLOPs."""
-    print(f'dynpool training step: d {args.d_model}, heads {args.n_head}×{args.d_head}, d_inner '
-          f'{args.d_inner}, L {args.seq_len}, batch {args.batch}, layers {args.layers}, dropout '
-          f'{args.dropout}/{args.dropatt}, amp {args.amp}, {args.where}, torch '
-          f'{torch.__version__}')
+    print(f'dynpool training step: {shape(args)}, L {args.seq_len}, batch {args.batch}, amp '
+          f'{args.amp}, torch {torch.__version__}')
     print(f'{args.rounds} rounds × {len(args.names)} configurations, each a fresh process: '
           f'{args.warmup} warm-up + {args.steps} timed steps')
     width = max(map(len, args.names))
@@ -338,23 +369,29 @@ def measure(args):
 
 
 def summarise(args, runs):
-    """{name: [records]} → {name: row} (see measure)."""
+    """{name: [records]} → {name: row} (see measure): the boundary mode, SF, the median
+    step in seconds, chars/s, model FLOPs of a step, FLOP/s, peak and step memory in
+    bytes. PAPER_FILE keeps these rows."""
     table = {}
     for name, records in runs.items():
         sf = records[0]['sf']
         cfg = model_config(args, name)[0]
-        n_short = 1 + args.seq_len / sf   # (step_flops: vanilla has no shortened stage)
-        table[name] = dict(time=statistics.median(t for r in records for t in r['times']), sf=sf,
-                           peak=max(r['peak'] for r in records),
-                           mem=statistics.median(r['step_mem'] for r in records),
-                           flops=step_flops(cfg, args.batch, args.seq_len, n_short))
+        step_s = statistics.median(t for r in records for t in r['times'])
+        # (vanilla has no shortened stage: step_flops ignores it)
+        flops = step_flops(cfg, args.batch, args.seq_len,
+                           dynpool.shortened_length(args.seq_len, sf))
+        table[name] = dict(boundary=cfg.boundary, sf=sf, step_s=step_s,
+                           chars_per_s=args.batch * args.seq_len / step_s, flops=flops,
+                           flops_per_s=flops / step_s, peak_bytes=max(r['peak'] for r in records),
+                           step_mem_bytes=statistics.median(r['step_mem'] for r in records))
     return table
 
 
 def print_table(args, table, peak):
     """The FLOP formula, then the table: speed-up and memory ratio against vanilla with
     the same +suffixes (or plain vanilla), if measured."""
-    print('model FLOPs: dynpool.step_flops, n_short = 1 + L/SF, SF measured in the step')
+    print('model FLOPs: dynpool.step_flops, the shortened stage at 1 + L/SF '
+          '(dynpool.shortened_length), SF measured in the step')
     w = max(8, *map(len, table))
     mem = 'peak alloc MiB' if args.cuda else 'peak RSS MiB'
     print(f'\n{"config":{w}s} {"SF":>6s} {"step ms":>9s} {"chars/s":>9s} {"speed-up":>8s} '
@@ -366,22 +403,21 @@ def print_table(args, table, peak):
         speed = f'{"-":>8s}'
         ratio = f'{"-":>9s}'
         if van:
-            speed = f'{van["time"] / row["time"]:7.2f}×'
-        if van and van['mem'] > 0:
-            ratio = f'{row["mem"] / van["mem"]:9.2f}'
-        fps = row['flops'] / row['time']
-        print(f'{name:{w}s} {row["sf"]:6.2f} {row["time"] * 1e3:9.0f} '
-              f'{args.batch * args.seq_len / row["time"]:9.0f} {speed} {row["peak"] / 2**20:14.0f} '
-              f'{row["mem"] / 2**20:13.0f} {ratio} {row["flops"] / 1e9:8.1f} {fps / 1e9:8.1f} '
-              f'{100 * fps / peak:5.0f}%')
+            speed = f'{van["step_s"] / row["step_s"]:7.2f}×'
+        if van and van['step_mem_bytes'] > 0:
+            ratio = f'{row["step_mem_bytes"] / van["step_mem_bytes"]:9.2f}'
+        print(f'{name:{w}s} {row["sf"]:6.2f} {row["step_s"] * 1e3:9.0f} {row["chars_per_s"]:9.0f} '
+              f'{speed} {row["peak_bytes"] / 2**20:14.0f} {row["step_mem_bytes"] / 2**20:13.0f} '
+              f'{ratio} {row["flops"] / 1e9:8.1f} {row["flops_per_s"] / 1e9:8.1f} '
+              f'{100 * row["flops_per_s"] / peak:5.0f}%')
     print("speed-up: vanilla step time / this one; mem ratio: step mem / vanilla's; SF: "
           f'characters / complete segments; MFU against the matmul peak, {peak / 1e9:.1f} GFLOP/s')
 
 
 def record_paper(args, table):
-    """--preset paper: the median model FLOP/s over the configurations
-    timed, merged into PAPER_FILE under this device's name (study.sh
-    prices runs with it); other devices' kept."""
+    """--preset paper: this device's measurements merged into PAPER_FILE under its name
+    (study.sh prices runs with them), other devices' kept: the median model FLOP/s over
+    the configurations, what was measured how, and each configuration's row (summarise)."""
     entries = {}
     if PAPER_FILE.exists():
         try:
@@ -391,9 +427,13 @@ def record_paper(args, table):
         if not isinstance(entries, dict):
             raise UserError(f'{PAPER_FILE} is not a JSON object of measurements: move it '
                             'away')
-    flops_per_s = statistics.median(row['flops'] / row['time'] for row in table.values())
-    entries[args.where] = dict(flops_per_s=flops_per_s, date=str(datetime.date.today()),
-                               torch=torch.__version__)
+    flops_per_s = statistics.median(row['flops_per_s'] for row in table.values())
+    entries[args.where] = dict(flops_per_s=flops_per_s, device=args.where,
+                               date=str(datetime.date.today()), torch=torch.__version__,
+                               amp=args.amp, batch=args.batch, seq_len=args.seq_len,
+                               vocab=args.vocab,
+                               model=dataclasses.asdict(model_config(args, 'vanilla')[0]),
+                               configs=table)
     PAPER_FILE.parent.mkdir(exist_ok=True)
     common.write_atomic(PAPER_FILE, json.dumps(entries, indent=1) + '\n')
     print(f'{flops_per_s / 1e9:.1f} GFLOP/s on {args.where} recorded in {PAPER_FILE}')
@@ -413,12 +453,12 @@ def bench_generate(args):
         require_memory(need, f'generating with {name}', args.device,
                        'lower --gen-batch, --context or --new')
     gen = torch.Generator().manual_seed(args.seed)
-    x = torch.randint(1, VOCAB, (args.gen_batch, args.context), generator=gen)
+    x = torch.randint(0, args.vocab, (args.gen_batch, args.context), generator=gen)
     # spaces: word-like segments for ws5.5
-    x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = 0
+    x[torch.rand(x.shape, generator=gen) < 1 / 5.5] = args.space_id
     x = x.to(args.device)
-    print(f'generation: context {args.context}, batch {args.gen_batch}, d {args.d_model}, layers '
-          f'{args.layers}, {args.where}; both methods greedy from the same prompt')
+    print(f'generation: {shape(args)}, context {args.context}, batch {args.gen_batch}; both '
+          'methods greedy from the same prompt')
     print(f'  {"model":10s} {"method":36s} {"chars/s":>9s} {"speed-up":>9s}')
     for name in GENERATED:
         torch.manual_seed(args.seed)

@@ -22,10 +22,12 @@ import dataset
 import presets
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
+from dataset import is_number
 from dynpool import entropy_spikes
 from runtime import generation_bytes, pick_device, require_memory, setup_device
 
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
+UTF8 = codecs.getincrementaldecoder('utf-8')
 
 
 def clean_prompt(text, vocab):
@@ -62,7 +64,7 @@ def encode_prompt(prompt, vocab):
     was (a note where that changed it), a prompt that keeps none of its characters or
     one outside the alphabet refused."""
     encoding = vocab.get('encoding', 'paper')
-    if encoding == 'bytes':
+    if dataset.unit(vocab) == 'byte':
         # (surrogateescape: the bytes a terminal in another encoding passed, unchanged)
         return list(prompt.encode('utf-8', 'surrogateescape'))
     if encoding == 'chars':
@@ -89,11 +91,22 @@ def encode_prompt(prompt, vocab):
 def decode(ids, vocab):
     """Token ids → the text each one completes, a string per token (joined: the text): a
     character per token; for bytes, a character at the byte that completes its UTF-8
-    sequence ('' before), bytes that never form one as U+FFFD."""
+    sequence ('' before), bytes that never form one as U+FFFD at the last of them (a
+    prompt that ends inside a character the continuation breaks: at the prompt's end)."""
     if dataset.unit(vocab) != 'byte':
         return [vocab['alphabet'][i] for i in ids]
-    decoder = codecs.getincrementaldecoder('utf-8')('replace')
-    pieces = [decoder.decode(bytes([i])) for i in ids]
+    decoder = UTF8('replace')
+    pieces = []
+    for i in ids:
+        pending = decoder.getstate()[0]
+        piece = decoder.decode(bytes([i]))
+        # A byte that breaks the sequence begun before it is read afresh: the decoder
+        # writes that sequence's U+FFFD before this byte's own text, but it ends a token
+        # earlier (where a prompt ended, its end mark falls between the two).
+        if pending and piece == '\ufffd' + UTF8('replace').decode(bytes([i])):
+            pieces[-1] += '\ufffd'
+            piece = piece[1:]
+        pieces.append(piece)
     if pieces:
         pieces[-1] += decoder.decode(b'', final=True)
     return pieces
@@ -241,6 +254,25 @@ def prompt_ids(args, ckpt):
     return ids
 
 
+def note_unfinished(ckpt):
+    """A note on stderr where the checkpoint's run stopped before its end: train.py's rule
+    (train.finished), --max-steps steps done or, with --flop-budget, its FLOPs spent."""
+    flags = ckpt.get('args', {})
+    step = ckpt.get('step')
+    budget = flags.get('flop_budget')
+    spent = step
+    end = flags.get('max_steps')
+    if budget is not None:
+        spent = ckpt.get('train_flops')
+        end = budget
+    if not (is_number(spent) and is_number(end) and spent < end * (1 - 1e-9)):
+        return
+    where = f'step {step} of {end}'
+    if budget is not None:
+        where = f'step {step}, {spent:.3g} of {end:.3g} FLOPs'
+    print(f'note: checkpoint at {where} (unfinished run)', file=sys.stderr)
+
+
 def print_samples(args, out, prompt_len):
     """The samples on stdout, segments marked with --show-segments."""
     b = out.boundaries
@@ -273,9 +305,8 @@ def run(args):
         fmt = plot_format(args.entropy_plot)
     setup_device(args.device, args.threads)
     model, ckpt = presets.load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
-    unit = 'character'
-    if dataset.unit(ckpt['vocab']) == 'byte':
-        unit = 'byte'
+    note_unfinished(ckpt)
+    unit = dataset.unit(ckpt['vocab'])
     ids = prompt_ids(args, ckpt)
     need = generation_bytes(model.cfg, args.num_samples, len(ids), args.chars)
     what = f'{args.num_samples} sample(s) of {len(ids)} + {args.chars} {unit}s'

@@ -7,6 +7,7 @@ Run:   python -m pytest -q test_bench.py
 """
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -23,7 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import bench
 import dynpool
 import presets
-from conftest import HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, run_main
+from conftest import (HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, run_main,
+                      write_dataset)
 
 TINY = ['--d-model', '32', '--n-head', '2', '--d-head', '16', '--d-inner', '64', '--seq-len', '64',
         '--batch', '2', '--layers', '1,1,1', '--threads', '1']
@@ -62,7 +64,8 @@ def _in_process_spawn(args, name):
     (['--configs', 'none'], "'none'"), (['--amp', 'fp16'], '--amp fp16'),
     (['--configs', 'ws4', '--layers', '1,0,1'], 'shortened'),
     (['--device', 'meta'], '--device'), (['--device', 'nonsense'], '--device'),
-    (['--generate', '--configs', 'vanilla', '--layers', '0,0,0'], 'shortened layers')])
+    (['--generate', '--configs', 'vanilla', '--layers', '0,0,0'], 'shortened layers'),
+    (['--vocab', '0'], '--vocab'), (['--data', 'd', '--vocab', '3'], 'not allowed with')])
 def test_bad_flags_are_one_line_exit_2(flags, words, capsys):
     rc, out, err = run_main(bench.main, TINY + flags, capsys)
     assert rc == 2 and out == ''
@@ -197,6 +200,62 @@ def test_an_imported_source_benchmarks(tmp_path, capsys, monkeypatch):
     assert rc == 0 and any(ln.startswith('punct ') for ln in out.splitlines()), err
 
 
+# A source a user keeps in a file of their own (README "Adding a boundary source") that pools
+# byte-level text only
+_BYTE_SOURCE = """import dynpool
+
+
+class Punct(dynpool.ExternalBoundaries):
+    @staticmethod
+    def check_config(cfg):
+        if cfg.vocab_size != 256:
+            raise ValueError(f'punct needs a byte dataset (vocab 256), got {cfg.vocab_size}')
+
+    def derive(self, x, offset):
+        return x < ord('A')   # spaces, digits, punctuation
+
+
+dynpool.register_source('punct', Punct)
+"""
+
+
+def test_an_imported_byte_source_benchmarks_on_a_byte_dataset(tmp_path, capsys, monkeypatch):
+    """--data DIR: the dataset's vocabulary (a byte dataset: 256) is the model's, so a source
+    that needs bytes, in a file outside the project (--import), is timed in its own child process
+    and tabled with its SF; --vocab 256 builds it too; without either (text8's 27) it is refused
+    in one line, exit 2."""
+    for name in ('SOURCES', 'BOUNDARY_MODES', 'PREDICTOR_MODES', 'EXTERNAL_MODES'):
+        monkeypatch.setattr(dynpool, name, copy.copy(getattr(dynpool, name)))
+    source = tmp_path / 'plugins' / 'punct.py'
+    source.parent.mkdir()
+    source.write_text(_BYTE_SOURCE)
+    data = write_dataset(tmp_path / 'he-bytes', 'שלום עולם, 42. ' * 50, encoding='bytes')
+    argv = TINY + ['--import', str(source), '--configs', 'punct', '--rounds', '1', '--steps', '1',
+                   '--warmup', '0', '--peak-n', '8']
+    rc, out, err = run_main(bench.main, argv, capsys)
+    assert rc == 2 and 'punct needs a byte dataset (vocab 256), got 27' in err, err
+    args = bench.parse_args(argv + ['--vocab', '256'])
+    assert bench.model_config(args, 'punct')[0].vocab_size == 256
+    rc, out, err = run_main(bench.main, argv + ['--data', str(data)], capsys)   # a real child
+    assert rc == 0 and 'vocab 256' in out, err
+    row = next(ln.split() for ln in out.splitlines() if ln.startswith('punct '))
+    assert 1 < float(row[1]) < 64, row
+
+
+def test_the_paper_preset_is_config_s_model_and_times_every_source(punctuation_source):
+    """--preset paper builds dynpool.Config()'s model (the paper's) where no size flag is given,
+    and its configurations hold every registered source (one registered now too)."""
+    args = bench.parse_args(['--preset', 'paper', '--device', 'cpu'])
+    paper = dynpool.Config()
+    for name in args.names:
+        cfg = bench.model_config(args, name)[0]
+        assert (cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner, cfg.layers, cfg.dropout) == (
+            paper.d_model, paper.n_head, paper.d_head, paper.d_inner, paper.layers, paper.dropout)
+    modes = {bench.model_config(args, name)[0].boundary for name in args.names}
+    assert modes == set(dynpool.BOUNDARY_MODES) and 'punct' in modes
+    assert args.seq_len == 2048 and args.batch == 8
+
+
 @pytest.mark.parametrize('name', ALL + ['ws4+blocked', 'ws4+sdpa'])
 def test_child_measures_each_configuration(name, capsys):
     """`bench.py --one CONFIG`, for every family: the JSON line the parent reads, with one time per
@@ -269,6 +328,16 @@ def test_cuda_runs_with_tf32_matmuls_as_train_py(monkeypatch):
     assert seen == dict(device='cuda', matmul=True, cudnn=True)
 
 
+@pytest.mark.parametrize('amp, dtype', [('off', torch.float32), ('bf16', torch.bfloat16)])
+def test_matmul_peak_runs_in_the_training_precision(amp, dtype, monkeypatch):
+    """The peak's matmul is in the dtype that --amp trains in (runtime.setup_precision's)."""
+    args = bench.parse_args(TINY + ['--amp', amp, '--peak-n', '8'])
+    seen = set()
+    mm = torch.mm
+    monkeypatch.setattr(torch, 'mm', lambda a, b: (seen.add(a.dtype), mm(a, b))[1])
+    assert bench.matmul_peak(args) > 0 and seen == {dtype}
+
+
 def test_table_reads_the_runs(capsys):
     """From children's records to the printed table: speed-up and memory ratio against vanilla,
     chars/s from the median step, MFU against the peak."""
@@ -286,9 +355,11 @@ def test_table_reads_the_runs(capsys):
 
 
 def test_paper_preset_records_its_flops_per_second(tmp_path, monkeypatch, capsys):
-    """--preset paper (sizes overridden to run on CPU) merges the median model FLOP/s of its table
-    into out/bench-paper.json under this device's name, with the date and torch's version, keeping
-    other devices' entries; other presets and --generate write nothing."""
+    """--preset paper (sizes overridden to run on CPU) merges into out/bench-paper.json, under this
+    device's name, the median model FLOP/s of its table and what a study prices a run with: per
+    configuration its table row (boundary mode, SF, step seconds, chars/s, FLOPs, FLOP/s,
+    memory), the device, date, torch's version, precision, batch, L, vocabulary and model shape;
+    other devices' entries are kept; other presets and --generate write nothing."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench, 'spawn', _in_process_spawn)
     argv = TINY + ['--configs', 'vanilla,ws4', '--rounds', '1', '--steps', '1', '--warmup', '0',
@@ -304,10 +375,21 @@ def test_paper_preset_records_its_flops_per_second(tmp_path, monkeypatch, capsys
     rc, out, err = run_main(bench.main, argv + ['--preset', 'paper', '--device', 'cpu'], capsys)
     assert rc == 0, err
     entries = json.loads((tmp_path / 'out' / 'bench-paper.json').read_text())
-    rates = [row['flops'] / row['time'] for row in tables[0].values()]   # vanilla's, ws4's
-    mine = entries[f'CPU, {torch.get_num_threads()} threads']
-    assert len(rates) == 2 and mine['flops_per_s'] == pytest.approx(sum(rates) / 2)
+    where = f'CPU, {torch.get_num_threads()} threads'
+    mine = entries[where]
+    assert mine['configs'] == tables[0] and list(mine['configs']) == ['vanilla', 'ws4']
+    rates = [row['flops'] / row['step_s'] for row in tables[0].values()]
+    assert mine['flops_per_s'] == pytest.approx(sum(rates) / 2)
+    ws4 = mine['configs']['ws4']
+    assert ws4['boundary'] == 'whitespace' and ws4['sf'] == pytest.approx(4, rel=0.05)
+    assert ws4['chars_per_s'] == pytest.approx(2 * 64 / ws4['step_s'])
+    assert ws4['flops_per_s'] == pytest.approx(ws4['flops'] / ws4['step_s'])
     assert mine['torch'] == torch.__version__ and len(mine['date']) == 10
+    assert (mine['device'], mine['amp'], mine['batch'], mine['seq_len'], mine['vocab']) == (
+        where, 'off', 2, 64, 27)
+    assert mine['model'] == json.loads(json.dumps(dataclasses.asdict(bench.model_config(
+        bench.parse_args(argv), 'vanilla')[0])))
+    assert (mine['model']['d_model'], mine['model']['layers']) == (32, [1, 1, 1])
     assert entries['a GPU'] == {'flops_per_s': 1e15}
     assert os.listdir(tmp_path / 'out') == ['bench-paper.json']
 

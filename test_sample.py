@@ -489,10 +489,11 @@ def test_sample_cli_prompt_that_cleans_to_nothing_is_refused(ckpts, capsys, prom
     assert err.startswith('error: --prompt') and 'keeps none of its characters' in err
 
 
-def test_sample_cli_reads_a_checkpoint_written_by_train_py(tmp_path, capsys):
-    """The contract with train.py: a 2-step tiny run's ckpt.pt samples, segments shown."""
-    data = tmp_path / 'data'
-    data.mkdir()
+def _train_tiny(root, capsys, *flags):
+    """A tiny whitespace run of train.py (its own command line, in this process) on a small
+    text → its ckpt.pt."""
+    data = root / 'data'
+    data.mkdir(exist_ok=True)
     text = ('the quick brown fox jumps over the lazy dog ' * 60).encode('ascii')
     alphabet = sorted(set(text.decode()))
     ids = np.array([alphabet.index(chr(c)) for c in text], dtype=np.uint8)
@@ -500,24 +501,48 @@ def test_sample_cli_reads_a_checkpoint_written_by_train_py(tmp_path, capsys):
         part.tofile(data / f'{name}.bin')
     (data / 'meta.json').write_text(json.dumps(dict(alphabet=alphabet, vocab_size=len(alphabet),
                                                     space_id=alphabet.index(' '), dtype='uint8')))
-    run = tmp_path / 'run'
+    run = root / f'run{len(list(root.iterdir()))}'
     try:
         train.main(['--data', str(data), '--out', str(run), '--boundary', 'whitespace',
                     '--device', 'cpu', '--d-model', '32', '--n-head', '2', '--d-head', '16',
                     '--d-inner', '64', '--layers', '1,1,1', '--seq-len', '32', '--batch-size', '2',
-                    '--max-steps', '2', '--warmup', '1', '--eval-interval', '2',
+                    '--warmup', '1', '--eval-interval', '2',
                     '--eval-window', '32', '--eval-step', '8', '--eval-max-chars', '100',
-                    '--eval-batch-size', '8', '--log-interval', '1'])
+                    '--eval-batch-size', '8', '--log-interval', '1', *flags])
     except SystemExit as e:
         assert not e.code, capsys.readouterr().err
     capsys.readouterr()
     assert (run / 'ckpt.pt').is_file()
-    rc, out, err = _main(['--ckpt', run / 'ckpt.pt', '--prompt', 'The lazy', '--chars', 30,
+    return run / 'ckpt.pt'
+
+
+def test_sample_cli_reads_a_checkpoint_written_by_train_py(tmp_path, capsys):
+    """The contract with train.py: a 2-step tiny run's ckpt.pt samples, segments shown; the run
+    is finished, so no note says otherwise."""
+    ckpt = _train_tiny(tmp_path, capsys, '--max-steps', '2')
+    rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'The lazy', '--chars', 30,
                           '--show-segments', '--seed', 0], capsys)
-    assert rc == 0, err
+    assert rc == 0 and 'unfinished' not in err, err
     text = out.rstrip('\n').replace('|', '').replace(sample.PROMPT_MARK, '')
     assert text.startswith('the lazy') and len(text) == 38
     assert out.count('|') == text.count(' ')
+
+
+@pytest.mark.parametrize('flags, note', [
+    (['--max-steps', '3'], r'note: checkpoint at step 1 of 3 \(unfinished run\)'),
+    (['--flop-budget', '1e15'],
+     r'note: checkpoint at step 1, (\S+) of 1e\+15 FLOPs \(unfinished run\)')])
+def test_sample_cli_says_when_the_checkpoint_is_unfinished(tmp_path, capsys, flags, note):
+    """A run stopped (--stop-step) before its --max-steps or --flop-budget: sampling its checkpoint
+    says so in one stderr line (the FLOPs it spent, as train.py counted them), and still samples."""
+    ckpt = _train_tiny(tmp_path, capsys, '--stop-step', '1', *flags)
+    rc, out, err = _main(['--ckpt', ckpt, '--prompt', 'the', '--chars', 5], capsys)
+    assert rc == 0 and len(out) == len('the') + 5 + 1
+    said = re.fullmatch(note, err.strip())
+    assert said, err
+    if said.groups():
+        spent = torch.load(ckpt, weights_only=False)['train_flops']
+        assert float(said[1]) == pytest.approx(spent, rel=1e-2)
 
 
 def test_sample_cli_loads_compiled_or_ddp_state_dicts(ckpts, capsys, tmp_path):
@@ -784,6 +809,31 @@ def test_bytes_are_decoded_once_their_character_completes():
     assert sample.decode([0xFF, 0x61, 0xD7], vocab) == ['\ufffd', 'a', '\ufffd']
     assert sample.show_segments(['a', '', 'ש'], [0, 1, 0], prompt_len=2) == 'aש|»'
     assert sample.show_segments(['a', '', 'ש'], [1, 1, 1]) == 'a|ש||'
+
+
+@settings(max_examples=200)
+@given(data=st.data())
+def test_a_prompt_ending_inside_a_character_is_marked_at_its_end(data):
+    """Bytes: the pieces join to the bytes' text, and the prompt's end mark follows the prompt's
+    own text: its whole characters, then one character more only where the prompt ends inside
+    one (U+FFFD where the continuation breaks it, e.g. a Latin-1 'caf\\xe9' then ' ', or the
+    character the continuation completes), never a character of the continuation alone."""
+    vocab = dict(alphabet=BYTES, encoding='bytes')
+    # UTF-8's lead, continuation and never-valid bytes, and ASCII, all likely
+    byte = st.sampled_from([0x20, 0x61, 0x80, 0xA9, 0xBF, 0xC3, 0xD7, 0xE2, 0xE9, 0xF0, 0xFF])
+    ids = data.draw(st.lists(byte, min_size=1, max_size=12))
+    n = data.draw(st.integers(1, len(ids)))
+    pieces = sample.decode(ids, vocab)
+    assert ''.join(pieces) == bytes(ids).decode('utf-8', 'replace')
+    shown = sample.show_segments(pieces, None, prompt_len=n)
+    before = shown.split(sample.PROMPT_MARK)[0]
+    decoder = sample.UTF8('replace')
+    whole = decoder.decode(bytes(ids[:n]))    # the prompt's complete characters
+    inside = decoder.getstate()[0] != b''     # the prompt ends inside a character
+    assert before.startswith(whole) and len(before) == len(whole) + inside, (ids, n, shown)
+    if inside and ids[n:n + 1] == [0x20]:
+        assert before == whole + '\ufffd' and shown[len(before) + 1] == ' '
+    assert sample.decode(list(b'caf\xe9 au'), vocab) == ['c', 'a', 'f', '\ufffd', ' ', 'a', 'u']
 
 
 def test_sample_cli_bytes_checkpoint_prints_text(tmp_path, capsys):
