@@ -3,6 +3,7 @@ boundary around `main`, the flag parser and its range types, the atomic file wri
 run-folder lock, the optional matplotlib import. A script is `common.main(lambda:
 run(parser().parse_args(argv)))`."""
 import argparse
+import errno
 import math
 import os
 import sys
@@ -39,7 +40,10 @@ def error_line(e):
         where = ''
         if e.filename is not None:
             where = f'{e.filename}: '
-        return where + (e.strerror or first_line(e)), 1
+        what = e.strerror or first_line(e)
+        if e.errno == errno.EFBIG:
+            what += ' (over the file-size limit, ulimit -f / RLIMIT_FSIZE)'
+        return where + what, 1
     # a name (or text) in another encoding than the system's: a Latin-1 file name
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]

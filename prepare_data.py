@@ -285,7 +285,10 @@ def encode(path, pieces, cap, alphabet, dtype, lang, encoding, what='the splits'
             if (ids < 0).any():  # only reachable without cleaning (text8)
                 raise UserError(f'text8 input holds {text[int(np.argmax(ids < 0))]!r}, not in '
                                 'a-z/space; use --lang en for other English text')
-            f.write(ids.astype(dtype).tobytes())
+            try:
+                f.write(ids.astype(dtype).tobytes())
+            except OSError as e:   # named by its file (a full disk, a file-size limit)
+                raise OSError(e.errno, e.strerror, str(path)) from None
             n += len(ids)
             return cap is None or n < cap
         for text, sep in _reporting(pieces, what):

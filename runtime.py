@@ -113,8 +113,8 @@ def require_memory(need, what, device, fix):
     --gen-batch')."""
     free = free_memory(device)
     if need > free:
-        raise UserError(f'{what} needs about {need / 2**30:.3g} GiB, over the '
-                        f'{free / 2**30:.3g} GiB free on {device}: {fix}', code=2)
+        raise UserError(f'{what} needs about {need / 2**30:.3g} GiB of memory, over '
+                        f'the {free / 2**30:.3g} GiB free on {device}: {fix}', code=2)
 
 
 def generation_bytes(cfg, batch, prompt_len, new):

@@ -11,6 +11,7 @@ import json
 import lzma
 import os
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -1846,3 +1847,19 @@ def test_data_unigram_on_chars_survives_sentencepieces_own_marks(tmp_path, capsy
     labels = np.fromfile(d / 'train.unigram-30.bin', np.uint8)
     ids = np.fromfile(d / 'train.bin', meta['dtype'])
     assert len(labels) == len(ids) and labels[ids == meta['space_id']].all()
+
+
+def test_data_over_the_file_size_limit_is_one_line_naming_the_file_and_the_limit(tmp_path):
+    """Under `ulimit -f` (RLIMIT_FSIZE) a write fails with EFBIG and no file name of its own:
+    the error line names the dataset's file and the limit; nothing of the dataset is left."""
+    (tmp_path / 'in.txt').write_text(_data_varied_words(40_000))
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    r = subprocess.run([sys.executable, prepare_data.__file__, '--input', tmp_path / 'in.txt',
+                        '--lang', 'en', '--name', 'capped', '--out-dir', tmp_path,
+                        '--unigram', '0'],
+                       capture_output=True, text=True, timeout=300, preexec_fn=limited)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert 'capped' in lines[0] and 'file-size limit' in lines[0], lines[0]
+    assert not (tmp_path / 'capped').exists()

@@ -579,7 +579,7 @@ def test_sample_memory_is_priced_before_it_is_spent(ckpts, capsys, monkeypatch, 
     monkeypatch.setattr(sample, 'generate', nothing_allocated)
     rc, out, err = _main(['--ckpt', ckpts['fixed'], '--prompt', 'a'] + flags, capsys)
     assert rc == 2 and out == '' and _one_error_line(err), err
-    assert 'GiB' in err and 'free' in err and 'lower --chars or --num-samples' in err, err
+    assert 'GiB of memory' in err and 'free' in err and 'lower --chars or --num-samples' in err, err
 
 
 def test_generation_bytes_bound_what_generating_takes(ckpts):
