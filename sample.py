@@ -9,6 +9,7 @@ import codecs
 import math
 import os
 import sys
+import time
 import unicodedata
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from dataset import is_number
 from dynpool import entropy_spikes
 from runtime import generation_bytes, pick_device, require_memory, setup_device
 
+PROGRESS_SECONDS = 30
 PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuation begins
 UTF8 = codecs.getincrementaldecoder('utf-8')
 
@@ -128,9 +130,15 @@ def generate(args, model, ids, ckpt):
     tokens = []
     b = []
     entropy = []
+    # where stderr is no terminal (no bar), a line every PROGRESS_SECONDS of a long run
+    last_line = time.monotonic()
     try:   # (disable=None: no bar where stderr is not a terminal)
         for step in tqdm(steps, total=args.chars + 1, unit='token', disable=None,
                          leave=False):
+            if not sys.stderr.isatty() and time.monotonic() - last_line >= PROGRESS_SECONDS:
+                print(f'generated {len(tokens)} of {args.chars + 1} tokens', file=sys.stderr,
+                      flush=True)
+                last_line = time.monotonic()
             logp = F.log_softmax(step.logits.float(), -1)
             tokens.append(step.tokens)
             b.append(step.boundaries)

@@ -884,3 +884,17 @@ def test_sample_cli_import_flag_is_accepted(ckpts, tmp_path, capsys):
     assert rc == 0 and 'imported' in err, err
     rc, out, err = _main(['--ckpt', ckpts['fixed'], '--import', 'no_such_module_x'], capsys)
     assert rc != 0 and _one_error_line(err) and 'no_such_module_x' in err, err
+
+
+def test_sample_shows_progress_lines_where_stderr_is_no_terminal(ckpts, capsys, monkeypatch):
+    """With stderr a file or pipe (no progress bar), a long generation still says how far it
+    is: a line every sample.PROGRESS_SECONDS (0 here: a line per token) with the count; the
+    text on stdout is the same as without them."""
+    argv = ['--ckpt', ckpts['fixed'], '--prompt', 'a', '--chars', '5', '--device', 'cpu']
+    rc, quiet_out, quiet_err = _main(argv, capsys)
+    assert rc == 0 and 'generated' not in quiet_err
+    monkeypatch.setattr(sample, 'PROGRESS_SECONDS', 0)
+    rc, out, err = _main(argv, capsys)
+    counts = re.findall(r'^generated (\d+) of 6 tokens$', err, re.M)
+    assert rc == 0 and out == quiet_out
+    assert [int(c) for c in counts] == list(range(len(counts))) and len(counts) >= 5, err
