@@ -914,9 +914,12 @@ def describe_inputs(paths):
     """Each --input file's path, size and SHA-256 (an edit in place is noticed), or
     None."""
     inputs = []
-    for path in map(Path.resolve, paths or []):
-        if path.exists() and not (path.is_file() or path.is_dir()):  # a FIFO would block reading
-            raise UserError(f'input file {path}: not a regular file (a pipe or device?)')
+    for given in map(Path, paths or []):
+        # checked as given: a pipe's /dev/stdin resolves to a name that is no file
+        if given.exists() and not (given.is_file() or given.is_dir()):  # reading would block
+            raise UserError(f'input file {given}: not a regular file (a pipe or device?): '
+                            'save the text to a file and name that')
+        path = given.resolve()
         with open(path, 'rb') as f:
             sha = hashlib.file_digest(f, 'sha256').hexdigest()
         inputs.append(dict(path=str(path), size=path.stat().st_size, sha256=sha))

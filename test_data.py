@@ -1863,3 +1863,18 @@ def test_data_over_the_file_size_limit_is_one_line_naming_the_file_and_the_limit
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert 'capped' in lines[0] and 'file-size limit' in lines[0], lines[0]
     assert not (tmp_path / 'capped').exists()
+
+
+def test_data_input_from_a_pipe_is_named_a_pipe(tmp_path):
+    """`cat FILE | prepare_data.py --input /dev/stdin`: /dev/stdin is a pipe (it resolves to a
+    name that is no file): one line saying the input is not a regular file, not 'No such
+    file'; nothing made."""
+    (tmp_path / 'in.txt').write_text(_data_varied_words(20_000))
+    command = (f'cat {shlex.quote(str(tmp_path / "in.txt"))} | {shlex.quote(sys.executable)} '
+               f'{shlex.quote(prepare_data.__file__)} --input /dev/stdin --lang en --name piped '
+               f'--out-dir {shlex.quote(str(tmp_path))} --unigram 0')
+    r = subprocess.run(['bash', '-c', command], capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert 'not a regular file' in lines[0] and 'No such file' not in lines[0], lines[0]
+    assert not (tmp_path / 'piped').exists()
