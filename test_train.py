@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -635,6 +636,35 @@ def test_train_lock_refuses_a_second_run_and_ctrl_c_exits_130(synth, tmp_path, c
     assert step >= 2 and step % 2 == 0, step
     assert f'(step {step}); continue with: python train.py --out {out} --resume' in err, err
     assert not list(out.glob('*.tmp'))
+
+
+def test_train_a_second_ctrl_c_while_the_run_ends_is_no_traceback(synth, tmp_path):
+    """Ctrl-C twice: the second arrives once the first's error line is out, while the process
+    ends (torch's exit handlers run then; an exit handler that takes a second holds that
+    moment open): exit 130 all the same, the one line, no traceback nor 'Exception
+    ignored'."""
+    out = tmp_path / 'run'
+    slow_exit = ('import atexit, runpy, sys, time; atexit.register(time.sleep, 3); '
+                 "sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')")
+    args = tiny_args(synth, 'none') + ['--max-steps', '100000', '--out', str(out)]
+    first = subprocess.Popen([sys.executable, '-c', slow_exit, *args], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, OMP_NUM_THREADS='1'))
+    try:
+        for line in first.stdout:
+            if line.startswith('step 3/'):
+                break
+        first.send_signal(signal.SIGINT)
+        said = first.stderr.readline()
+        time.sleep(1)   # into the 3 s exit handler: past the interrupted run's own unwinding
+        if first.poll() is None:
+            first.send_signal(signal.SIGINT)
+        rest, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    err = said + err
+    assert first.returncode == 130, err
+    assert err.startswith('error: interrupted at step ') and err.count('\n') == 1, err
 
 
 # ------------------------------------------------------------------- the log, the budget, the step

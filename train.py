@@ -660,10 +660,15 @@ def main(argv=None):
     if argv is None:
         argv = sys.argv[1:]
     ctrl_c = signal.getsignal(signal.SIGINT)
+    code = 130
     try:
-        return common.main(lambda: run(argv, procs), procs.rank)
+        code = common.main(lambda: run(argv, procs), procs.rank)
+        return code
     finally:
-        signal.signal(signal.SIGINT, ctrl_c)   # (ignored once a run was interrupted)
+        # ignored once a run was interrupted: a second Ctrl-C while the process ends would
+        # break into torch's exit handlers; an in-process caller gets its handler back else
+        if code != 130:
+            signal.signal(signal.SIGINT, ctrl_c)
 
 
 if __name__ == '__main__':
