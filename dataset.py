@@ -31,7 +31,7 @@ def default_name(dataset, lang, encoding):
     """The folder prepare_data.py makes without --name: the source (input: text of one's own),
     -<lang> but for text8 and enwik8, -bytes or -chars but for enwik8 (always bytes)."""
     name = dataset
-    if lang and dataset not in ('text8', 'enwik8'):
+    if lang and dataset not in WHOLE_FILES:
         name += f'-{lang}'
     if encoding != 'paper' and dataset != 'enwik8':
         name += f'-{encoding}'
@@ -76,7 +76,7 @@ def _flags(s):
         flags += ['--input', *s['input']]
     if s['dataset'] != 'input':
         flags += ['--dataset', s['dataset']]
-    if s['lang'] and s['dataset'] not in ('text8', 'enwik8'):
+    if s['lang'] and s['dataset'] not in WHOLE_FILES:
         flags += ['--lang', s['lang']]
     if s['encoding'] != 'paper' and s['dataset'] != 'enwik8':
         flags.append(f'--{s["encoding"]}')
@@ -165,14 +165,11 @@ def _rules(m):
     yield 'unigram', ok, 'null or a label set (of "unigram_sets", where there are several)'
 
 
-def meta_problem(meta, fields=None):
-    """What is wrong with a meta.json dict (only `fields`, where given), in words, or
-    None."""
+def meta_problem(meta):
+    """What is wrong with a meta.json dict, in words, or None."""
     if not isinstance(meta, dict):
         return f'holds {meta!r:.60}, not an object'
     for name, ok, rule in _rules(meta):
-        if fields is not None and name not in fields:
-            continue
         if name not in meta and name in ('dtype', 'vocab_size', 'alphabet'):
             return f'"{name}" is missing'
         if not ok:

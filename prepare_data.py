@@ -36,8 +36,8 @@ import numpy as np
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import (CAPS, SPLITS, WHOLE, default_name, prepare_command, read_meta,
-                     split_problem, unit)
+from dataset import (CAPS, DATASETS, SPLITS, WHOLE, WHOLE_FILES, default_name, prepare_command,
+                     read_meta, recorded_settings, split_problem, unit)
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
@@ -120,15 +120,12 @@ def download(url, dest):
         headers = dict(AGENT)
         if have:
             headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
-        request = Request(url, headers=headers)
-        with urlopen(request, timeout=60) as resp, open(
-                part, 'ab' if have else 'wb') as f:
+        with urlopen(Request(url, headers=headers), timeout=60) as resp, open(part, 'ab') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
                     print(f'{url}: the file changed on the server, or the server ignores Range: '
                           'downloading it from the start', file=sys.stderr)
-                    f.seek(0)
-                    f.truncate()
+                f.truncate(0)
                 etag = resp.headers.get('ETag', '')
                 seen = {'validator': etag, 'total': resp.length}
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
@@ -443,7 +440,7 @@ def _make_splits(args, out, codec):
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
     # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
-    whole = args.dataset in ('text8', 'enwik8')
+    whole = args.dataset in WHOLE_FILES
     if args.input or whole:
         cap = None
         if not whole:
@@ -496,12 +493,6 @@ def index_chars(out):
     return ['\ufffd'] + [chr(c) for c in chars], dtype
 
 
-def _write_json(path, obj):
-    """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8
-    (a surrogate escape, os.fsdecode's) is kept and read back whole."""
-    write_atomic(path, json.dumps(obj, indent=1))
-
-
 def splits(args, out, codec, key, inputs):
     """train/valid/test.bin, unless a run with these options and input made them →
     .splits.json. The three are a set: a run that fails or is stopped while making them
@@ -541,7 +532,8 @@ def splits(args, out, codec, key, inputs):
         raise
     stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule,
                  alphabet=alphabet, dtype=dtype)
-    _write_json(path, stamp)
+    # ASCII JSON with escapes: a file name that is not UTF-8 (a surrogate escape) is kept whole
+    write_atomic(path, json.dumps(stamp, indent=1))
     return stamp
 
 
@@ -740,7 +732,7 @@ def prepare(args, out, lang, inputs):
     meta['settings'] = dict(key, unigram=(meta['unigram'] or {}).get('vocab_size', 0))
     meta['extent'] = extent(args, meta)
     meta['whitespace_shortening_factor'] = whitespace_sf(out, meta)
-    _write_json(out / 'meta.json', meta)
+    write_atomic(out / 'meta.json', json.dumps(meta, indent=1))
     _report(out, meta, stamp['rule'])
     return meta
 
@@ -766,7 +758,7 @@ def extent(args, meta):
     source = ', '.join(meta['source'])
     whole = not args.input and all(getattr(args, cap) >= CAPS[cap] for cap in CAPS)
     what = f'{total:,} {noun}s of {args.dataset}-{args.lang} (capped)'
-    if args.dataset in ('text8', 'enwik8'):
+    if args.dataset in WHOLE_FILES:
         whole = total == WHOLE
         what = f'a {total:,}-{noun} slice of {args.dataset} made from {source}'
     elif args.input:
@@ -782,8 +774,8 @@ def whitespace_sf(out, meta):
     sf = dict.fromkeys(SPLITS)
     for split in SPLITS:
         ids = _ids(out / f'{split}.bin', meta['dtype'])
-        spaces = sum(int(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id']))
-                     for i in range(0, len(ids), CHUNK) if meta['space_id'] is not None)
+        spaces = sum(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id'])
+                     for i in range(0, len(ids), CHUNK))
         if spaces:
             sf[split] = round(len(ids) / spaces, 4)
     return sf
@@ -815,7 +807,7 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100'],
+    p.add_argument('--dataset', choices=DATASETS,
                    help='source to download (default text8; wiki40b with --lang; none with '
                    '--input and --lang, --bytes or --chars)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
@@ -880,19 +872,16 @@ def resolve(args):
     else:
         dataset = 'text8'
     out = args.out_dir / (args.name or default_name(dataset, args.lang, encoding))
-    try:
-        old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
-        if not (args.dataset or args.lang or args.input or args.bytes or args.chars):
-            dataset = old['dataset']
-            encoding = old['encoding']
-            args.lang = old['lang']
-            args.input = old['input'] and [Path(p) for p in old['input']]
-    except (OSError, ValueError, TypeError, KeyError):
-        old = {}
+    old = recorded_settings(out) or {}
+    if old and not (args.dataset or args.lang or args.input or args.bytes or args.chars):
+        dataset = old['dataset']
+        encoding = old['encoding']
+        args.lang = old['lang']
+        args.input = old['input'] and [Path(p) for p in old['input']]
     for flag, default in CAPS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset in ('text8', 'enwik8'):
+    if dataset in WHOLE_FILES:
         if args.lang not in (None, 'en'):
             raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
@@ -955,9 +944,8 @@ def offline_howto(args, out, error):
 
 def run(argv=None):
     """prepare_data.py's work → the meta.json dict it wrote."""
-    if argv is None:
-        argv = sys.argv[1:]
-    argv = [str(a) for a in argv]
+    if argv is not None:
+        argv = [str(a) for a in argv]
     args = parser().parse_args(argv)
     out, lang = resolve(args)
     inputs = describe_inputs(args.input)
