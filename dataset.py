@@ -58,7 +58,8 @@ def recorded_settings(d):
 
 
 def _named(name):
-    """The settings whose default name is `name` (default_name run backwards), or None."""
+    """The settings whose default name is `name` (default_name run backwards), else those of
+    one's own text (--input FILE --lang LANG)."""
     for dataset, lang, encoding in itertools.product((*DATASETS, 'input'), (None, *LANGS),
                                                      ENCODINGS):
         # a language is needed but by text8, enwik8 and one's own text in bytes or as it is
@@ -66,7 +67,7 @@ def _named(name):
         if default_name(dataset, lang, encoding) == name and known:
             return dict(dataset=dataset, lang=lang, encoding=encoding, **CAPS,
                         input=['FILE'] if dataset == 'input' else None)
-    return None
+    return dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
 
 
 def _flags(s):
@@ -93,13 +94,11 @@ def prepare_command(*words, data=None, settings=None):
     """`python prepare_data.py` and words, quoted for a POSIX shell: every
     prepare_data.py command the project suggests is built here. data: a dataset
     directory, made with `settings` (default: those recorded, recorded_settings; else
-    those its name says) first."""
+    those its name says, _named) first."""
     flags = []
     if data is not None:
         data = Path(data)
         s = settings or recorded_settings(data) or _named(data.name)
-        if s is None:
-            s = dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
         if '--unigram' in words:
             s = dict(s, unigram=None)
         flags = _flags(s)
@@ -185,7 +184,7 @@ def read_meta(d):
     if not path.is_file():  # (a probe: a FIFO named meta.json would hang the read)
         make = prepare_command(data=d)
         s = recorded_settings(d) or _named(Path(d).name)
-        offline = prepare_command(data=d, settings=s and dict(s, input=['FILE']))
+        offline = prepare_command(data=d, settings=dict(s, input=['FILE']))
         if offline != make:
             make += f'; without network: {offline}'
         raise UserError(f'no dataset at {d} (make it with: {make})')

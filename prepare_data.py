@@ -207,16 +207,17 @@ def text_pieces(f, label, encoding):
                             'files must be converted first)')
         buf += decoder.decode(raw, final=not more)
         cut = buf.rfind('\n')
-        last_break = _LAST_BREAK.match(buf) if cut < 0 and len(buf) > CHUNK else None
         if cut >= 0:
             yield buf[:cut], '\n'
             buf = buf[cut + 1:]
-        elif last_break:   # the break character itself is the separator
-            yield buf[:last_break.end() - 1], buf[last_break.end() - 1]
-            buf = buf[last_break.end():]
-        elif len(buf) > CHUNK:   # a giant word: the pieces are joined with nothing between
-            yield buf, ''
-            buf = ''
+        elif len(buf) > CHUNK:
+            # a giant line: cut after its last break, the break itself the separator; without
+            # one, a giant word: the whole buffer, joined to the next piece with nothing between
+            end = len(buf) + 1
+            if last_break := _LAST_BREAK.match(buf):
+                end = last_break.end()
+            yield buf[:end - 1], buf[end - 1:end]
+            buf = buf[end:]
     if buf:
         yield buf, ''
 
@@ -503,8 +504,7 @@ def splits(args, out, codec, key, inputs):
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
-        item = np.dtype(stamp['dtype']).itemsize
-        done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
+        done = same and all(len(_ids(out / f'{s}.bin', stamp['dtype'])) == stamp['sizes'][s]
                             for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
@@ -517,8 +517,7 @@ def splits(args, out, codec, key, inputs):
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
         sources, rule = _make_splits(args, out, codec)
-        item = np.dtype(codec['dtype']).itemsize
-        sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
+        sizes = {s: len(_ids(out / f'{s}.bin', codec['dtype'])) for s in SPLITS}
         if why := split_problem(sizes):   # what no run could train on is not kept
             read = ', '.join(map(str, sources)) or WIKI40B
             raise UserError(f'{read}: too little text: {why}')
@@ -890,9 +889,7 @@ def resolve(args):
     args.dataset = dataset
     args.encoding = encoding
     if args.unigram is None:
-        args.unigram = 0
-        if args.lang:
-            args.unigram = LANGS[args.lang]['unigram']
+        args.unigram = LANGS.get(args.lang, {}).get('unigram', 0)
     args.roles = input_roles(args.input or [])
     if dataset == 'text8' or encoding != 'paper':
         return out, None
@@ -903,7 +900,7 @@ def describe_inputs(paths):
     """Each --input file's path, size and SHA-256 (an edit in place is noticed), or
     None."""
     inputs = []
-    for given in map(Path, paths or []):
+    for given in paths or []:
         # checked as given: a pipe's /dev/stdin resolves to a name that is no file
         if given.exists() and not (given.is_file() or given.is_dir()):  # reading would block
             raise UserError(f'input file {given}: not a regular file (a pipe or device?): '
