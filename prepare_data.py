@@ -93,11 +93,10 @@ def _retrying(url, fn, what=None):
                 raise
             response = getattr(e, 'response', None)
             code = getattr(e, 'code', getattr(response, 'status_code', None))
-            said = first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
-                raise DownloadError(f'{what}: {said}') from None
-            print(f'{what}: {said}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
+                raise DownloadError(f'{what}: {first_line(e)}') from None
+            print(f'{what}: {first_line(e)}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
             time.sleep(BACKOFF * 2 ** attempt)
 
 
@@ -459,10 +458,7 @@ def _make_splits(args, out, codec):
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
     url = _url(args)
-
-    def connect():
-        return urlopen(Request(url, headers=AGENT), timeout=60)
-    with _retrying(url, connect) as resp:
+    with _retrying(url, lambda: urlopen(Request(url, headers=AGENT), timeout=60)) as resp:
         pieces = file_pieces(url, encoding, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
     return [url], f'first {eval_cap} valid, next {eval_cap} test, then train'
@@ -600,11 +596,11 @@ def word_labels(sp, words, encoding='paper'):
     words = list(words)
     out = {}
     shown = [as_text(w, encoding) for w in words]
-    encoded = sp.encode([text for text, _ in shown], out_type=str) if words else []
+    encoded = sp.encode([text for text, _ in shown], out_type=str)
     for w, (text, ends), pieces in zip(words, shown, encoded):
         if pieces:   # the dummy prefix's ▁ dropped
             pieces[0] = pieces[0].removeprefix('\u2581')
-        pieces = [p for p in pieces if p and w]
+        pieces = [p for p in pieces if p]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
             lab[ends[end - 1] - 1] = 1
@@ -732,7 +728,7 @@ def prepare(args, out, lang, inputs):
     meta['extent'] = extent(args, meta)
     meta['whitespace_shortening_factor'] = whitespace_sf(out, meta)
     write_atomic(out / 'meta.json', json.dumps(meta, indent=1))
-    _report(out, meta, stamp['rule'])
+    _report(out, meta)
     return meta
 
 
@@ -780,10 +776,10 @@ def whitespace_sf(out, meta):
     return sf
 
 
-def _report(out, meta, rule):
+def _report(out, meta):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
-          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
+          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {meta['cleaning']['split']}")
     print(f"{unit(meta)}s: {meta['sizes']}; {meta['extent']['what']}")
     print(f"whitespace shortening factor: {meta['whitespace_shortening_factor']}")
     for V, u in meta['unigram_sets'].items():
