@@ -124,7 +124,8 @@ def download(url, dest):
                 if have:
                     print(f'{url}: the file changed on the server, or the server ignores Range: '
                           'downloading it from the start', file=sys.stderr)
-                f.truncate(0)
+                f.seek(0)
+                f.truncate()
                 etag = resp.headers.get('ETag', '')
                 seen = {'validator': etag, 'total': resp.length}
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
