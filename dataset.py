@@ -117,9 +117,9 @@ def unit(meta):
     return 'char'
 
 
-def is_number(v, lo=0.0):
-    """A finite int or float >= lo (a bool is not a number here)."""
-    return type(v) in (int, float) and math.isfinite(v) and v >= lo
+def is_number(v):
+    """A finite int or float >= 0 (a bool is not a number here)."""
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
 
 
 def _label_set(u):
