@@ -31,7 +31,7 @@ def default_name(dataset, lang, encoding):
     """The folder prepare_data.py makes without --name: the source (input: text of one's own),
     -<lang> but for text8 and enwik8, -bytes or -chars but for enwik8 (always bytes)."""
     name = dataset
-    if lang and dataset not in ('text8', 'enwik8'):
+    if lang and dataset not in WHOLE_FILES:
         name += f'-{lang}'
     if encoding != 'paper' and dataset != 'enwik8':
         name += f'-{encoding}'
@@ -58,7 +58,8 @@ def recorded_settings(d):
 
 
 def _named(name):
-    """The settings whose default name is `name` (default_name run backwards), or None."""
+    """The settings whose default name is `name` (default_name run backwards), else those of
+    one's own text (--input FILE --lang LANG)."""
     for dataset, lang, encoding in itertools.product((*DATASETS, 'input'), (None, *LANGS),
                                                      ENCODINGS):
         # a language is needed but by text8, enwik8 and one's own text in bytes or as it is
@@ -66,7 +67,7 @@ def _named(name):
         if default_name(dataset, lang, encoding) == name and known:
             return dict(dataset=dataset, lang=lang, encoding=encoding, **CAPS,
                         input=['FILE'] if dataset == 'input' else None)
-    return None
+    return dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
 
 
 def _flags(s):
@@ -76,7 +77,7 @@ def _flags(s):
         flags += ['--input', *s['input']]
     if s['dataset'] != 'input':
         flags += ['--dataset', s['dataset']]
-    if s['lang'] and s['dataset'] not in ('text8', 'enwik8'):
+    if s['lang'] and s['dataset'] not in WHOLE_FILES:
         flags += ['--lang', s['lang']]
     if s['encoding'] != 'paper' and s['dataset'] != 'enwik8':
         flags.append(f'--{s["encoding"]}')
@@ -93,13 +94,11 @@ def prepare_command(*words, data=None, settings=None):
     """`python prepare_data.py` and words, quoted for a POSIX shell: every
     prepare_data.py command the project suggests is built here. data: a dataset
     directory, made with `settings` (default: those recorded, recorded_settings; else
-    those its name says) first."""
+    those its name says, _named) first."""
     flags = []
     if data is not None:
         data = Path(data)
         s = settings or recorded_settings(data) or _named(data.name)
-        if s is None:
-            s = dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
         if '--unigram' in words:
             s = dict(s, unigram=None)
         flags = _flags(s)
@@ -118,9 +117,9 @@ def unit(meta):
     return 'char'
 
 
-def is_number(v, lo=0.0):
-    """A finite int or float >= lo (a bool is not a number here)."""
-    return type(v) in (int, float) and math.isfinite(v) and v >= lo
+def is_number(v):
+    """A finite int or float >= 0 (a bool is not a number here)."""
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
 
 
 def _label_set(u):
@@ -165,14 +164,11 @@ def _rules(m):
     yield 'unigram', ok, 'null or a label set (of "unigram_sets", where there are several)'
 
 
-def meta_problem(meta, fields=None):
-    """What is wrong with a meta.json dict (only `fields`, where given), in words, or
-    None."""
+def meta_problem(meta):
+    """What is wrong with a meta.json dict, in words, or None."""
     if not isinstance(meta, dict):
         return f'holds {meta!r:.60}, not an object'
     for name, ok, rule in _rules(meta):
-        if fields is not None and name not in fields:
-            continue
         if name not in meta and name in ('dtype', 'vocab_size', 'alphabet'):
             return f'"{name}" is missing'
         if not ok:
@@ -188,7 +184,7 @@ def read_meta(d):
     if not path.is_file():  # (a probe: a FIFO named meta.json would hang the read)
         make = prepare_command(data=d)
         s = recorded_settings(d) or _named(Path(d).name)
-        offline = prepare_command(data=d, settings=s and dict(s, input=['FILE']))
+        offline = prepare_command(data=d, settings=dict(s, input=['FILE']))
         if offline != make:
             make += f'; without network: {offline}'
         raise UserError(f'no dataset at {d} (make it with: {make})')

@@ -36,8 +36,8 @@ import numpy as np
 from cleaning import LANGS, TEXT8_ALPHABET, clean, foreign_letters
 import common
 from common import UserError, first_line, int_range, write_atomic
-from dataset import (CAPS, SPLITS, WHOLE, default_name, prepare_command, read_meta,
-                     split_problem, unit)
+from dataset import (CAPS, DATASETS, SPLITS, WHOLE, WHOLE_FILES, default_name, prepare_command,
+                     read_meta, recorded_settings, split_problem, unit)
 
 CHUNK = 1 << 22          # characters of raw text cleaned at a time
 WIKI40B = 'google/wiki40b'
@@ -93,11 +93,10 @@ def _retrying(url, fn, what=None):
                 raise
             response = getattr(e, 'response', None)
             code = getattr(e, 'code', getattr(response, 'status_code', None))
-            said = first_line(e)
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
-                raise DownloadError(f'{what}: {said}') from None
-            print(f'{what}: {said}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
+                raise DownloadError(f'{what}: {first_line(e)}') from None
+            print(f'{what}: {first_line(e)}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
             time.sleep(BACKOFF * 2 ** attempt)
 
 
@@ -120,15 +119,13 @@ def download(url, dest):
         headers = dict(AGENT)
         if have:
             headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
-        request = Request(url, headers=headers)
-        with urlopen(request, timeout=60) as resp, open(
-                part, 'ab' if have else 'wb') as f:
+        with urlopen(Request(url, headers=headers), timeout=60) as resp, open(part, 'ab') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
                     print(f'{url}: the file changed on the server, or the server ignores Range: '
                           'downloading it from the start', file=sys.stderr)
-                    f.seek(0)
-                    f.truncate()
+                f.seek(0)
+                f.truncate()
                 etag = resp.headers.get('ETag', '')
                 seen = {'validator': etag, 'total': resp.length}
                 if etag[:2] in ('', 'W/'):   # a weak ETag cannot guard a Range
@@ -210,16 +207,17 @@ def text_pieces(f, label, encoding):
                             'files must be converted first)')
         buf += decoder.decode(raw, final=not more)
         cut = buf.rfind('\n')
-        last_break = _LAST_BREAK.match(buf) if cut < 0 and len(buf) > CHUNK else None
         if cut >= 0:
             yield buf[:cut], '\n'
             buf = buf[cut + 1:]
-        elif last_break:   # the break character itself is the separator
-            yield buf[:last_break.end() - 1], buf[last_break.end() - 1]
-            buf = buf[last_break.end():]
-        elif len(buf) > CHUNK:   # a giant word: the pieces are joined with nothing between
-            yield buf, ''
-            buf = ''
+        elif len(buf) > CHUNK:
+            # a giant line: cut after its last break, the break itself the separator; without
+            # one, a giant word: the whole buffer, joined to the next piece with nothing between
+            end = len(buf) + 1
+            if last_break := _LAST_BREAK.match(buf):
+                end = last_break.end()
+            yield buf[:end - 1], buf[end - 1:end]
+            buf = buf[end:]
     if buf:
         yield buf, ''
 
@@ -443,7 +441,7 @@ def _make_splits(args, out, codec):
         _by_split(out, groups, caps, codec)
         return args.input, 'official (input files named train/valid/test)'
     # text8 and enwik8 are taken whole: 90M / 5M / 5M of the full files
-    whole = args.dataset in ('text8', 'enwik8')
+    whole = args.dataset in WHOLE_FILES
     if args.input or whole:
         cap = None
         if not whole:
@@ -461,10 +459,7 @@ def _make_splits(args, out, codec):
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
     url = _url(args)
-
-    def connect():
-        return urlopen(Request(url, headers=AGENT), timeout=60)
-    with _retrying(url, connect) as resp:
+    with _retrying(url, lambda: urlopen(Request(url, headers=AGENT), timeout=60)) as resp:
         pieces = file_pieces(url, encoding, stream=resp)
         _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
     return [url], f'first {eval_cap} valid, next {eval_cap} test, then train'
@@ -496,12 +491,6 @@ def index_chars(out):
     return ['\ufffd'] + [chr(c) for c in chars], dtype
 
 
-def _write_json(path, obj):
-    """obj as JSON, atomically; ASCII with escapes, so that a file name that is not UTF-8
-    (a surrogate escape, os.fsdecode's) is kept and read back whole."""
-    write_atomic(path, json.dumps(obj, indent=1))
-
-
 def splits(args, out, codec, key, inputs):
     """train/valid/test.bin, unless a run with these options and input made them →
     .splits.json. The three are a set: a run that fails or is stopped while making them
@@ -512,8 +501,7 @@ def splits(args, out, codec, key, inputs):
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
         same = stamp['key'] == key and stamp['inputs'] == inputs
-        item = np.dtype(stamp['dtype']).itemsize
-        done = same and all(os.path.getsize(out / f'{s}.bin') == stamp['sizes'][s] * item
+        done = same and all(len(_ids(out / f'{s}.bin', stamp['dtype'])) == stamp['sizes'][s]
                             for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
@@ -526,8 +514,7 @@ def splits(args, out, codec, key, inputs):
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
         sources, rule = _make_splits(args, out, codec)
-        item = np.dtype(codec['dtype']).itemsize
-        sizes = {s: os.path.getsize(out / f'{s}.bin') // item for s in SPLITS}
+        sizes = {s: len(_ids(out / f'{s}.bin', codec['dtype'])) for s in SPLITS}
         if why := split_problem(sizes):   # what no run could train on is not kept
             read = ', '.join(map(str, sources)) or WIKI40B
             raise UserError(f'{read}: too little text: {why}')
@@ -541,7 +528,8 @@ def splits(args, out, codec, key, inputs):
         raise
     stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule,
                  alphabet=alphabet, dtype=dtype)
-    _write_json(path, stamp)
+    # ASCII JSON with escapes: a file name that is not UTF-8 (a surrogate escape) is kept whole
+    write_atomic(path, json.dumps(stamp, indent=1))
     return stamp
 
 
@@ -609,11 +597,11 @@ def word_labels(sp, words, encoding='paper'):
     words = list(words)
     out = {}
     shown = [as_text(w, encoding) for w in words]
-    encoded = sp.encode([text for text, _ in shown], out_type=str) if words else []
+    encoded = sp.encode([text for text, _ in shown], out_type=str)
     for w, (text, ends), pieces in zip(words, shown, encoded):
         if pieces:   # the dummy prefix's ▁ dropped
             pieces[0] = pieces[0].removeprefix('\u2581')
-        pieces = [p for p in pieces if p and w]
+        pieces = [p for p in pieces if p]
         lab = bytearray(len(w))
         for end in itertools.accumulate(len(p) for p in pieces[:-1]):
             lab[ends[end - 1] - 1] = 1
@@ -740,8 +728,8 @@ def prepare(args, out, lang, inputs):
     meta['settings'] = dict(key, unigram=(meta['unigram'] or {}).get('vocab_size', 0))
     meta['extent'] = extent(args, meta)
     meta['whitespace_shortening_factor'] = whitespace_sf(out, meta)
-    _write_json(out / 'meta.json', meta)
-    _report(out, meta, stamp['rule'])
+    write_atomic(out / 'meta.json', json.dumps(meta, indent=1))
+    _report(out, meta)
     return meta
 
 
@@ -766,7 +754,7 @@ def extent(args, meta):
     source = ', '.join(meta['source'])
     whole = not args.input and all(getattr(args, cap) >= CAPS[cap] for cap in CAPS)
     what = f'{total:,} {noun}s of {args.dataset}-{args.lang} (capped)'
-    if args.dataset in ('text8', 'enwik8'):
+    if args.dataset in WHOLE_FILES:
         whole = total == WHOLE
         what = f'a {total:,}-{noun} slice of {args.dataset} made from {source}'
     elif args.input:
@@ -782,17 +770,17 @@ def whitespace_sf(out, meta):
     sf = dict.fromkeys(SPLITS)
     for split in SPLITS:
         ids = _ids(out / f'{split}.bin', meta['dtype'])
-        spaces = sum(int(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id']))
-                     for i in range(0, len(ids), CHUNK) if meta['space_id'] is not None)
+        spaces = sum(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id'])
+                     for i in range(0, len(ids), CHUNK))
         if spaces:
             sf[split] = round(len(ids) / spaces, 4)
     return sf
 
 
-def _report(out, meta, rule):
+def _report(out, meta):
     """The dataset in a few lines: what it is, its sizes, its shortening factors."""
     print(f"\n== {out} ==\ndataset {meta['dataset']}, lang {meta['lang']}, {meta['encoding']}, "
-          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {rule}")
+          f"vocab {meta['vocab_size']} ({meta['dtype']}), split: {meta['cleaning']['split']}")
     print(f"{unit(meta)}s: {meta['sizes']}; {meta['extent']['what']}")
     print(f"whitespace shortening factor: {meta['whitespace_shortening_factor']}")
     for V, u in meta['unigram_sets'].items():
@@ -815,7 +803,7 @@ def parser():
         'the dataset in --out-dir/--name is made as it was (labels need only --name, --unigram).'))
     url = _matching(r'https?://[^/\s]+.*', 'an http(s) URL')
     unigram_defaults = ', '.join(f"{k} {v['unigram']}" for k, v in sorted(LANGS.items()))
-    p.add_argument('--dataset', choices=['text8', 'enwik8', 'wiki40b', 'cc100'],
+    p.add_argument('--dataset', choices=DATASETS,
                    help='source to download (default text8; wiki40b with --lang; none with '
                    '--input and --lang, --bytes or --chars)')
     p.add_argument('--lang', choices=sorted(LANGS), help='its alphabet and digit names '
@@ -880,19 +868,16 @@ def resolve(args):
     else:
         dataset = 'text8'
     out = args.out_dir / (args.name or default_name(dataset, args.lang, encoding))
-    try:
-        old = json.loads((out / '.splits.json').read_text(encoding='utf-8'))['key']
-        if not (args.dataset or args.lang or args.input or args.bytes or args.chars):
-            dataset = old['dataset']
-            encoding = old['encoding']
-            args.lang = old['lang']
-            args.input = old['input'] and [Path(p) for p in old['input']]
-    except (OSError, ValueError, TypeError, KeyError):
-        old = {}
+    old = recorded_settings(out) or {}
+    if old and not (args.dataset or args.lang or args.input or args.bytes or args.chars):
+        dataset = old['dataset']
+        encoding = old['encoding']
+        args.lang = old['lang']
+        args.input = old['input'] and [Path(p) for p in old['input']]
     for flag, default in CAPS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
-    if dataset in ('text8', 'enwik8'):
+    if dataset in WHOLE_FILES:
         if args.lang not in (None, 'en'):
             raise UserError(f'{dataset} is English; got --lang {args.lang}', 2)
         args.lang = 'en'
@@ -901,9 +886,7 @@ def resolve(args):
     args.dataset = dataset
     args.encoding = encoding
     if args.unigram is None:
-        args.unigram = 0
-        if args.lang:
-            args.unigram = LANGS[args.lang]['unigram']
+        args.unigram = LANGS.get(args.lang, {}).get('unigram', 0)
     args.roles = input_roles(args.input or [])
     if dataset == 'text8' or encoding != 'paper':
         return out, None
@@ -914,7 +897,7 @@ def describe_inputs(paths):
     """Each --input file's path, size and SHA-256 (an edit in place is noticed), or
     None."""
     inputs = []
-    for given in map(Path, paths or []):
+    for given in paths or []:
         # checked as given: a pipe's /dev/stdin resolves to a name that is no file
         if given.exists() and not (given.is_file() or given.is_dir()):  # reading would block
             raise UserError(f'input file {given}: not a regular file (a pipe or device?): '
@@ -955,9 +938,8 @@ def offline_howto(args, out, error):
 
 def run(argv=None):
     """prepare_data.py's work → the meta.json dict it wrote."""
-    if argv is None:
-        argv = sys.argv[1:]
-    argv = [str(a) for a in argv]
+    if argv is not None:
+        argv = [str(a) for a in argv]
     args = parser().parse_args(argv)
     out, lang = resolve(args)
     inputs = describe_inputs(args.input)
