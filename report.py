@@ -85,7 +85,7 @@ def mode_label(cfg):
 
 
 def read_log(log):
-    """<run>/log.jsonl → [(kind, record)], kind 'diverged' for a diverged record. A
+    """<run>/log.jsonl → [record], its kind 'diverged' for a diverged record. A
     damaged line is one error naming it (no JSON object, no number in NUMBERS); a last
     line cut short (a run writing it now) is left out with a note."""
     if not log.is_file():   # a FIFO (or a folder): reading would wait for a writer forever
@@ -112,10 +112,10 @@ def read_log(log):
             v = rec.get(key)
             if v is None and not (key == 'step' and kind in STEP_KINDS):
                 continue
-            too_big = type(v) is int and v > sys.float_info.max   # float(v) would overflow
-            if type(v) not in (int, float) or v < 0 or too_big:
+            # (an int that float(v) would overflow is none train.py writes)
+            if type(v) not in (int, float) or v < 0 or type(v) is int and v > sys.float_info.max:
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
-        records.append((kind, rec))
+        records.append(dict(rec, kind=kind))
     return records
 
 
@@ -150,16 +150,16 @@ def summarize(run):
     its curve (its validation records)."""
     cfg = {}
     recs = []
-    for kind, rec in read_log(run / 'log.jsonl'):
+    for rec in read_log(run / 'log.jsonl'):
         # a restart: --resume redoes the steps after resumed_from; a run without it starts
         # over (no evaluation counts)
-        if kind == 'config':
+        if rec['kind'] == 'config':
             start = rec.get('resumed_from') or 0
             recs = [prev for prev in recs
                     if prev['step'] <= start and (start or prev['kind'] == 'train')]
             cfg = rec
-        elif kind in STEP_KINDS:
-            recs.append(dict(rec, kind=kind))
+        elif rec['kind'] in STEP_KINDS:
+            recs.append(rec)
     # a byte run's records say bpb where a character run's say bpc
     bits = 'BPC'
     if cfg.get('unit') == 'byte':
@@ -266,11 +266,11 @@ def group_seeds(rows):
         groups[row['done'], key].append(dict(row, key=key))
     out = []
     for members in groups.values():
-        samples = collections.defaultdict(list)
-        for member in members:
-            samples[member['seed']].append(member)
         # seeds in order, so the runs' order changes nothing
-        samples = dict(sorted(samples.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+        members.sort(key=lambda m: (m['seed'] is None, m['seed'] or 0))
+        samples = {}
+        for member in members:
+            samples.setdefault(member['seed'], []).append(member)
         first = members[0]
         shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
         # n counts samples; the runs where a seed has replicas
@@ -295,24 +295,25 @@ def experiments(rows):
     out = group_seeds(rows)
     done = [g for g in out if g['test_bpc'] is not None]
     for g in done:
-        bases = [b for b in done if b['boundary'] in BASELINES and b['shape'] == g['shape']]
-        # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
-        # shape (less the budget) that spent as much
-        for v in done:
-            if (g['flop_budget'] and v['boundary'] == 'none' and not v['flop_budget']
-                    and v['train_flops'] and v['shape'][:-1] == g['shape'][:-1]
-                    and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
-                bases.append(v)
+        # its shape's baselines; and equal compute: a run trained to a FLOP budget, against
+        # the vanilla runs of its shape (less the budget) that spent as much
+        bases = []
+        for b in done:
+            spent = (g['flop_budget'] and b['boundary'] == 'none' and not b['flop_budget']
+                     and b['train_flops'] and b['shape'][:-1] == g['shape'][:-1]
+                     and math.isclose(b['train_flops'][0], g['flop_budget'], rel_tol=1e-3))
+            if b is not g and b['boundary'] in BASELINES and (b['shape'] == g['shape'] or spent):
+                bases.append(b)
         # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
         twin = [kv for kv in g['key'] if kv[0] != 'pooling']
         twins = [t for t in done if ('pooling', '"last"') in g['key']
                  and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
-        for base in [b for b in bases if b is not g] + twins:
+        for base in bases + twins:
             seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
-            with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
-                warnings.simplefilter('ignore')
+            # fewer than 2 pairs: p NaN, shown as '-'
+            with warnings.catch_warnings(action='ignore'):
                 t = scipy.stats.ttest_rel([sample(g['samples'][s], 'test_bpc') for s in seeds],
                                           [sample(base['samples'][s], 'test_bpc') for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
