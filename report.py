@@ -358,20 +358,20 @@ def cell(row, key, kind):
 
 def table(rows, cols, markdown):
     """Aligned text or Markdown of cols, each (head, key, kind) for cell()."""
-    heads = [head for head, _, _ in cols]
-    cells = [[cell(row, key, kind) for _, key, kind in cols] for row in rows]
+    lines = [[head for head, _, _ in cols]]
+    lines += [[cell(row, key, kind) for _, key, kind in cols] for row in rows]
     if markdown:
-        lines = ['| ' + ' | '.join(line) + ' |' for line in [heads] + cells]
-        lines.insert(1, '|' + '---|' * len(heads))
+        lines = ['| ' + ' | '.join(line) + ' |' for line in lines]
+        lines.insert(1, '|' + '---|' * len(cols))
         return '\n'.join(lines)
-    widths = [max(len(x) for x in column) for column in zip(heads, *cells)]
+    widths = [max(map(len, column)) for column in zip(*lines)]
     # numbers to the right, text to the left
-    lines = []
-    for line in [heads] + cells:
+    text = []
+    for line in lines:
         padded = [x.ljust(w) if kind in (None, 'steps') else x.rjust(w)
                   for x, w, (_, _, kind) in zip(line, widths, cols)]
-        lines.append('  '.join(padded).rstrip())
-    return '\n'.join(lines)
+        text.append('  '.join(padded).rstrip())
+    return '\n'.join(text)
 
 
 def columns(rows, bits, baselines=None):
@@ -411,30 +411,30 @@ def by_data(groups, markdown):
     mode_label names it) and kind of budget, each cell's entries made from one
     experiment's record each, named by their budget where the row has several and by
     their flags where the cell's differ."""
-    rows = {}
+    by_row = {}
     for g in sorted(groups, key=order):
-        row = rows.setdefault((g['mode'], bool(g['flop_budget'])),
-                              dict(mode=g['mode'], budgets={}, cells={}))
-        # a FLOP budget of one shape differs between datasets
-        row['budgets'][g['budget']] = True
-        row['cells'].setdefault(g['data'], []).append(g)
+        by_row.setdefault((g['mode'], bool(g['flop_budget'])), []).append(g)
     datasets = list(dict.fromkeys(g['data'] for g in groups))
-    for row in rows.values():
-        row['budget'] = ' / '.join(row['budgets'])
+    rows = []
+    for (mode, _), experiments in by_row.items():
+        # a FLOP budget of one shape differs between datasets
+        budgets = list(dict.fromkeys(g['budget'] for g in experiments))
+        row = dict(mode=mode, budget=' / '.join(budgets))
         for data in datasets:
+            here = [g for g in experiments if g['data'] == data]
             entries = []
-            here = row['cells'].get(data, [])
             for g in here:
                 names = []
-                if len(row['budgets']) > 1:
+                if len(budgets) > 1:
                     names.append(g['budget'])
                 if len({other['flags'] for other in here}) > 1:
                     names.append(g['flags'])
                 result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
                 entries.append(': '.join(names + [result]))
             row[data] = ' / '.join(entries) or '-'
+        rows.append(row)
     cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
-    return table(list(rows.values()), cols, markdown)
+    return table(rows, cols, markdown)
 
 
 def bits_of(rows, flag):
