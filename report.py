@@ -35,7 +35,7 @@ NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_ste
 NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
-OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
+OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling'}   # never in 'flags'
 # (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
 NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train_flops', '.3g'),
@@ -305,9 +305,8 @@ def experiments(rows):
             if b is not g and b['boundary'] in BASELINES and (b['shape'] == g['shape'] or spent):
                 bases.append(b)
         # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
-        twin = [kv for kv in g['key'] if kv[0] != 'pooling']
-        twins = [t for t in done if ('pooling', '"last"') in g['key']
-                 and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
+        twins = [t for t in done if ('pooling', '"last"') in g['key'] and t is not g
+                 and dict(t['key'], pooling='"mean"') == dict(g['key'], pooling='"mean"')]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
         for base in bases + twins:
