@@ -93,10 +93,10 @@ def read_log(log):
     lines = log.read_bytes().decode('utf-8', errors='replace').split('\n')
     records = []
     for i, line in enumerate(lines, 1):
-        rec = {}
+        if not line.strip():
+            continue
         try:
-            if line.strip():
-                rec = json.loads(line)
+            rec = json.loads(line)
         except (ValueError, RecursionError):   # RecursionError: '[[[[...' too deep
             if i == len(lines):   # after the last line end: cut short
                 print(f'note: {log}: skipped its last line {i}, cut short', file=sys.stderr)
@@ -260,9 +260,9 @@ def group_seeds(rows):
     samples of every number."""
     groups = collections.defaultdict(list)
     for row in rows:
+        config = dict(row['config'], data_id=row['data_id'])
         key = tuple(sorted((k, json.dumps(v, sort_keys=True))
-                           for k, v in row['config'].items() if k not in NOT_THE_EXPERIMENT))
-        key += (('data_id', row['data_id']),)
+                           for k, v in config.items() if k not in NOT_THE_EXPERIMENT))
         groups[row['done'], key].append(dict(row, key=key))
     out = []
     for members in groups.values():
@@ -373,20 +373,16 @@ def table(rows, cols, markdown):
     return '\n'.join(text)
 
 
-def columns(rows, bits, baselines=None):
-    """The columns of the runs table, or of the seeds table (baselines given: a p column
-    each): 'flags' where they differ, 'budget' where a FLOP budget is."""
-    heads = ['mode', 'data']
+def columns(rows, bits, first, last, baselines=()):
+    """The columns of the runs table or of the seeds table: first, the mode, the data,
+    'flags' where they differ, 'budget' where a FLOP budget is, last, the steps, the
+    numbers and a p column per baseline."""
+    heads = first + ['mode', 'data']
     if any(row['flags'] for row in rows):
         heads.append('flags')
     if any(row['flop_budget'] for row in rows):
         heads.append('budget')
-    if baselines is None:
-        heads = ['run'] + heads + ['seed']
-        baselines = []
-    else:
-        heads += ['seeds', 'n']
-    cols = [(head, head, None) for head in heads] + [('steps', 'steps', 'steps')]
+    cols = [(head, head, None) for head in heads + last] + [('steps', 'steps', 'steps')]
     for head, key, kind in NUMBER_COLUMNS:
         # a byte run's tokens are bytes
         if bits == 'BPB':
@@ -605,11 +601,13 @@ def run(argv):
         groups = experiments(runs)
         finished = [g for g in groups if g['test_bpc'] is not None]
         done += finished
-        sections.append(f'{head}Runs{where}\n\n' + table(runs, columns(runs, bits), args.markdown))
+        runs_table = table(runs, columns(runs, bits, ['run'], ['seed']), args.markdown)
+        sections.append(f'{head}Runs{where}\n\n{runs_table}')
         baselines = sorted({b for g in groups for b in g['p']},
                            key=lambda b: (rank(b), len(b), b))
         if any(len(g['members']) > 1 for g in groups):
-            seeds = table(groups, columns(groups, bits, baselines), args.markdown)
+            seed_cols = columns(groups, bits, [], ['seeds', 'n'], baselines)
+            seeds = table(groups, seed_cols, args.markdown)
             sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
             if baselines:
                 sections.append(SIGNIFICANCE)
