@@ -35,7 +35,7 @@ NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_ste
 NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
-OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling', 'data'}   # never in 'flags'
+OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling'}   # never in 'flags'
 # (head, field, format) of the numbers both tables show, the seeds table as mean ± std
 # (a byte run's heads say bytes and BPB)
 NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train_flops', '.3g'),
@@ -85,7 +85,7 @@ def mode_label(cfg):
 
 
 def read_log(log):
-    """<run>/log.jsonl → [(kind, record)], kind 'diverged' for a diverged record. A
+    """<run>/log.jsonl → [record], its kind 'diverged' for a diverged record. A
     damaged line is one error naming it (no JSON object, no number in NUMBERS); a last
     line cut short (a run writing it now) is left out with a note."""
     if not log.is_file():   # a FIFO (or a folder): reading would wait for a writer forever
@@ -93,10 +93,10 @@ def read_log(log):
     lines = log.read_bytes().decode('utf-8', errors='replace').split('\n')
     records = []
     for i, line in enumerate(lines, 1):
-        rec = {}
+        if not line.strip():
+            continue
         try:
-            if line.strip():
-                rec = json.loads(line)
+            rec = json.loads(line)
         except (ValueError, RecursionError):   # RecursionError: '[[[[...' too deep
             if i == len(lines):   # after the last line end: cut short
                 print(f'note: {log}: skipped its last line {i}, cut short', file=sys.stderr)
@@ -112,10 +112,10 @@ def read_log(log):
             v = rec.get(key)
             if v is None and not (key == 'step' and kind in STEP_KINDS):
                 continue
-            too_big = type(v) is int and v > sys.float_info.max   # float(v) would overflow
-            if type(v) not in (int, float) or v < 0 or too_big:
+            # (an int that float(v) would overflow is none train.py writes)
+            if type(v) not in (int, float) or v < 0 or type(v) is int and v > sys.float_info.max:
                 raise UserError(f'{log} line {i}: {key} must be a number >= 0, not {v!r:.40}')
-        records.append((kind, rec))
+        records.append(dict(rec, kind=kind))
     return records
 
 
@@ -150,16 +150,16 @@ def summarize(run):
     its curve (its validation records)."""
     cfg = {}
     recs = []
-    for kind, rec in read_log(run / 'log.jsonl'):
+    for rec in read_log(run / 'log.jsonl'):
         # a restart: --resume redoes the steps after resumed_from; a run without it starts
         # over (no evaluation counts)
-        if kind == 'config':
+        if rec['kind'] == 'config':
             start = rec.get('resumed_from') or 0
             recs = [prev for prev in recs
                     if prev['step'] <= start and (start or prev['kind'] == 'train')]
             cfg = rec
-        elif kind in STEP_KINDS:
-            recs.append(dict(rec, kind=kind))
+        elif rec['kind'] in STEP_KINDS:
+            recs.append(rec)
     # a byte run's records say bpb where a character run's say bpc
     bits = 'BPC'
     if cfg.get('unit') == 'byte':
@@ -260,17 +260,17 @@ def group_seeds(rows):
     samples of every number."""
     groups = collections.defaultdict(list)
     for row in rows:
+        config = dict(row['config'], data_id=row['data_id'])
         key = tuple(sorted((k, json.dumps(v, sort_keys=True))
-                           for k, v in row['config'].items() if k not in NOT_THE_EXPERIMENT))
-        key += (('data_id', row['data_id']),)
+                           for k, v in config.items() if k not in NOT_THE_EXPERIMENT))
         groups[row['done'], key].append(dict(row, key=key))
     out = []
     for members in groups.values():
-        samples = collections.defaultdict(list)
-        for member in members:
-            samples[member['seed']].append(member)
         # seeds in order, so the runs' order changes nothing
-        samples = dict(sorted(samples.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+        members.sort(key=lambda m: (m['seed'] is None, m['seed'] or 0))
+        samples = {}
+        for member in members:
+            samples.setdefault(member['seed'], []).append(member)
         first = members[0]
         shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
         # n counts samples; the runs where a seed has replicas
@@ -295,24 +295,24 @@ def experiments(rows):
     out = group_seeds(rows)
     done = [g for g in out if g['test_bpc'] is not None]
     for g in done:
-        bases = [b for b in done if b['boundary'] in BASELINES and b['shape'] == g['shape']]
-        # equal compute: a run trained to a FLOP budget, against the vanilla runs of its
-        # shape (less the budget) that spent as much
-        for v in done:
-            if (g['flop_budget'] and v['boundary'] == 'none' and not v['flop_budget']
-                    and v['train_flops'] and v['shape'][:-1] == g['shape'][:-1]
-                    and math.isclose(v['train_flops'][0], g['flop_budget'], rel_tol=1e-3)):
-                bases.append(v)
+        # its shape's baselines; and equal compute: a run trained to a FLOP budget, against
+        # the vanilla runs of its shape (less the budget) that spent as much
+        bases = []
+        for b in done:
+            spent = (g['flop_budget'] and b['boundary'] == 'none' and not b['flop_budget']
+                     and b['train_flops'] and b['shape'][:-1] == g['shape'][:-1]
+                     and math.isclose(b['train_flops'][0], g['flop_budget'], rel_tol=1e-3))
+            if b is not g and b['boundary'] in BASELINES and (b['shape'] == g['shape'] or spent):
+                bases.append(b)
         # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
-        twin = [kv for kv in g['key'] if kv[0] != 'pooling']
-        twins = [t for t in done if ('pooling', '"last"') in g['key']
-                 and [kv for kv in t['key'] if kv != ('pooling', '"mean"')] == twin]
+        twins = [t for t in done if ('pooling', '"last"') in g['key'] and t is not g
+                 and dict(t['key'], pooling='"mean"') == dict(g['key'], pooling='"mean"')]
         # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
-        for base in [b for b in bases if b is not g] + twins:
+        for base in bases + twins:
             seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
-            with warnings.catch_warnings():   # fewer than 2 pairs: p NaN, shown as '-'
-                warnings.simplefilter('ignore')
+            # fewer than 2 pairs: p NaN, shown as '-'
+            with warnings.catch_warnings(action='ignore'):
                 t = scipy.stats.ttest_rel([sample(g['samples'][s], 'test_bpc') for s in seeds],
                                           [sample(base['samples'][s], 'test_bpc') for s in seeds])
             g['p'][base['mode']] = float(t.pvalue)
@@ -357,36 +357,32 @@ def cell(row, key, kind):
 
 def table(rows, cols, markdown):
     """Aligned text or Markdown of cols, each (head, key, kind) for cell()."""
-    heads = [head for head, _, _ in cols]
-    cells = [[cell(row, key, kind) for _, key, kind in cols] for row in rows]
+    lines = [[head for head, _, _ in cols]]
+    lines += [[cell(row, key, kind) for _, key, kind in cols] for row in rows]
     if markdown:
-        lines = ['| ' + ' | '.join(line) + ' |' for line in [heads] + cells]
-        lines.insert(1, '|' + '---|' * len(heads))
+        lines = ['| ' + ' | '.join(line) + ' |' for line in lines]
+        lines.insert(1, '|' + '---|' * len(cols))
         return '\n'.join(lines)
-    widths = [max(len(x) for x in column) for column in zip(heads, *cells)]
+    widths = [max(map(len, column)) for column in zip(*lines)]
     # numbers to the right, text to the left
-    lines = []
-    for line in [heads] + cells:
+    text = []
+    for line in lines:
         padded = [x.ljust(w) if kind in (None, 'steps') else x.rjust(w)
                   for x, w, (_, _, kind) in zip(line, widths, cols)]
-        lines.append('  '.join(padded).rstrip())
-    return '\n'.join(lines)
+        text.append('  '.join(padded).rstrip())
+    return '\n'.join(text)
 
 
-def columns(rows, bits, baselines=None):
-    """The columns of the runs table, or of the seeds table (baselines given: a p column
-    each): 'flags' where they differ, 'budget' where a FLOP budget is."""
-    heads = ['mode', 'data']
+def columns(rows, bits, first, last, baselines=()):
+    """The columns of the runs table or of the seeds table: first, the mode, the data,
+    'flags' where they differ, 'budget' where a FLOP budget is, last, the steps, the
+    numbers and a p column per baseline."""
+    heads = first + ['mode', 'data']
     if any(row['flags'] for row in rows):
         heads.append('flags')
     if any(row['flop_budget'] for row in rows):
         heads.append('budget')
-    if baselines is None:
-        heads = ['run'] + heads + ['seed']
-        baselines = []
-    else:
-        heads += ['seeds', 'n']
-    cols = [(head, head, None) for head in heads] + [('steps', 'steps', 'steps')]
+    cols = [(head, head, None) for head in heads + last] + [('steps', 'steps', 'steps')]
     for head, key, kind in NUMBER_COLUMNS:
         # a byte run's tokens are bytes
         if bits == 'BPB':
@@ -410,30 +406,30 @@ def by_data(groups, markdown):
     mode_label names it) and kind of budget, each cell's entries made from one
     experiment's record each, named by their budget where the row has several and by
     their flags where the cell's differ."""
-    rows = {}
+    by_row = {}
     for g in sorted(groups, key=order):
-        row = rows.setdefault((g['mode'], bool(g['flop_budget'])),
-                              dict(mode=g['mode'], budgets={}, cells={}))
-        # a FLOP budget of one shape differs between datasets
-        row['budgets'][g['budget']] = True
-        row['cells'].setdefault(g['data'], []).append(g)
+        by_row.setdefault((g['mode'], bool(g['flop_budget'])), []).append(g)
     datasets = list(dict.fromkeys(g['data'] for g in groups))
-    for row in rows.values():
-        row['budget'] = ' / '.join(row['budgets'])
+    rows = []
+    for (mode, _), experiments in by_row.items():
+        # a FLOP budget of one shape differs between datasets
+        budgets = list(dict.fromkeys(g['budget'] for g in experiments))
+        row = dict(mode=mode, budget=' / '.join(budgets))
         for data in datasets:
+            here = [g for g in experiments if g['data'] == data]
             entries = []
-            here = row['cells'].get(data, [])
             for g in here:
                 names = []
-                if len(row['budgets']) > 1:
+                if len(budgets) > 1:
                     names.append(g['budget'])
                 if len({other['flags'] for other in here}) > 1:
                     names.append(g['flags'])
                 result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
                 entries.append(': '.join(names + [result]))
             row[data] = ' / '.join(entries) or '-'
+        rows.append(row)
     cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
-    return table(list(rows.values()), cols, markdown)
+    return table(rows, cols, markdown)
 
 
 def bits_of(rows, flag):
@@ -605,11 +601,13 @@ def run(argv):
         groups = experiments(runs)
         finished = [g for g in groups if g['test_bpc'] is not None]
         done += finished
-        sections.append(f'{head}Runs{where}\n\n' + table(runs, columns(runs, bits), args.markdown))
+        runs_table = table(runs, columns(runs, bits, ['run'], ['seed']), args.markdown)
+        sections.append(f'{head}Runs{where}\n\n{runs_table}')
         baselines = sorted({b for g in groups for b in g['p']},
                            key=lambda b: (rank(b), len(b), b))
         if any(len(g['members']) > 1 for g in groups):
-            seeds = table(groups, columns(groups, bits, baselines), args.markdown)
+            seed_cols = columns(groups, bits, [], ['seeds', 'n'], baselines)
+            seeds = table(groups, seed_cols, args.markdown)
             sections.append(f'{head}Mean ± std over seeds{where}\n\n{seeds}')
             if baselines:
                 sections.append(SIGNIFICANCE)
