@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -120,7 +119,7 @@ class Parser(common.Parser):
 def parser():
     """study.sh's flags; list flags take words apart by spaces or commas."""
     p = Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
-                      epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
+               epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
     p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
     p.add_argument('--steps', type=common.positive_int,
                    help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
@@ -142,8 +141,8 @@ def parser():
                    help="the text8 slice's text")
     p.add_argument('--raw-dir', type=common.nonblank, default=f'{AT}../shared/data/raw',
                    help="a language's raw text: <L>.txt")
-    p.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE',
-                   help='a boundary source to register (as train.py), passed to every run')
+    # as train.py's, passed on to every run
+    presets.add_import_flag(p)
     p.add_argument('--device', type=common.nonblank, default='cpu',
                    help="cpu (default), cuda: the GPU preset, the paper's recipe")
     p.add_argument('--jobs', type=common.positive_int, default=1, help='CPU runs at a time')
@@ -244,8 +243,8 @@ def dataset_of(args, lang, V=None):
 
 
 def plan(args):
-    """The part's runs → {name: (dataset, train.py flags)} in order; a run that two
-    parts share (vanilla at seed 1337 in seeds and pareto) is planned once."""
+    """The part's runs → {name: (language, dataset, train.py flags)} in order; a run that
+    two parts share (vanilla at seed 1337 in seeds and pareto) is planned once."""
     runs = {}
 
     def add(name, lang, m, *flags):
@@ -255,7 +254,7 @@ def plan(args):
             V = int(m[9:])
             m = 'unigram'
         flags = [*mode_flags(m, lang), *flags, '--seed', str(seed)]
-        runs.setdefault(f'{name}-s{seed}', (dataset_of(args, lang, V), flags))
+        runs.setdefault(f'{name}-s{seed}', (lang, dataset_of(args, lang, V), flags))
     for seed in args.seeds:
         if args.part in ('seeds', 'all'):
             # names as the pareto part's, so the runs both parts have run once
@@ -275,11 +274,11 @@ def plan(args):
                 add(f'{m}-l{n}', 'text8', m, '--layers', f'2,{n - 4},2')
     if args.part not in ('pareto', 'all'):
         return runs
+    # fixed k = 1 is vanilla
+    modes = [*(f'unigram-u{V}' for V in (200, 500, 1000, 3000, 5000, 10000)),
+             *(f'gumbel-a{a}' for a in ('0.20', '0.25', '0.30', '0.37', '0.45')),
+             'none', *(f'fixed{k}' for k in range(2, 7))]
     for seed, lang in itertools.product(args.pareto_seeds, args.langs):
-        # fixed k = 1 is vanilla
-        modes = [*(f'unigram-u{V}' for V in (200, 500, 1000, 3000, 5000, 10000)),
-                 *(f'gumbel-a{a}' for a in ('0.20', '0.25', '0.30', '0.37', '0.45')),
-                 'none', *(f'fixed{k}' for k in range(2, 7))]
         for m in modes:
             # the text8 slice's runs keep their names of part seeds
             name = f'{lang}-{m}'
@@ -289,10 +288,11 @@ def plan(args):
     return runs
 
 
-def train_command(args, run, data, flags, threads=None):
-    """train.py's command for a run of the plan: the dry run prints, --emit writes and
-    the runner starts this one. threads: each run's --threads (None: the machine's that
-    runs it decides)."""
+def train_command(args, run, threads=None):
+    """train.py's command for a run of the plan (args.runs): the dry run prints, --emit
+    writes and the runner starts this one. threads: each run's --threads (None: the
+    machine's that runs it decides)."""
+    _, data, flags = args.runs[run]
     script = f'{AT}train.py'
     cmd = ['python', script]
     if args.nproc:
@@ -304,7 +304,7 @@ def train_command(args, run, data, flags, threads=None):
     cmd += ['--out', f'{args.out}/{run}']
     if Path(args.out, run, 'ckpt.pt').exists():
         cmd.append('--resume')
-    for name in args.imports:
+    for name in args.imports or []:
         cmd += ['--import', name]
     if threads:
         cmd += ['--threads', str(threads)]
@@ -429,7 +429,7 @@ def cost(args, flops):
     return said
 
 
-def check(args, runs):
+def check(args):
     """The plan as the dry run prints it, all checked before anything is prepared or run:
     each dataset's command to prepare it, or a comment for a prepared one (the paper's
     parts refuse data that is not the paper's, in dataset.paper_data_problem's one line;
@@ -453,11 +453,11 @@ def check(args, runs):
     todo = []
     flops = []
     n_assumed = 0
-    for run, (data, flags) in runs.items():
+    for run, (_, data, _) in args.runs.items():
         if finished(args, run):
             lines.append(f'# {args.out}/{run}: finished, skipped')
             continue
-        cmd = train_command(args, run, data, flags, args.threads)
+        cmd = train_command(args, run, args.threads)
         run_cost, sf, assumed = run_flops(args, cmd, read_meta(args, data) or {})
         todo.append(run)
         flops.append(run_cost)
@@ -469,8 +469,8 @@ def check(args, runs):
             n_assumed += 1
         lines.append(f'{shlex.join(cmd)}    # {run_cost:.2e} FLOPs{note}')
     n_resume = sum(Path(args.out, run, 'ckpt.pt').exists() for run in todo)
-    lines.insert(0, f'# study: part {args.part}, {len(runs)} runs x {args.steps} steps in '
-                 f'{args.out}: {len(runs) - len(todo)} finished, {n_resume} to resume, '
+    lines.insert(0, f'# study: part {args.part}, {len(args.runs)} runs x {args.steps} steps in '
+                 f'{args.out}: {len(args.runs) - len(todo)} finished, {n_resume} to resume, '
                  f'{len(todo) - n_resume} to start')
     total = f'total: {sum(flops):.2e} FLOPs'
     if n_assumed:
@@ -492,12 +492,12 @@ def prepare(args):
             sys.exit(code)
 
 
-def emit(args, runs, todo):
+def emit(args, todo):
     """The runs to do written to --emit, one command a line that runs from any directory
     (for a scheduler: docs/slurm-array.sh), without --threads: the machine that runs it
     decides."""
     cd = f'cd {shlex.quote(os.getcwd())} && '
-    lines = [cd + shlex.join(train_command(args, run, *runs[run])) for run in todo]
+    lines = [cd + shlex.join(train_command(args, run)) for run in todo]
     common.write_atomic(args.emit, ''.join(f'{line}\n' for line in lines))
     print(f'{len(lines)} runs in {args.emit}')
 
@@ -510,7 +510,7 @@ def interrupted(signum, frame):
     raise UserError('interrupted; run the same command to resume', code=code)
 
 
-def run_all(args, runs, todo):
+def run_all(args, todo):
     """Each run to do started on the first free slot, its output in <out>/<run>.log
     where several run at a time, in a session of its own: Ctrl-C and SIGTERM reach the
     study, which stops every run with SIGTERM (train.py saves, then exits 75) and then
@@ -536,7 +536,7 @@ def run_all(args, runs, todo):
             if not free:
                 wait_one()
             slot = free.pop(0)
-            cmd = train_command(args, run, *runs[run], args.threads)
+            cmd = train_command(args, run, args.threads)
             env = dict(os.environ)
             said = ''
             if slot is not None:
@@ -584,40 +584,39 @@ def plot_scaling(dirs, path):
     """The scaling study's figure: test BPC (the mean over seeds) against the layers in
     all and against the training FLOPs, a line per mode and budget (equal steps, FLOP
     budget)."""
-    # report.py's reading of a run (imported here: scipy, which it imports, is slow to load)
+    # report.py's reading of runs (imported here: scipy, which it imports, is slow to load)
     import report
-    rows = [r for r in map(report.summarize, map(Path, dirs)) if r['test_bpc'] is not None]
-    if not rows:
+    groups = report.group_seeds([report.summarize(Path(d)) for d in dirs])
+    lines = {}
+    for g in sorted(groups, key=lambda g: sum(g['config']['layers'])):
+        budget = g['budget']
+        if g['flop_budget']:
+            budget = 'FLOP budget'
+        if g['test_bpc']:
+            lines.setdefault(f"{g['mode']}, {budget}", []).append(g)
+    if not lines:
         return
     plt = common.import_pyplot('the scaling plot')
     fig, (by_layers, by_flops) = plt.subplots(1, 2, figsize=(10, 4))
-    kinds = {}
-    for r in rows:
-        budget = r['budget']
-        if r['flop_budget']:
-            budget = 'FLOP budget'
-        by_depth = kinds.setdefault(f"{r['mode']}, {budget}", {})
-        by_depth.setdefault(sum(r['config']['layers']), []).append(r)
-    for label, by_depth in kinds.items():
-        depths = sorted(by_depth)
-        bpc = [statistics.mean(r['test_bpc'] for r in by_depth[n]) for n in depths]
-        flops = [statistics.mean(r['train_flops'] for r in by_depth[n]) for n in depths]
-        by_layers.plot(depths, bpc, 'o-', label=label)
-        by_flops.plot(flops, bpc, 'o-', label=label)
-    by_layers.set(xlabel='layers in all', ylabel=f"test {rows[0]['bits']} (mean over seeds)")
+    for label, line in lines.items():
+        bpc = [g['test_bpc'][0] for g in line]
+        by_layers.plot([sum(g['config']['layers']) for g in line], bpc, 'o-', label=label)
+        by_flops.plot([g['train_flops'][0] for g in line], bpc, 'o-', label=label)
+    bits = groups[0]['bits']
+    by_layers.set(xlabel='layers in all', ylabel=f'test {bits} (mean over seeds)')
     by_flops.set(xlabel='training FLOPs', xscale='log')
     by_layers.legend(fontsize=8)
     fig.tight_layout()
     common.write_atomic(path, lambda tmp: fig.savefig(tmp, format='png', dpi=120))
-    print(f'plot: {path} (test {rows[0]["bits"]} against the layers and the training FLOPs)')
+    print(f'plot: {path} (test {bits} against the layers and the training FLOPs)')
 
 
-def report_part(args, runs):
+def report_part(args):
     """report.py over the part's runs that have a log: the tables and the plot of the
     part (<out>/<part>.md, .png); languages, table1 and pareto over several languages
     one of each per language too (<out>/<part>-<lang>.*) → what failed."""
-    dirs = [f'{args.out}/{run}' for run in runs
-            if Path(args.out, run, 'log.jsonl').exists()]
+    done = [run for run in args.runs if Path(args.out, run, 'log.jsonl').exists()]
+    dirs = [f'{args.out}/{run}' for run in done]
     png = f'{args.out}/{args.part}.png'
     failed = []
     if not dirs:
@@ -625,10 +624,7 @@ def report_part(args, runs):
     several = args.part == 'pareto' and args.langs != ['text8']
     if args.part in ('languages', 'table1') or several:
         for lang in args.langs:
-            # a run's language is its name's prefix; none: the text8 slice
-            prefixes = [Path(d).name.split('-')[0] for d in dirs]
-            mine = [d for d, first in zip(dirs, prefixes)
-                    if first == lang or (lang == 'text8' and first not in args.langs)]
+            mine = [f'{args.out}/{run}' for run in done if args.runs[run][0] == lang]
             if mine:
                 failed += write_report(args, f'{args.part}-{lang}', mine, '--plot',
                                        f'{args.out}/{args.part}-{lang}.png')
@@ -644,19 +640,19 @@ def run(argv):
     runs written to --emit or run, then reported."""
     args = parse(argv)
     args.datasets = {}
-    runs = plan(args)
-    lines, todo = check(args, runs)
+    args.runs = plan(args)
+    lines, todo = check(args)
     if args.dry_run:
         print('\n'.join(lines))
         return
     print('\n'.join(line for line in lines if line.startswith('#')), flush=True)
     prepare(args)
     if args.emit:
-        emit(args, runs, todo)
+        emit(args, todo)
         return
     common.make_folder(args.out)
-    failed, stopped = run_all(args, runs, todo)
-    failed += report_part(args, runs)
+    failed, stopped = run_all(args, todo)
+    failed += report_part(args)
     resume = ''
     if stopped:
         resume = f"(stopped to be resumed: {' '.join(stopped)}) "
