@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -47,12 +46,13 @@ PARTS = dict(
            'last token',
     scaling='total layers (--scaling-layers): 2 + 2 outer layers, the shortened stage grown',
 )
-# Each part's languages, modes and steps where the flags leave them open.
+# Each part's languages and modes where the flags leave them open (steps: 1000, the
+# paper's 200000 in the parts at its scale).
 PART_DEFAULTS = dict(
     languages=dict(langs='text8 fi he vi', modes='none fixed2 whitespace unigram entropy gumbel '
                    'hnet'),
-    table1=dict(steps=200_000, langs='text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi '
-                'cc100-en', modes='none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace'),
+    table1=dict(langs='text8 wiki40b-en wiki40b-fi wiki40b-he wiki40b-vi cc100-en',
+                modes='none fixed2 fixed3 fixed4 gumbel entropy unigram whitespace'),
     table2=dict(modes='fixed2 entropy whitespace'),
     scaling=dict(modes='none whitespace'),
 )
@@ -119,7 +119,7 @@ class Parser(common.Parser):
 def parser():
     """study.sh's flags; list flags take words apart by spaces or commas."""
     p = Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
-                      epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
+               epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
     p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
     p.add_argument('--steps', type=common.positive_int,
                    help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
@@ -141,8 +141,8 @@ def parser():
                    help="the text8 slice's text")
     p.add_argument('--raw-dir', type=common.nonblank, default=f'{AT}../shared/data/raw',
                    help="a language's raw text: <L>.txt")
-    p.add_argument('--import', dest='imports', action='append', default=[], metavar='FILE',
-                   help='a boundary source to register (as train.py), passed to every run')
+    # as train.py's, passed on to every run
+    presets.add_import_flag(p)
     p.add_argument('--device', type=common.nonblank, default='cpu',
                    help="cpu (default), cuda: the GPU preset, the paper's recipe")
     p.add_argument('--jobs', type=common.positive_int, default=1, help='CPU runs at a time')
@@ -167,24 +167,22 @@ def parse(argv):
     """Flags → args, with each part's defaults, the slots runs go to and train.py's
     flags (after --); the --import files imported first, so that their modes are
     known."""
-    cut = len(argv)
-    if '--' in argv:
-        cut = argv.index('--')
+    cut = (argv + ['--']).index('--')
     presets.import_sources(argv[:cut])
     args = parser().parse_args(argv[:cut])
     args.train_flags = argv[cut + 1:]
     if args.gpus:
         args.device = 'cuda'
     # On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
-    args.paper_scale = args.device.startswith('cuda') and args.part in ('table2', 'scaling')
-    args.paper = args.paper_scale or args.part == 'table1'
-    defaults = dict(langs='text8', modes='', steps=1000)
-    defaults.update(PART_DEFAULTS.get(args.part, {}))
-    if args.paper_scale:
-        defaults['steps'] = 200_000
-    args.steps = args.steps or defaults['steps']
-    args.langs = args.langs or defaults['langs'].split()
-    args.modes = args.modes or defaults['modes'].split()
+    on_gpu = args.device.startswith('cuda') and args.part in ('table2', 'scaling')
+    args.paper = on_gpu or args.part == 'table1'
+    defaults = PART_DEFAULTS.get(args.part, {})
+    args.langs = args.langs or defaults.get('langs', 'text8').split()
+    args.modes = args.modes or defaults.get('modes', '').split()
+    if not args.steps:
+        args.steps = 1000
+        if args.paper:
+            args.steps = 200_000
     args.out = args.out or f'{AT}runs/study-{args.steps}'
     # Where runs go, one at a time each: a GPU (or --nproc of them), or a CPU job.
     per_run = args.nproc or 1
@@ -193,8 +191,8 @@ def parse(argv):
         if len(args.gpus) % per_run:
             raise UserError(f'--gpus: {len(args.gpus)} GPUs do not split into --nproc '
                             f'{per_run}', code=2)
-        ids = [str(i) for i in args.gpus]
-        args.slots = [','.join(ids[i:i + per_run]) for i in range(0, len(ids), per_run)]
+        args.slots = [','.join(map(str, args.gpus[i:i + per_run]))
+                      for i in range(0, len(args.gpus), per_run)]
     # the machine's cores split between the runs at a time
     args.threads = max(1, len(os.sched_getaffinity(0)) // len(args.slots))
     return args
@@ -208,20 +206,22 @@ def lang_code(lang):
 
 
 def mode_flags(name, lang):
-    """train.py's flags of a mode by name: fixedK any k, gumbel at its language's
-    prior."""
+    """train.py's flags of a mode by name: fixedK any k, gumbel at its language's prior
+    (the pareto runs' gumbel-aP at prior P)."""
     if name.startswith('fixed') and name != 'fixed':
         return ['--boundary', 'fixed', '--fixed-factor', name[5:]]
     if name == 'gumbel':
-        return ['--boundary', 'gumbel', '--prior', f"{LANGS[lang_code(lang)]['prior']:.2f}"]
+        name = f"gumbel-a{LANGS[lang_code(lang)]['prior']:.2f}"
+    if name.startswith('gumbel-a'):
+        return ['--boundary', 'gumbel', '--prior', name[8:]]
     return ['--boundary', name]
 
 
 def dataset_of(args, lang, V=None):
     """The dataset of a language with the Unigram labels of V pieces (default: the
-    language's) → its name; its prepare_data.py flags kept in args.datasets. text8 is
-    the slice of --input, the whole text8 in the paper's parts; L is --raw-dir's
-    L.txt."""
+    language's) → its name; the prepare_data.py command that makes it kept in
+    args.datasets. text8 is the slice of --input, the whole text8 in the paper's parts;
+    L is --raw-dir's L.txt."""
     code = lang_code(lang)
     kind = lang.rpartition('-')[0]
     name = lang
@@ -235,69 +235,64 @@ def dataset_of(args, lang, V=None):
         flags = ['--input', args.input, '--dataset', 'text8']
     elif kind:
         flags = ['--dataset', kind, '--lang', code]
-    args.datasets[name] = [*flags, '--unigram', V or LANGS[code]['unigram'], '--out-dir',
-                           args.data_dir, '--name', name]
+    cmd = dataset.prepare_command(*flags, '--unigram', V or LANGS[code]['unigram'],
+                                  '--out-dir', args.data_dir, '--name', name)
+    # this project's prepare_data.py, by its path
+    args.datasets[name] = ['python', f'{AT}prepare_data.py', *shlex.split(cmd)[2:]]
     return name
 
 
 def plan(args):
-    """The part's runs → {name: (dataset, train.py flags)} in order; a run that two
-    parts share (vanilla at seed 1337 in seeds and pareto) is planned once."""
+    """The part's runs → {name: (language, dataset, train.py flags)} in order; a run that
+    two parts share (vanilla at seed 1337 in seeds and pareto) is planned once."""
     runs = {}
 
-    def add(name, data, *flags):
-        runs.setdefault(f'{name}-s{seed}', (data, [*flags, '--seed', str(seed)]))
-    en = LANGS['en']
+    def add(name, lang, m, *flags):
+        # unigram-uV: on a dataset of its own, with the labels of V pieces
+        V = None
+        if m.startswith('unigram-u'):
+            V = int(m[9:])
+            m = 'unigram'
+        flags = [*mode_flags(m, lang), *flags, '--seed', str(seed)]
+        runs.setdefault(f'{name}-s{seed}', (lang, dataset_of(args, lang, V), flags))
     for seed in args.seeds:
         if args.part in ('seeds', 'all'):
             # names as the pareto part's, so the runs both parts have run once
-            for m in ('none', 'fixed2', 'whitespace', f"unigram-u{en['unigram']}", 'entropy',
-                      f"gumbel-a{en['prior']:.2f}", 'hnet'):
-                add(m, dataset_of(args, 'text8'), *mode_flags(m.split('-')[0], 'text8'))
-        if args.part in ('languages', 'table1'):
-            for lang, m in itertools.product(args.langs, args.modes):
-                add(f'{lang}-{m}', dataset_of(args, lang), *mode_flags(m, lang))
-                if args.part == 'languages' and m != 'none':
-                    add(f'{lang}-{m}-flops', dataset_of(args, lang), *mode_flags(m, lang),
-                        '--flop-budget', f'vanilla:{args.steps}')
-        if args.part == 'table2':
-            for m, pool in itertools.product(args.modes, ('mean', 'last')):
-                add(f'{m}-{pool}', dataset_of(args, 'text8'),
-                    *mode_flags(m, 'text8'), '--pooling', pool)
-        if args.part == 'scaling':
-            for n, m in itertools.product(args.scaling_layers, args.modes):
-                add(f'{m}-l{n}', dataset_of(args, 'text8'), *mode_flags(m, 'text8'),
-                    '--layers', f'2,{n - 4},2')
+            for m in ('none', 'fixed2', 'whitespace', 'unigram-u10000', 'entropy', 'gumbel-a0.20',
+                      'hnet'):
+                add(m, 'text8', m)
+        for lang, m in itertools.product(args.langs, args.modes):
+            if args.part in ('languages', 'table1'):
+                add(f'{lang}-{m}', lang, m)
+            if args.part == 'languages' and m != 'none':
+                add(f'{lang}-{m}-flops', lang, m, '--flop-budget', f'vanilla:{args.steps}')
+        for m, pool in itertools.product(args.modes, ('mean', 'last')):
+            if args.part == 'table2':
+                add(f'{m}-{pool}', 'text8', m, '--pooling', pool)
+        for n, m in itertools.product(args.scaling_layers, args.modes):
+            if args.part == 'scaling':
+                add(f'{m}-l{n}', 'text8', m, '--layers', f'2,{n - 4},2')
     if args.part not in ('pareto', 'all'):
         return runs
+    # fixed k = 1 is vanilla
+    modes = [*(f'unigram-u{V}' for V in (200, 500, 1000, 3000, 5000, 10000)),
+             *(f'gumbel-a{a}' for a in ('0.20', '0.25', '0.30', '0.37', '0.45')),
+             'none', *(f'fixed{k}' for k in range(2, 7))]
     for seed, lang in itertools.product(args.pareto_seeds, args.langs):
-        # the text8 slice's runs keep their names of part seeds
-        r = f'{lang}-'
-        if lang == 'text8':
-            r = ''
-        for V in (200, 500, 1000, 3000, 5000, 10000):
-            add(f'{r}unigram-u{V}', dataset_of(args, lang, V), '--boundary', 'unigram')
-        for a in ('0.20', '0.25', '0.30', '0.37', '0.45'):
-            add(f'{r}gumbel-a{a}', dataset_of(args, lang), '--boundary', 'gumbel', '--prior', a)
-        # fixed k = 1 is vanilla
-        add(f'{r}none', dataset_of(args, lang), '--boundary', 'none')
-        for k in range(2, 7):
-            add(f'{r}fixed{k}', dataset_of(args, lang), *mode_flags(f'fixed{k}', lang))
+        for m in modes:
+            # the text8 slice's runs keep their names of part seeds
+            name = f'{lang}-{m}'
+            if lang == 'text8':
+                name = m
+            add(name, lang, m)
     return runs
 
 
-def prepare_command(args, name):
-    """prepare_data.py's command for a dataset of the plan: dataset.prepare_command's,
-    naming this project's prepare_data.py by its path."""
-    words = shlex.split(dataset.prepare_command(*args.datasets[name]))
-    words[1] = f'{AT}prepare_data.py'
-    return words
-
-
-def train_command(args, run, data, flags, threads=None):
-    """train.py's command for a run of the plan: the dry run prints, --emit writes and
-    the runner starts this one. threads: each run's --threads (None: the machine's that
-    runs it decides)."""
+def train_command(args, run, threads=None):
+    """train.py's command for a run of the plan (args.runs): the dry run prints, --emit
+    writes and the runner starts this one. threads: each run's --threads (None: the
+    machine's that runs it decides)."""
+    _, data, flags = args.runs[run]
     script = f'{AT}train.py'
     cmd = ['python', script]
     if args.nproc:
@@ -309,7 +304,7 @@ def train_command(args, run, data, flags, threads=None):
     cmd += ['--out', f'{args.out}/{run}']
     if Path(args.out, run, 'ckpt.pt').exists():
         cmd.append('--resume')
-    for name in args.imports:
+    for name in args.imports or []:
         cmd += ['--import', name]
     if threads:
         cmd += ['--threads', str(threads)]
@@ -326,17 +321,14 @@ def finished(args, run):
 
 def read_meta(args, name):
     """A prepared dataset's meta.json as a dict, or None where it is not prepared ({}
-    where it cannot be read: train.py will say why)."""
-    path = Path(args.data_dir, name, 'meta.json')
-    if not path.exists():
+    where it is unreadable or broken: train.py will say why)."""
+    folder = Path(args.data_dir, name)
+    if not (folder / 'meta.json').exists():
         return None
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        meta = {}
-    if isinstance(meta, dict):
-        return meta
-    return {}
+        return dataset.read_meta(folder)
+    except (UserError, OSError):
+        return {}
 
 
 def shortening(a, meta, assume_sf):
@@ -347,7 +339,11 @@ def shortening(a, meta, assume_sf):
     "unigram_sets", else the default "unigram"); else (entropy, a source of one's own,
     data not prepared yet) assume_sf."""
     boundary = a['boundary']
-    sf = None
+    sets = meta.get('unigram_sets') or {}
+    labels = sets.get(str(a.get('unigram'))) or meta.get('unigram') or {}
+    recorded = dict(whitespace=meta.get('whitespace_shortening_factor'),
+                    unigram=labels.get('shortening_factor'))
+    sf = (recorded.get(boundary) or {}).get('train')
     if boundary == 'none':
         sf = 1
     elif boundary == 'fixed':
@@ -356,46 +352,38 @@ def shortening(a, meta, assume_sf):
         sf = 1 / a['prior']
     elif boundary == 'hnet':
         sf = a['ratio_target']
-    elif boundary in ('whitespace', 'unigram'):
-        sets = meta.get('unigram_sets') or {}
-        labels = sets.get(str(a.get('unigram'))) or meta.get('unigram')
-        by_split = (labels or {}).get('shortening_factor')
-        if boundary == 'whitespace':
-            by_split = meta.get('whitespace_shortening_factor')
-        sf = (by_split or {}).get('train')
     if sf is None:
         return assume_sf, True
     return sf, False
 
 
-def run_flops(args, train_parser, cmd, meta):
+def run_flops(args, cmd, meta):
     """A train.py command's training FLOPs at its preset's shape (dynpool.step_flops),
     its words read by train.py's parser (one error line, exit 2) → (FLOPs, SF or None
     for a FLOP budget, whether the SF is assumed)."""
     script = [w.endswith('train.py') for w in cmd].index(True)
-    flags = vars(train_parser.parse_args(cmd[script + 1:]))
+    flags = vars(args.train_parser.parse_args(cmd[script + 1:]))
     preset = presets.CPU_PRESET
     if args.device.startswith('cuda'):
         preset = presets.GPU_PRESET
     a = {**presets.COMMON, **args.model_defaults, **preset,
          **{k: v for k, v in flags.items() if v is not None}}
-    cfg = presets.config_from_dict(a, vocab_size=(meta or {}).get('vocab_size', 27),
-                                   whitespace_id=0)
+    cfg = presets.config_from_dict(a, vocab_size=meta.get('vocab_size', 27), whitespace_id=0)
     if flags['flop_budget']:
         budget = presets.budget_flops(flags['flop_budget'], cfg, a['batch_size'], a['seq_len'])
         return budget, None, False
-    sf, assumed = shortening(a, meta or {}, args.assume_sf)
+    sf, assumed = shortening(a, meta, args.assume_sf)
     n_short = dynpool.shortened_length(a['seq_len'], sf)
     step = dynpool.step_flops(cfg, a['batch_size'], a['seq_len'], n_short)
     return a['max_steps'] * step, sf, assumed
 
 
-def wall_hours(hours, slots):
-    """Hours until the last run ends, each run started in order on the first slot
+def last_end(flops, slots):
+    """The FLOPs of the slot that ends last, each run started in order on the first slot
     free."""
-    ends = [0.0] * slots
-    for h in hours:
-        ends[ends.index(min(ends))] += h
+    ends = [0] * slots
+    for f in flops:
+        ends[ends.index(min(ends))] += f
     return max(ends)
 
 
@@ -411,10 +399,10 @@ def cost(args, flops):
     --peak-tflops, assumed; with several slots, the wall-clock time too."""
     cuda = args.device.startswith('cuda')
     device = f'CPU, {args.threads} threads'
+    unit = 'hours'
     if cuda:
-        device = None
-        if torch.cuda.is_available():
-            device = torch.cuda.get_device_name(args.device)
+        device = torch.cuda.is_available() and torch.cuda.get_device_name(args.device)
+        unit = 'GPU-hours'
     try:
         measured = json.loads(Path(args.bench).read_text()).get(device) or {}
     except (OSError, ValueError, AttributeError):
@@ -425,81 +413,68 @@ def cost(args, flops):
         how = f"on {device} at {speed:.3g} FLOP/s (measured {measured.get('date')})"
     elif cuda:
         speeds = [m * args.peak_tflops * 1e12 for m in args.mfu]
-        mfu = '-'.join(f'{m:.0%}' for m in sorted(set(args.mfu)))
+        mfu = '-'.join(dict.fromkeys(f'{m:.0%}' for m in args.mfu))
         how = (f'at {mfu} MFU of {args.peak_tflops:g} TFLOP/s (assumed: bench.py --preset paper '
                'has not measured this GPU)')
     else:
         return f'; no speed measured on {device} (bench.py --preset paper)'
-    unit = 'hours'
-    if cuda:
-        unit = 'GPU-hours'
     said = f'; about {span(sum(flops) / s / 3600 for s in speeds)} {unit} {how}'
     if len(args.slots) > 1:
-        per_run = args.nproc or 1
-        ends = [wall_hours([f / s / 3600 / per_run for f in flops], len(args.slots))
-                for s in speeds]
-        where = f'{len(args.gpus or [])} GPUs' if args.gpus else f'{args.jobs} jobs'
-        said += f'; {span(ends)} hours on {where}'
+        # a run on --nproc GPUs runs as many times as fast
+        wall = last_end(flops, len(args.slots)) / 3600 / (args.nproc or 1)
+        where = f'{args.jobs} jobs'
+        if args.gpus:
+            where = f'{len(args.gpus)} GPUs'
+        said += f'; {span(wall / s for s in speeds)} hours on {where}'
     return said
 
 
-def data_lines(args):
-    """The datasets of the plan as the dry run prints them: a command for each one still
-    to prepare, a comment for each prepared one. The paper's parts refuse data that is
-    not the paper's (dataset.paper_data_problem's one line); the others name it so."""
+def check(args):
+    """The plan as the dry run prints it, all checked before anything is prepared or run:
+    each dataset's command to prepare it, or a comment for a prepared one (the paper's
+    parts refuse data that is not the paper's, in dataset.paper_data_problem's one line;
+    the others name it so); each train.py command read by train.py's parser, with its
+    FLOPs and SF; then the total and its cost → (lines, names of the runs to do)."""
     lines = []
-    for name in args.datasets:
+    for name, cmd in args.datasets.items():
         path = Path(args.data_dir, name)
         if read_meta(args, name) is None:
-            lines.append(shlex.join(prepare_command(args, name)))
+            lines.append(shlex.join(cmd))
             continue
-        try:
-            problem = dataset.paper_data_problem(path)
-        except UserError as e:
-            problem = str(e)
+        problem = dataset.paper_data_problem(path)
         if problem and args.paper:
             raise UserError(problem)
         note = ''
         if problem:
             note = f" (not the paper's data: {problem})"
         lines.append(f'# {path}: prepared, used as it is{note}')
-    return lines
-
-
-def check(args, runs):
-    """The plan as the dry run prints it, all checked before anything is prepared or run
-    (data_lines; each train.py command read by train.py's parser), each run with its
-    FLOPs and SF, then the total and its cost → (lines, names of the runs to do)."""
-    lines = data_lines(args)
-    train_parser = presets.parser()
+    args.train_parser = presets.parser()
     args.model_defaults = presets.model_defaults()
     todo = []
     flops = []
-    assumed = []
-    n_resume = 0
-    for run, (data, flags) in runs.items():
+    n_assumed = 0
+    for run, (_, data, _) in args.runs.items():
         if finished(args, run):
             lines.append(f'# {args.out}/{run}: finished, skipped')
             continue
-        cmd = train_command(args, run, data, flags, args.threads)
-        n_resume += cmd.count('--resume')
-        run_cost, sf, guess = run_flops(args, train_parser, cmd, read_meta(args, data))
+        cmd = train_command(args, run, args.threads)
+        run_cost, sf, assumed = run_flops(args, cmd, read_meta(args, data) or {})
         todo.append(run)
         flops.append(run_cost)
         note = ''
         if sf is not None:
             note = f' at SF {sf:.2f}'
-        if guess:
+        if assumed:
             note += ' (assumed: --assume-sf)'
-            assumed.append(run)
+            n_assumed += 1
         lines.append(f'{shlex.join(cmd)}    # {run_cost:.2e} FLOPs{note}')
-    n_done = len(runs) - len(todo)
-    lines.insert(0, f'# study: part {args.part}, {len(runs)} runs x {args.steps} steps in '
-                 f'{args.out}: {n_done} finished, {n_resume} to resume, '
+    n_resume = sum(Path(args.out, run, 'ckpt.pt').exists() for run in todo)
+    lines.insert(0, f'# study: part {args.part}, {len(args.runs)} runs x {args.steps} steps in '
+                 f'{args.out}: {len(args.runs) - len(todo)} finished, {n_resume} to resume, '
                  f'{len(todo) - n_resume} to start')
     total = f'total: {sum(flops):.2e} FLOPs'
-    if assumed:
-        total += f', {len(assumed)} runs at an assumed SF {args.assume_sf:g}'
+    if n_assumed:
+        total += f', {n_assumed} runs at an assumed SF {args.assume_sf:g}'
     lines.append(total + cost(args, flops))
     return lines, todo
 
@@ -510,19 +485,19 @@ def prepare(args):
     for name in args.datasets:
         if read_meta(args, name) is not None:
             continue
-        cmd = prepare_command(args, name)
+        cmd = args.datasets[name]
         print(f'preparing {args.data_dir}/{name}: {shlex.join(cmd)}', flush=True)
         code = subprocess.run(cmd).returncode
         if code:
             sys.exit(code)
 
 
-def emit(args, runs, todo):
+def emit(args, todo):
     """The runs to do written to --emit, one command a line that runs from any directory
     (for a scheduler: docs/slurm-array.sh), without --threads: the machine that runs it
     decides."""
     cd = f'cd {shlex.quote(os.getcwd())} && '
-    lines = [cd + shlex.join(train_command(args, run, *runs[run])) for run in todo]
+    lines = [cd + shlex.join(train_command(args, run)) for run in todo]
     common.write_atomic(args.emit, ''.join(f'{line}\n' for line in lines))
     print(f'{len(lines)} runs in {args.emit}')
 
@@ -535,7 +510,7 @@ def interrupted(signum, frame):
     raise UserError('interrupted; run the same command to resume', code=code)
 
 
-def run_all(args, runs, todo):
+def run_all(args, todo):
     """Each run to do started on the first free slot, its output in <out>/<run>.log
     where several run at a time, in a session of its own: Ctrl-C and SIGTERM reach the
     study, which stops every run with SIGTERM (train.py saves, then exits 75) and then
@@ -561,7 +536,7 @@ def run_all(args, runs, todo):
             if not free:
                 wait_one()
             slot = free.pop(0)
-            cmd = train_command(args, run, *runs[run], args.threads)
+            cmd = train_command(args, run, args.threads)
             env = dict(os.environ)
             said = ''
             if slot is not None:
@@ -609,40 +584,39 @@ def plot_scaling(dirs, path):
     """The scaling study's figure: test BPC (the mean over seeds) against the layers in
     all and against the training FLOPs, a line per mode and budget (equal steps, FLOP
     budget)."""
-    # report.py's reading of a run (imported here: scipy, which it imports, is slow to load)
+    # report.py's reading of runs (imported here: scipy, which it imports, is slow to load)
     import report
-    rows = [r for r in map(report.summarize, map(Path, dirs)) if r['test_bpc'] is not None]
-    if not rows:
+    groups = report.group_seeds([report.summarize(Path(d)) for d in dirs])
+    lines = {}
+    for g in sorted(groups, key=lambda g: sum(g['config']['layers'])):
+        budget = g['budget']
+        if g['flop_budget']:
+            budget = 'FLOP budget'
+        if g['test_bpc']:
+            lines.setdefault(f"{g['mode']}, {budget}", []).append(g)
+    if not lines:
         return
     plt = common.import_pyplot('the scaling plot')
     fig, (by_layers, by_flops) = plt.subplots(1, 2, figsize=(10, 4))
-    kinds = {}
-    for r in rows:
-        budget = r['budget']
-        if r['flop_budget']:
-            budget = 'FLOP budget'
-        by_depth = kinds.setdefault(f"{r['mode']}, {budget}", {})
-        by_depth.setdefault(sum(r['config']['layers']), []).append(r)
-    for label, by_depth in kinds.items():
-        depths = sorted(by_depth)
-        bpc = [statistics.mean(r['test_bpc'] for r in by_depth[n]) for n in depths]
-        flops = [statistics.mean(r['train_flops'] for r in by_depth[n]) for n in depths]
-        by_layers.plot(depths, bpc, 'o-', label=label)
-        by_flops.plot(flops, bpc, 'o-', label=label)
-    by_layers.set(xlabel='layers in all', ylabel=f"test {rows[0]['bits']} (mean over seeds)")
+    for label, line in lines.items():
+        bpc = [g['test_bpc'][0] for g in line]
+        by_layers.plot([sum(g['config']['layers']) for g in line], bpc, 'o-', label=label)
+        by_flops.plot([g['train_flops'][0] for g in line], bpc, 'o-', label=label)
+    bits = groups[0]['bits']
+    by_layers.set(xlabel='layers in all', ylabel=f'test {bits} (mean over seeds)')
     by_flops.set(xlabel='training FLOPs', xscale='log')
     by_layers.legend(fontsize=8)
     fig.tight_layout()
     common.write_atomic(path, lambda tmp: fig.savefig(tmp, format='png', dpi=120))
-    print(f'plot: {path} (test {rows[0]["bits"]} against the layers and the training FLOPs)')
+    print(f'plot: {path} (test {bits} against the layers and the training FLOPs)')
 
 
-def report_part(args, runs):
+def report_part(args):
     """report.py over the part's runs that have a log: the tables and the plot of the
     part (<out>/<part>.md, .png); languages, table1 and pareto over several languages
     one of each per language too (<out>/<part>-<lang>.*) → what failed."""
-    dirs = [f'{args.out}/{run}' for run in runs
-            if Path(args.out, run, 'log.jsonl').exists()]
+    done = [run for run in args.runs if Path(args.out, run, 'log.jsonl').exists()]
+    dirs = [f'{args.out}/{run}' for run in done]
     png = f'{args.out}/{args.part}.png'
     failed = []
     if not dirs:
@@ -650,10 +624,7 @@ def report_part(args, runs):
     several = args.part == 'pareto' and args.langs != ['text8']
     if args.part in ('languages', 'table1') or several:
         for lang in args.langs:
-            # a run's language is its name's prefix; none: the text8 slice
-            prefixes = [Path(d).name.split('-')[0] for d in dirs]
-            mine = [d for d, first in zip(dirs, prefixes)
-                    if first == lang or (lang == 'text8' and first not in args.langs)]
+            mine = [f'{args.out}/{run}' for run in done if args.runs[run][0] == lang]
             if mine:
                 failed += write_report(args, f'{args.part}-{lang}', mine, '--plot',
                                        f'{args.out}/{args.part}-{lang}.png')
@@ -669,19 +640,19 @@ def run(argv):
     runs written to --emit or run, then reported."""
     args = parse(argv)
     args.datasets = {}
-    runs = plan(args)
-    lines, todo = check(args, runs)
+    args.runs = plan(args)
+    lines, todo = check(args)
     if args.dry_run:
         print('\n'.join(lines))
         return
     print('\n'.join(line for line in lines if line.startswith('#')), flush=True)
     prepare(args)
     if args.emit:
-        emit(args, runs, todo)
+        emit(args, todo)
         return
     common.make_folder(args.out)
-    failed, stopped = run_all(args, runs, todo)
-    failed += report_part(args, runs)
+    failed, stopped = run_all(args, todo)
+    failed += report_part(args)
     resume = ''
     if stopped:
         resume = f"(stopped to be resumed: {' '.join(stopped)}) "

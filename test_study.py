@@ -176,6 +176,29 @@ def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_p
     assert not any(n.startswith('fi-') for n in names['text8'])
 
 
+def test_study_reports_each_language_with_its_own_runs(tmp_path):
+    """study.sh --part languages --langs 'fi wiki40b-fi': a wiki40b-L run is filed under its
+    language, not under the first word of its name; each language's table names its runs
+    only (a stand-in `python` echoes report.py's arguments)."""
+    stand_in = tmp_path / 'bin' / 'python'
+    stand_in.parent.mkdir()
+    stand_in.write_text(f'#!/bin/bash\nif [ "${{1##*/}}" = study.py ]; then exec '
+                        f'{shlex.quote(sys.executable)} "$@"; fi\necho "$@"\n')
+    stand_in.chmod(0o755)
+    env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
+    for name in ('fi', 'wiki40b-fi'):
+        (tmp_path / 'data' / name).mkdir(parents=True)
+        (tmp_path / 'data' / name / 'meta.json').write_text('{}')
+        (tmp_path / 'runs' / f'{name}-none-s1').mkdir(parents=True)
+        (tmp_path / 'runs' / f'{name}-none-s1' / 'log.jsonl').write_text('{"split": "test"}\n')
+    r = study('--part', 'languages', '--langs', 'fi wiki40b-fi', '--modes', 'none', '--seeds',
+              '1', '--data-dir', tmp_path / 'data', '--out', tmp_path / 'runs', env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for lang in ('fi', 'wiki40b-fi'):
+        words = (tmp_path / 'runs' / f'languages-{lang}.md').read_text().split()
+        assert {w.split('/')[-1] for w in words if w.endswith('-s1')} == {f'{lang}-none-s1'}
+
+
 @pytest.mark.slow
 def test_study_languages_trains_at_equal_steps_and_flops_with_a_report_per_language(tmp_path):
     """study.sh --part languages: per language vanilla, each pooled mode at equal steps and at
