@@ -435,5 +435,5 @@ def budget_flops(budget, cfg, batch_size, seq_len):
     unpooled."""
     if not isinstance(budget, str):
         return budget
-    vanilla = dataclasses.replace(cfg, boundary='none')
+    vanilla = dataclasses.replace(cfg, boundary='none', options={})   # (no source options)
     return int(budget[8:]) * step_flops(vanilla, batch_size, seq_len)

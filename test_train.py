@@ -1397,3 +1397,14 @@ def test_train_commands_it_prints_for_a_folder_named_like_a_flag_work(synth, tmp
     said = capsys.readouterr().out.strip().splitlines()[-2]
     assert run_main(sample.main, shlex.split(said.split('sample with: ')[1])[2:] +
                     ['--chars', '5', '--device', 'cpu'], capsys)[0] == 0
+
+
+def test_train_a_source_with_options_trains_to_vanillas_flops(synth, tmp_path):
+    """--flop-budget vanilla:N for a source with options of its own (hnet's): the budget is N
+    steps of the same shape unpooled, vanilla having no source options; the run trains to it."""
+    out = tmp_path / 'hnet'
+    trained(tiny_args(synth, 'hnet') + ['--flop-budget', 'vanilla:3', '--out', str(out)])
+    log = read_log(out)
+    budget = log[0]['flop_budget']
+    trains = [r for r in log if r['kind'] == 'train']
+    assert budget > 0 and trains[-1]['train_flops'] >= budget
