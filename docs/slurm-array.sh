@@ -35,9 +35,9 @@ from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
 except ChildFailedError as e:
-    codes = {failure.exitcode for failure in e.failures.values()}
-    code = codes.pop() if len(codes) == 1 else 1
-    sys.exit(code if code > 0 else 1)'
+    # a worker that torchrun ended once another had exited shows its signal, a code < 0
+    codes = {failure.exitcode for failure in e.failures.values() if failure.exitcode > 0}
+    sys.exit(codes.pop() if len(codes) == 1 else 1)'
 case $cmd in
   torchrun\ *) cmd="python -c \"\$DYNPOOL_TORCHRUN\" ${cmd#torchrun }"; to_stop=workers ;;
 esac
