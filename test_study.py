@@ -139,16 +139,23 @@ def test_study_plans_the_papers_experiments(tmp_path):
     assert flops['fi-whitespace-flops-s1'] == flops['fi-none-s1'] > flops['fi-whitespace-s1']
 
 
-def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_path):
-    """study.sh --part pareto --langs 'text8 fi': the text8 slice's runs keep part seeds' names
-    (no language prefix) and still make the text8 panel, the fi- runs the fi panel. Finished runs
-    (a test record in log.jsonl) are skipped; a stand-in `python` echoes report.py's arguments."""
+def echoing_python(tmp_path):
+    """An environment whose `python` runs study.py for real and echoes any other command's
+    arguments (report.py's, the runs'): → env."""
     stand_in = tmp_path / 'bin' / 'python'
     stand_in.parent.mkdir()
     stand_in.write_text(f'#!/bin/bash\nif [ "${{1##*/}}" = study.py ]; then exec '
                         f'{shlex.quote(sys.executable)} "$@"; fi\necho "$@"\n')
     stand_in.chmod(0o755)
     env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
+    return env
+
+
+def test_study_pareto_reports_each_language_with_the_text8_runs_unprefixed(tmp_path):
+    """study.sh --part pareto --langs 'text8 fi': the text8 slice's runs keep part seeds' names
+    (no language prefix) and still make the text8 panel, the fi- runs the fi panel. Finished runs
+    (a test record in log.jsonl) are skipped; a stand-in `python` echoes report.py's arguments."""
+    env = echoing_python(tmp_path)
     flags = ['--part', 'pareto', '--langs', 'text8 fi', '--data-dir', str(tmp_path / 'data'),
              '--out', str(tmp_path / 'runs'), '--steps', '4']
     dry = subprocess.run(['bash', 'study.sh', '--dry-run', *flags], cwd=ROOT,
@@ -180,12 +187,7 @@ def test_study_reports_each_language_with_its_own_runs(tmp_path):
     """study.sh --part languages --langs 'fi wiki40b-fi': a wiki40b-L run is filed under its
     language, not under the first word of its name; each language's table names its runs
     only (a stand-in `python` echoes report.py's arguments)."""
-    stand_in = tmp_path / 'bin' / 'python'
-    stand_in.parent.mkdir()
-    stand_in.write_text(f'#!/bin/bash\nif [ "${{1##*/}}" = study.py ]; then exec '
-                        f'{shlex.quote(sys.executable)} "$@"; fi\necho "$@"\n')
-    stand_in.chmod(0o755)
-    env = dict(os.environ, PATH=f'{stand_in.parent}:{os.environ["PATH"]}')
+    env = echoing_python(tmp_path)
     for name in ('fi', 'wiki40b-fi'):
         (tmp_path / 'data' / name).mkdir(parents=True)
         (tmp_path / 'data' / name / 'meta.json').write_text('{}')
