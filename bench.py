@@ -24,7 +24,8 @@ import torch
 
 import common
 import dynpool
-import presets
+import checkpoint
+import flags
 from common import UserError, nonblank
 from dataset import read_meta
 from dynpool import DynamicPoolingLM, step_flops
@@ -85,7 +86,7 @@ def parser():
                             'and space')
     vocab.add_argument('--vocab', type=common.positive_int, default=27,
                        help="token ids 0..N-1, id 0 standing for the space (27: text8's)")
-    presets.add_import_flag(p)
+    flags.add_import_flag(p)
     model_flags(p)
     p.add_argument('--configs',
                    help=f'comma-separated: {forms()} (K: see docs/performance.md, e.g. '
@@ -114,15 +115,15 @@ def parser():
 
 def model_flags(p):
     """The model's sizes and Config fields (unset: the Config's default); train.py's
-    flags of the model and its sources (presets.add_model_flags)."""
-    presets.add_size_flags(p)
+    flags of the model and its sources (flags.add_model_flags)."""
+    flags.add_size_flags(p)
     # unset: Config's, the paper's (the preset sets the widths)
     p.set_defaults(**{k: getattr(dynpool.Config(), k) for k in ('layers', 'dropout', 'dropatt')})
     sizes = {'--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
         p.add_argument(flag, type=common.positive_int, help=what)
-    presets.add_model_flags(p)
+    flags.add_model_flags(p)
 
 
 def measuring_flags(p):
@@ -132,8 +133,8 @@ def measuring_flags(p):
     p.add_argument('--warmup', type=common.non_negative_int,
                    help='untimed steps first (1; 3 on a GPU)')
     p.add_argument('--rounds', type=size, help='rounds over the configs (2; GPU 1)')
-    presets.add_device_flag(p)
-    presets.add_amp_flag(p)
+    flags.add_device_flag(p)
+    flags.add_amp_flag(p)
     p.set_defaults(amp='auto')
     p.add_argument('--peak-n', type=size,
                    help='n of the n^3 matmul that measures the peak (2048; 8192 cuda)')
@@ -149,7 +150,7 @@ def parse_args(argv=None):
     (exit 2) before any run."""
     if argv is None:
         argv = sys.argv[1:]
-    presets.import_sources(argv)
+    flags.import_sources(argv)
     args = parser().parse_args(argv)
     args.argv = argv   # the children are started with the parent's own flags
     args.device = pick_device(args.device)
@@ -213,7 +214,7 @@ def model_config(args, name):
     if attention:
         fields['attention'] = attention[-1]
     try:
-        cfg = presets.config_from_dict(fields)
+        cfg = checkpoint.config_from_dict(fields)
     except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes

@@ -2,7 +2,8 @@
 save writes it: the one check of a damaged or foreign file), loads weights_only, refuses
 an earlier format where it cannot serve and a changed or missing --import file; weights
 that are NaN or inf are neither saved nor read; the training state it holds, restored
-exactly on --resume."""
+exactly on --resume; the model it holds (load_checkpoint, Config from its dict:
+config_from_dict)."""
 import dataclasses
 import hashlib
 import importlib.util
@@ -17,6 +18,8 @@ import torch
 
 from common import UserError, first_line, write_atomic
 import dynpool
+import hnet  # noqa: F401  (registers the seventh source: its checkpoints load too)
+from dynpool import Config, DynamicPoolingLM
 
 # A checkpoint proves itself: ckpt.pt is torch.save's zip archive whose zip comment (its
 # last bytes, which zip readers skip) is CHECKSUM_TAG and the hex SHA-256 of every byte
@@ -259,3 +262,33 @@ def check_resumable(ckpt, data_identity, data):
     if ckpt['vocab']['alphabet'] != data_identity['vocab']['alphabet']:
         raise UserError(f'checkpoint {ckpt["path"]} was trained on another vocabulary '
                         f'(alphabet) than {data}')
+
+
+def config_from_dict(d, **extra):
+    """Config from flags (vars(args)) or a checkpoint's asdict(Config), and extra: keys
+    that are not Config's ignored, missing ones default (checkpoints from before a new
+    field load); the chosen source's Options fields (its flags) go into Config.options.
+    UserError, exit 2, where Config refuses them."""
+    d = {**d, **extra}
+    names = {f.name for f in dataclasses.fields(Config)}
+    kept = {k: v for k, v in d.items() if k in names}
+    source = dynpool.SOURCES.get(d.get('boundary'))
+    if source is not None and source.Options is not None:
+        own = {f.name for f in dataclasses.fields(source.Options)}
+        kept['options'] = {**{k: v for k, v in d.items() if k in own}, **kept.get('options', {})}
+    try:
+        return Config(**kept)
+    except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)
+        raise UserError(f'the config is invalid: {first_line(e)}', code=2) from None
+
+
+def load_checkpoint(path, device='cpu', trust=False):
+    """train.py's checkpoint (ckpt.pt or its run folder) → (its model in eval mode on
+    device, the checkpoint's dict as checkpoint.read_checkpoint returns it)."""
+    ckpt = read_checkpoint(path, trust)
+    try:
+        cfg = config_from_dict(ckpt['config'])
+    except UserError as e:
+        raise UserError(f'checkpoint {ckpt["path"]}: {e}') from None
+    model = load_weights(DynamicPoolingLM(cfg), ckpt['model'], ckpt['path'])
+    return model.to(device).eval(), ckpt

@@ -1,7 +1,7 @@
 """hnet: H-Net's dynamic chunking (Hwang, Wang, Gu 2025, §2.2) as boundary='hnet', added
 through the hooks of BoundarySource so that dynpool.py stays the paper's model
 (docs/hnet.md). Importing this file registers it (`import hnet`: the scripts through
-presets.import_sources, the tests through conftest.py); dynpool.py imports no source.
+flags.import_sources, the tests through conftest.py); dynpool.py imports no source.
 
 Causality: token t reads its own chunk, whose vector was selected at its start, so logits
 at t depend on x_{<=t}. b_t = start_{t+1} (the project's convention) is decided by x_{t+1},

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 import common
 import dataset
-import presets
+import checkpoint
+import flags
 from cleaning import LANGS, TEXT8_ALPHABET, clean
 from common import UserError, import_pyplot, nonblank, write_atomic
 from dataset import is_number
@@ -209,11 +210,11 @@ def parse_args(argv=None):
     """The flags, after the --import'ed files have registered their sources."""
     if argv is None:
         argv = sys.argv[1:]
-    presets.import_sources(argv)
+    flags.import_sources(argv)
     p = common.Parser(prog='sample.py', description=__doc__.split('\n\n')[0])
     p.add_argument('--ckpt', required=True, type=nonblank,
                    help="train.py's ckpt.pt or its run folder")
-    presets.add_import_flag(p)
+    flags.add_import_flag(p)
     p.add_argument('--prompt', default='',
                    help="text to continue, encoded as the checkpoint's data (cleaned for the "
                         "paper's; empty: a single space; kept: the last tokens, as many as "
@@ -231,7 +232,7 @@ def parse_args(argv=None):
                    help='always take the most likely token (argmax)')
     p.add_argument('--seed', type=common.seed_int, default=1337,
                    help='same seed, same output (1337)')
-    presets.add_device_flag(p)
+    flags.add_device_flag(p)
     p.add_argument('--show-segments', action='store_true',
                    help=f'| after each segment, {PROMPT_MARK} after the prompt')
     p.add_argument('--entropy-plot', type=nonblank, metavar='FILE.png',
@@ -265,11 +266,11 @@ def prompt_ids(args, ckpt):
 def note_unfinished(ckpt):
     """A note on stderr where the checkpoint's run stopped before its end: train.py's rule
     (train.finished), --max-steps steps done or, with --flop-budget, its FLOPs spent."""
-    flags = ckpt.get('args', {})
+    saved_args = ckpt.get('args', {})
     step = ckpt.get('step')
-    budget = flags.get('flop_budget')
+    budget = saved_args.get('flop_budget')
     spent = step
-    end = flags.get('max_steps')
+    end = saved_args.get('max_steps')
     if budget is not None:
         spent = ckpt.get('train_flops')
         end = budget
@@ -312,7 +313,7 @@ def run(args):
     if args.entropy_plot:
         fmt = plot_format(args.entropy_plot)
     setup_device(args.device, args.threads)
-    model, ckpt = presets.load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
+    model, ckpt = checkpoint.load_checkpoint(args.ckpt, args.device, trust=args.trust_ckpt)
     note_unfinished(ckpt)
     unit = dataset.unit(ckpt['vocab'])
     ids = prompt_ids(args, ckpt)

@@ -24,7 +24,8 @@ import torch
 import common
 import dataset
 import dynpool
-import presets
+import checkpoint
+import flags
 from cleaning import LANGS
 from common import UserError
 
@@ -142,7 +143,7 @@ def parser():
     p.add_argument('--raw-dir', type=common.nonblank, default=f'{AT}../shared/data/raw',
                    help="a language's raw text: <L>.txt")
     # as train.py's, passed on to every run
-    presets.add_import_flag(p)
+    flags.add_import_flag(p)
     p.add_argument('--device', type=common.nonblank, default='cpu',
                    help="cpu (default), cuda: the GPU preset, the paper's recipe")
     p.add_argument('--jobs', type=common.positive_int, default=1, help='CPU runs at a time')
@@ -168,7 +169,7 @@ def parse(argv):
     flags (after --); the --import files imported first, so that their modes are
     known."""
     cut = (argv + ['--']).index('--')
-    presets.import_sources(argv[:cut])
+    flags.import_sources(argv[:cut])
     args = parser().parse_args(argv[:cut])
     args.train_flags = argv[cut + 1:]
     if args.gpus:
@@ -362,15 +363,15 @@ def run_flops(args, cmd, meta):
     its words read by train.py's parser (one error line, exit 2) → (FLOPs, SF or None
     for a FLOP budget, whether the SF is assumed)."""
     script = [w.endswith('train.py') for w in cmd].index(True)
-    flags = vars(args.train_parser.parse_args(cmd[script + 1:]))
-    preset = presets.CPU_PRESET
+    given = vars(args.train_parser.parse_args(cmd[script + 1:]))
+    preset = flags.CPU_PRESET
     if args.device.startswith('cuda'):
-        preset = presets.GPU_PRESET
-    a = {**presets.COMMON, **args.model_defaults, **preset,
-         **{k: v for k, v in flags.items() if v is not None}}
-    cfg = presets.config_from_dict(a, vocab_size=meta.get('vocab_size', 27), whitespace_id=0)
-    if flags['flop_budget']:
-        budget = presets.budget_flops(flags['flop_budget'], cfg, a['batch_size'], a['seq_len'])
+        preset = flags.GPU_PRESET
+    a = {**flags.COMMON, **args.model_defaults, **preset,
+         **{k: v for k, v in given.items() if v is not None}}
+    cfg = checkpoint.config_from_dict(a, vocab_size=meta.get('vocab_size', 27), whitespace_id=0)
+    if given['flop_budget']:
+        budget = flags.budget_flops(given['flop_budget'], cfg, a['batch_size'], a['seq_len'])
         return budget, None, False
     sf, assumed = shortening(a, meta, args.assume_sf)
     n_short = dynpool.shortened_length(a['seq_len'], sf)
@@ -448,8 +449,8 @@ def check(args):
         if problem:
             note = f" (not the paper's data: {problem})"
         lines.append(f'# {path}: prepared, used as it is{note}')
-    args.train_parser = presets.parser()
-    args.model_defaults = presets.model_defaults()
+    args.train_parser = flags.parser()
+    args.model_defaults = flags.model_defaults()
     todo = []
     flops = []
     n_assumed = 0

@@ -23,7 +23,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench
 import dynpool
-import presets
 from conftest import (HYPOTHESIS_FIXTURES, assert_cli_contract, no_hang, run_main,
                       write_dataset)
 
@@ -183,8 +182,6 @@ def test_a_registered_source_is_a_configuration(punctuation_source, capsys):
     assert rec['name'] == 'punct' and 1 < rec['sf'] < 64, rec
 
 
-@pytest.mark.skipif(not hasattr(presets, 'import_sources'),
-                    reason='presets.import_sources lands with the train branch')
 def test_an_imported_source_benchmarks(tmp_path, capsys, monkeypatch):
     """--import FILE: the file's source is a configuration (its step is timed in this process)."""
     for name in ('SOURCES', 'BOUNDARY_MODES', 'PREDICTOR_MODES', 'EXTERNAL_MODES'):

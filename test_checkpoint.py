@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import checkpoint
-import presets
 from common import UserError
 from conftest import checkpoint_state
 
@@ -101,7 +100,7 @@ def test_checkpoint_without_checksum_is_refused(state, tmp_path, capsys):
     torch.save(state, path)
     refused(path, str(path), 'checksum')
     with pytest.raises(UserError):
-        presets.load_checkpoint(path)
+        checkpoint.load_checkpoint(path)
     assert capsys.readouterr().err == ''
 
 

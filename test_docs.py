@@ -461,7 +461,7 @@ def test_install_claims_only_the_library_names(tmp_path):
                          timeout=300, env=clean_env())
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()) == repo / 'dynpool.py'   # editable: the checkout's own file
-    project_only = ['common', 'dataset', 'runtime', 'checkpoint', 'cleaning', 'presets', 'train',
+    project_only = ['common', 'dataset', 'runtime', 'checkpoint', 'cleaning', 'flags', 'train',
                     'sample', 'bench', 'report', 'prepare_data', 'conftest']
     probe = ('import importlib.util, sys\n'
              f'print([n for n in {project_only!r} if importlib.util.find_spec(n)])\n'

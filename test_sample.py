@@ -27,7 +27,6 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import checkpoint
-import presets
 import runtime
 import sample
 import train
@@ -586,7 +585,7 @@ def test_generation_bytes_bound_what_generating_takes(ckpts):
     """The price is an upper bound of what generating takes beyond the weights (peak CPU memory
     allocated by torch while the model generates), and grows with the prompt's square."""
     from torch.profiler import profile
-    model, ckpt = presets.load_checkpoint(ckpts['whitespace'])
+    model, ckpt = checkpoint.load_checkpoint(ckpts['whitespace'])
     x = torch.randint(1, 27, (3, 300))
     with profile(profile_memory=True) as prof:
         model.generate(x, 50)
@@ -873,8 +872,6 @@ def test_sample_cli_text_as_is_maps_unseen_characters_to_the_unknown_id(tmp_path
     assert err.startswith("note: the prompt's '!', 'C' are not in the checkpoint's alphabet"), err
 
 
-@pytest.mark.skipif(not hasattr(presets, 'import_sources'),
-                    reason='presets.import_sources lands with the train branch')
 def test_sample_cli_import_flag_is_accepted(ckpts, tmp_path, capsys):
     """--import FILE runs the file (its register_source) before the flags are read; a name that
     cannot be imported is one error line."""

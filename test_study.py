@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import presets
+import flags
 import dataset
 from conftest import random_words, shared_data, write_dataset
 
@@ -278,7 +278,7 @@ def test_study_table1_dry_run_prepares_each_dataset_first_at_the_papers_settings
     assert unigram == {'text8': '10000', 'wiki40b-en': '10000', 'wiki40b-fi': '200',
                        'wiki40b-he': '200', 'wiki40b-vi': '10000', 'cc100-en': '10000'}
     for c in cmds[n_prep:]:
-        args = presets.parser().parse_args(c[2:])
+        args = flags.parser().parse_args(c[2:])
         assert Path(args.data).name in unigram and args.device == 'cuda'
         if args.boundary == 'gumbel':
             assert args.prior == (0.37 if args.data.endswith('-fi') else 0.2), c

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import checkpoint
 import dataset
 import runtime
-import presets
+import flags
 import report
 import train
 from common import UserError
@@ -910,10 +910,10 @@ def test_train_step_reads_nothing_back_where_the_host_knows_the_segments(synth, 
     """(issue 20.3) fixed and whitespace boundaries are counted when the batch is cut, so a training
     step, --flop-budget's FLOP count included, never reads the device; entropy decides on the device
     and reads S (the counter's control)."""
-    args, _ = presets.resolve_args(tiny_args(synth, boundary) + [
+    args, _ = flags.resolve_args(tiny_args(synth, boundary) + [
         '--flop-budget', '1e15', '--out', str(tmp_path / 'o')])
     meta, splits, _ = dataset.load_data(args.data, args.boundary)
-    cfg = presets.model_config(args, meta)
+    cfg = flags.model_config(args, meta)
     model = DynamicPoolingLM(cfg)
     # on CPU the model checks token values per forward (a GPU skips that: it would read the device)
     model.check_inputs = lambda *a, **k: None
@@ -953,9 +953,9 @@ def test_train_torchrun_process_takes_its_visible_gpu(tmp_path, monkeypatch, vis
     procs = runtime.Processes(local_rank, local_rank, 8)
     if device is None:
         with pytest.raises(UserError, match=f'LOCAL_RANK {local_rank} but this process sees 2'):
-            presets.resolve_args(argv, procs)
+            flags.resolve_args(argv, procs)
     else:
-        assert presets.resolve_args(argv, procs)[0].device == device
+        assert flags.resolve_args(argv, procs)[0].device == device
 
 
 # ----------------------------------------------------------------------------- fuzz
@@ -963,7 +963,7 @@ ODD_NUMBERS = ['0', '-1', '1', '2', '3', '0.5', '1e-300', '1e308', 'inf', '-inf'
                '99999999999999999999', 'x', '1,1', '0x10', ' 2']
 ODD_TEXT = ['', ' ', 'x', '/', '/dev/null', 'a\0b', '..', 'é', '-', "it's", 'cuda', 'meta', 'cpu']
 # train.py's flags as its parser declares them: {'--flag': argparse action}
-ACTIONS = {a.option_strings[0]: a for a in presets.parser()._actions if a.dest != 'help'}
+ACTIONS = {a.option_strings[0]: a for a in flags.parser()._actions if a.dest != 'help'}
 SWITCHES = {flag for flag, action in ACTIONS.items() if action.nargs == 0}
 SWITCHES -= {'--compile'}
 # (--data and --out are drawn apart; compile is left out, and the
@@ -983,7 +983,7 @@ def odd_argv(draw, synth, where):
             argv.append(flag)
             continue
         values = (st.sampled_from(list(action.choices) + ['bogus']) if action.choices else
-                  st.sampled_from(ODD_TEXT) if action.type is presets.nonblank else
+                  st.sampled_from(ODD_TEXT) if action.type is flags.nonblank else
                   st.sampled_from(ODD_NUMBERS) | st.integers(-3, 4).map(str)
                   | st.floats(allow_nan=True, allow_infinity=True).map(repr))
         argv += [flag, draw(values)]
@@ -1025,8 +1025,8 @@ def test_train_odd_values_of_every_flag_are_refused_in_one_line(synth, tmp_path)
         for value in [None] if flag in SWITCHES else ODD_NUMBERS + ODD_TEXT:
             argv = tiny_args(synth, 'fixed') + [flag] + ([] if value is None else [value])
             try:
-                args, _ = presets.resolve_args(argv + ['--out', str(tmp_path / 'o')])
-                presets.model_config(args, meta)
+                args, _ = flags.resolve_args(argv + ['--out', str(tmp_path / 'o')])
+                flags.model_config(args, meta)
             except UserError as e:
                 assert e.code in (1, 2) and '\n' not in str(e), (flag, value, str(e))
 
@@ -1121,15 +1121,15 @@ def test_train_save_interval_in_steps_or_minutes(synth, tmp_path, monkeypatch, i
 
 
 def test_save_interval_reads_steps_or_minutes_in_one_place():
-    """presets.save_schedule: '500' every 500 steps, '30m' every 1800 seconds of training, none
+    """flags.save_schedule: '500' every 500 steps, '30m' every 1800 seconds of training, none
     where not given; the flag's type refuses what it cannot read, and keeps the text."""
-    assert presets.save_schedule('500') == (500, None)
-    assert presets.save_schedule('30m') == (None, 1800.0)
-    assert presets.save_schedule(None) == (None, None)
-    assert presets.save_interval(' 2.5m ') == '2.5m'
+    assert flags.save_schedule('500') == (500, None)
+    assert flags.save_schedule('30m') == (None, 1800.0)
+    assert flags.save_schedule(None) == (None, None)
+    assert flags.save_interval(' 2.5m ') == '2.5m'
     for bad in ('0', '-1m', 'm', '5s', 'nanm'):
         with pytest.raises(argparse.ArgumentTypeError):
-            presets.save_interval(bad)
+            flags.save_interval(bad)
 
 
 def test_train_clock_is_monotonic(synth, tmp_path, monkeypatch):

@@ -33,14 +33,14 @@ from tqdm import tqdm  # (comes with huggingface_hub)
 
 import common
 import runtime as rt
-from checkpoint import (check_resumable, import_flags, kept, path_flag, restore_training,
-                        resume_command, save_checkpoint, training_state)
+from checkpoint import (check_resumable, config_from_dict, import_flags, kept, path_flag,
+                        restore_training, resume_command, save_checkpoint, training_state)
 from common import UserError
 import dataset
 from dataset import fingerprint, load_data
 import dynpool
 from dynpool import Config, DynamicPoolingLM
-from presets import budget_flops, config_from_dict, model_config, resolve_args, save_schedule
+from flags import budget_flops, model_config, resolve_args, save_schedule
 
 
 def epoch_order(n_chars, seq_len, seed, epoch):

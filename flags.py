@@ -1,9 +1,8 @@
-"""The flags every script shares, each defined once (add_*_flag(s): train.py, sample.py
-and bench.py call them), train.py's presets that fill their defaults (the paper's GPU
-recipe and a small CPU one), --resume's rules, the --import of a user's boundary source,
-and the model Config built from flags or a checkpoint's dict (config_from_dict,
-load_checkpoint). Its own module so that bench.py and study.sh read the same rules without
-importing train.py."""
+"""The command line: the flags every script shares, each defined once (add_*_flag(s):
+train.py, sample.py and bench.py call them), train.py's flags and the presets that fill
+their defaults (the paper's GPU recipe and a small CPU one), --resume's rules, --import of
+a user's boundary source, and the model Config built from them (model_config). Its own
+module so that bench.py and study.py read the same rules without importing train.py."""
 import argparse
 import contextlib
 import dataclasses
@@ -20,11 +19,11 @@ import common
 import dynpool
 import hnet  # noqa: F401  (registers the project's seventh source, 'hnet')
 import runtime as rt
-from checkpoint import import_identity, load_weights, read_checkpoint
+from checkpoint import config_from_dict, import_identity, read_checkpoint
 from common import (UserError, first_line, fraction, int_range, nonblank, non_negative_float,
                     non_negative_int, positive_float, positive_int, probability, seed_int)
 from dataset import dataset_defaults
-from dynpool import Config, DynamicPoolingLM, step_flops
+from dynpool import Config, step_flops
 
 # The model's shape: Config()'s defaults are the paper's (appendix, ~41M parameters).
 SHAPE = ('d_model', 'n_head', 'd_head', 'd_inner', 'layers', 'dropout', 'dropatt')
@@ -175,34 +174,6 @@ def model_defaults():
     return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
 
 
-def config_from_dict(d, **extra):
-    """Config from flags (vars(args)) or a checkpoint's asdict(Config), and extra: keys
-    that are not Config's ignored, missing ones default (checkpoints from before a new
-    field load); the chosen source's Options fields (its flags) go into Config.options.
-    UserError, exit 2, where Config refuses them."""
-    d = {**d, **extra}
-    names = {f.name for f in dataclasses.fields(Config)}
-    kept = {k: v for k, v in d.items() if k in names}
-    source = dynpool.SOURCES.get(d.get('boundary'))
-    if source is not None and source.Options is not None:
-        own = {f.name for f in dataclasses.fields(source.Options)}
-        kept['options'] = {**{k: v for k, v in d.items() if k in own}, **kept.get('options', {})}
-    try:
-        return Config(**kept)
-    except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)
-        raise UserError(f'the config is invalid: {first_line(e)}', code=2) from None
-
-
-def load_checkpoint(path, device='cpu', trust=False):
-    """train.py's checkpoint (ckpt.pt or its run folder) → (its model in eval mode on
-    device, the checkpoint's dict as checkpoint.read_checkpoint returns it)."""
-    ckpt = read_checkpoint(path, trust)
-    try:
-        cfg = config_from_dict(ckpt['config'])
-    except UserError as e:
-        raise UserError(f'checkpoint {ckpt["path"]}: {e}') from None
-    model = load_weights(DynamicPoolingLM(cfg), ckpt['model'], ckpt['path'])
-    return model.to(device).eval(), ckpt
 
 
 def any_number(s):

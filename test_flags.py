@@ -1,9 +1,9 @@
-"""Tests of presets.py's plug-ins and shared flags, through the commands a user types:
+"""Tests of flags.py's plug-ins and shared flags, through the commands a user types:
 `--import` runs a user's boundary source contained (its own sys.argv, a helper beside it, an
 exit or an exception one error line), never under a built-in's name, its options' flags take
 their defaults, and the checkpoint records the file's content: a changed or missing one is
 named. The flags train.py, sample.py and bench.py share are one definition.
-Run: python -m pytest -q test_presets.py
+Run: python -m pytest -q test_flags.py
 """
 import hashlib
 import io
@@ -17,7 +17,7 @@ import torch
 
 import bench
 import checkpoint
-import presets
+import flags
 import sample
 from conftest import random_words, write_dataset
 
@@ -167,7 +167,7 @@ def test_a_plugin_that_fails_exits_or_shadows_is_one_line(script, code, words, t
 def test_shared_flags_are_one_definition(capsys):
     """--import, --device, --amp and the size flags read the same in train.py, sample.py and
     bench.py (the help train.py adds its defaults to aside)."""
-    parsers = {'train.py': presets.parser(), 'bench.py': bench.parser()}
+    parsers = {'train.py': flags.parser(), 'bench.py': bench.parser()}
     # sample.py's parser is built inside parse_args: --help prints it
     shared = ['--import', '--device', '--amp', '--d-model', '--layers', '--dropout']
     for flag in shared:
@@ -180,11 +180,11 @@ def test_shared_flags_are_one_definition(capsys):
     for flag in ('--import', '--device'):
         words = parsers['bench.py']._option_string_actions[flag].help.split()[:6]
         assert ' '.join(words) in ' '.join(helped.split()), flag
-    assert sample.presets is presets
+    assert sample.flags is flags
 
 
 def test_the_gpu_preset_is_the_papers_model_that_config_defaults_to():
     """The paper's shape is written once, in Config's defaults: the GPU preset reads it."""
-    paper = presets.Config()
-    assert all(presets.GPU_PRESET[k] == getattr(paper, k) for k in presets.SHAPE)
+    paper = flags.Config()
+    assert all(flags.GPU_PRESET[k] == getattr(paper, k) for k in flags.SHAPE)
     assert (paper.d_model, paper.layers) == (512, (2, 8, 2))
