@@ -29,9 +29,10 @@ Reading map. The file runs from small to large, and the paper's method first:
   5. DynamicPoolingLM.trunk and .forward: the hourglass drawn above, and the losses.
 The training forward pass carries no decoding state. Skip on a first reading:
   - cached generation: the section of that name at the end (KV caches, stage_prefill,
-    stage_step, attention_step, the pooling units' running states), DynamicPoolingLM's
-    prefill, decode, steps and generate, every source's step and late_boundary, and
-    MeanPooling.prefill_state; it is held equal to the forward pass by the tests;
+    stage_step, the pooling units' running states), DynamicPoolingLM's prefill (trunk,
+    each stage run by stage_prefill), decode, steps and generate, every source's step and
+    late_boundary, and MeanPooling.prefill_state; it is held equal to the forward pass by
+    the tests;
   - speed only, each giving the values of the plain way: RelativeAttention.fused, .attend
     and the query blocks in its forward, rel_shift's view, Routing.n_segments and
     seg_bucket (no device reads, shapes that repeat); Dropout (cheaper CPU masks);
@@ -108,18 +109,19 @@ class Config:
                 'vocab_size and fixed_factor must be positive, d_model even (sinusoidal '
                 'positions) and prior in (0, 1)')
         # The source's own hyper-parameters: those given, then its Options' defaults.
-        Options = None if mode == 'none' else SOURCES[mode].Options
         require(isinstance(self.options, dict),
                 f'options must be a dict, got {self.options!r}')
-        names = [] if Options is None else [f.name for f in fields(Options)]
+        source = SOURCES.get(mode)   # None for vanilla
+        Options = source and source.Options
+        names = [f.name for f in fields(Options)] if Options else []
         unknown = sorted(set(self.options) - set(names))
         require(not unknown,
                 f"boundary {mode!r} has no option {', '.join(map(repr, unknown))}; its "
                 f"options: {', '.join(names) or 'none'}")
-        if Options is not None:
+        if Options:
             self.options = asdict(Options(**self.options))
-        if mode != 'none':
-            SOURCES[mode].check_config(self)
+        if source:
+            source.check_config(self)
 
 
 # -----------------------------------------------------------------------------
@@ -225,7 +227,7 @@ class MeanPooling(nn.Module):
 def entropy_spikes(H, k=2):
     """b_t = 1 iff H_t > H_i for every i in t-k … t-1 that exists (a local entropy peak, §3.2)."""
     spikes = torch.ones_like(H, dtype=torch.bool)
-    for i in range(1, min(k, H.size(1) - 1) + 1):  # loop over the window, not over time
+    for i in range(1, k + 1):  # loop over the window, not over time (i >= L: empty slices)
         spikes[:, i:] &= H[:, i:] > H[:, :-i]
     return spikes
 
@@ -285,7 +287,7 @@ class BoundarySource(nn.Module):
         super().__init__()
         self.cfg = cfg
         # the source's own hyper-parameters, an Options instance (None without Options)
-        self.options = None if self.Options is None else self.Options(**cfg.options)
+        self.options = self.Options and self.Options(**cfg.options)
 
     @staticmethod
     def check_config(cfg):
@@ -448,12 +450,12 @@ def count_segments(cfg, x):
     """Complete segments per row of tokens x [..., L] (int64) → int64 [...], for sources
     whose boundaries the text alone decides (EXTERNAL_MODES, by their own rule); None
     where a network decides (or no source: vanilla)."""
-    source = SOURCES.get(cfg.boundary)
-    if source is None or not issubclass(source, ExternalBoundaries):
+    if cfg.boundary not in EXTERNAL_MODES:
         return None
     # a source derives rows [B, L], as in the model's forward
     rows = torch.as_tensor(x).reshape(-1, x.shape[-1])
-    return source(cfg).derive(rows, 0).long().sum(-1).reshape(x.shape[:-1])
+    source = SOURCES[cfg.boundary](cfg)
+    return source.derive(rows, 0).long().sum(-1).reshape(x.shape[:-1])
 
 
 def shortened_length(seq_len, sf):
@@ -539,7 +541,7 @@ class RelativeAttention(nn.Module):
                                                   scale=1.0)
         # [B*H, m, n]: the bias and the content term added by one matmul
         scores = torch.baddbmm(bias.flatten(0, 1), q.flatten(0, 1),
-                               k.flatten(0, 1).transpose(1, 2))
+                               k.flatten(0, 1).mT)
         return (self.dropatt(scores.softmax(-1)) @ v.flatten(0, 1)).view_as(q)
 
     def merge(self, h, y):
@@ -564,7 +566,7 @@ class RelativeAttention(nn.Module):
         for a in range(0, L, chunk):
             e = min(a + chunk, L)
             # the position term (q_i + v)·r_{i-j} [B, H, e-a, e], and -inf on future keys
-            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].transpose(1, 2))
+            scores = rel_shift(q_pos[:, :, a:e] @ r[:, L - e:].mT)
             # [e-a, e]: -inf where key j > query a+i (j - i > a), else 0. Added, not
             # masked_fill, so that the backward passes the gradient through untouched.
             causal = scores.new_full((e - a, e), float('-inf')).triu(a + 1)
@@ -691,18 +693,24 @@ class DynamicPoolingLM(nn.Module):
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
 
-    def trunk(self, x, boundaries=None, n_segments=None):
-        """Embedding to the last stage → (h [B, L, D], Routing or None)."""
-        biases = (self.u, self.v)
+    def trunk(self, x, boundaries=None, n_segments=None, run=None):
+        """Embedding to the last stage → (h [B, L, D], Routing or None). run(name, h) runs
+        the stage of that name: run_stage by default; prefill's also keeps its keys and
+        values."""
+        run = run or self.run_stage
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
-            return self.full_stack(h, *biases), None
-        h = self.pre(h, *biases)
+            return run('full_stack', h), None
+        h = run('pre', h)
         routing = self.source(h, x, boundaries)
         routing.n_segments = n_segments   # counted with the batch: no device read for S
-        s = self.shortened(self.pooling.down(h, routing), *biases)        # [B, 1+S, D]
+        s = run('shortened', self.pooling.down(h, routing))               # [B, 1+S, D]
         h = self.pooling.up(s, routing, h)
-        return self.post(h, *biases), routing
+        return run('post', h), routing
+
+    def run_stage(self, name, h):
+        """The stage of that name ('pre', 'shortened', ...) on h, with the shared u and v."""
+        return getattr(self, name)(h, self.u, self.v)
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
@@ -737,43 +745,44 @@ class DynamicPoolingLM(nn.Module):
         self.check_inputs(x)
         capacity = max(capacity, x.size(1) + 1)
         state = GenerationState(caches={}, length=x.size(1))
-        caches = state.caches
-        biases = (self.u, self.v)
-        h = self.embed(x)                                                 # [B, L, D]
-        if self.source is None:
-            h, caches['full_stack'] = stage_prefill(self.full_stack, h, *biases, capacity)
-            return self.lm_head(h), state
-        h, caches['pre'] = stage_prefill(self.pre, h, *biases, capacity)
-        routing = self.source(h, x)
-        pooled = self.pooling.down(h, routing)                            # [B, 1+S, D]
-        s, caches['shortened'] = stage_prefill(self.shortened, pooled, *biases, capacity)
-        state.pooling = self.pooling.prefill_state(h, s, routing)
-        # the rows that hold segments, not the padding (Config.seg_bucket)
-        caches['shortened'].length = state.pooling.rows
-        h = self.pooling.up(s, routing, h)
-        h, caches['post'] = stage_prefill(self.post, h, *biases, capacity)
-        state.boundaries = routing.hard
+        outputs = {}   # stage name → its output
+
+        def run(name, h):
+            # the stage as in trunk, keeping each layer's keys and values
+            stage = getattr(self, name)
+            outputs[name], state.caches[name] = stage_prefill(stage, h, self.u, self.v, capacity)
+            return outputs[name]
+
+        h, routing = self.trunk(x, run=run)
+        if routing is not None:
+            state.pooling = self.pooling.prefill_state(outputs['pre'], outputs['shortened'],
+                                                       routing)
+            # the rows that hold segments, not the padding (Config.seg_bucket)
+            state.caches['shortened'].length = state.pooling.rows
+            state.boundaries = routing.hard
         return self.lm_head(h), state
 
     @torch.no_grad()
     def decode(self, token, state):
         """Consume one token [B] per row → logits [B, V] for the next; updates state in place."""
-        biases = (self.u, self.v)
-        caches = state.caches
+        def run(name, h, advance=1):
+            # one position of the stage, kept where `advance`
+            stage = getattr(self, name)
+            return stage_step(stage, h, self.u, self.v, state.caches[name], advance)
+
         h = self.embed(token)[:, None]                                    # [B, 1, D]
         if self.source is None:
-            h = stage_step(self.full_stack, h, *biases, caches['full_stack'])
+            h = run('full_stack', h)
         else:
-            h = stage_step(self.pre, h, *biases, caches['pre'])
+            h = run('pre', h)
             routing = self.source.step(h, token[:, None], state)
             segment, closed = state.pooling.step_down(h, routing)
             # The shortened stage runs only when some row closed a segment, and its result
             # is kept only in those rows.
             s = None
             if closed.any():
-                s = stage_step(self.shortened, segment, *biases, caches['shortened'], closed)
-            h = state.pooling.step_up(s, routing, h)
-            h = stage_step(self.post, h, *biases, caches['post'])
+                s = run('shortened', segment, closed)
+            h = run('post', state.pooling.step_up(s, routing, h))
             state.boundaries = routing.hard
             state.late_boundary = self.source.late_boundary(routing)
         state.length += 1
@@ -791,8 +800,7 @@ class DynamicPoolingLM(nn.Module):
                                n_valid)
             logits = self.decode(token, state)[:, None]
             if state.late_boundary is not None:  # this token decided the last one's b
-                earlier = step.boundaries[:, :-1]
-                step.boundaries = torch.cat([earlier, state.late_boundary], 1)
+                step.boundaries = torch.cat([step.boundaries[:, :-1], state.late_boundary], 1)
             yield step
             step = GenerationStep(token[:, None], logits, state.boundaries)
         yield step
@@ -819,7 +827,8 @@ def step_flops(cfg, batch, seq_len, n_short=None):
     stages = [(sum(cfg.layers), seq_len)]
     if cfg.boundary != 'none' and n_short is not None:
         stages = [(n_pre + n_post, seq_len), (n_mid, n_short)]
-    own = 0 if cfg.boundary == 'none' else SOURCES[cfg.boundary].flops_per_token(cfg)
+    # the source's own matmuls (vanilla: BoundarySource's 0)
+    own = SOURCES.get(cfg.boundary, BoundarySource).flops_per_token(cfg)
     fwd = batch * seq_len * (2 * d * cfg.vocab_size + own)
     # a layer's qkv, output and feed-forward projections, per token
     projections = 3 * d * H * dh + H * dh * d + 2 * d * cfg.d_inner
@@ -865,38 +874,34 @@ def stage_prefill(stage, h, content_bias, position_bias, capacity):
 
 
 def stage_step(stage, h, content_bias, position_bias, cache, advance=1):
-    """One new position per row through a stage, h [B, 1, D], kept where `advance` [B] bool
-    (default: everywhere)."""
+    """One new position per row through a stage, h [B, 1, D], at the rows' own positions
+    at = cache.length [B]: each layer's attention writes its k, v into the cache there and
+    attends to positions 0 … at. Kept where `advance` [B] bool (default: everywhere)."""
     at = cache.length
     cache.reserve(int(at.max()) + 1)
+    C = cache.kv.size(-2)
     # position keys once per cache size, not per token
     if cache.r is None:
-        emb = sinusoids(torch.arange(cache.kv.size(-2), device=h.device),
-                        stage.d_model).to(h.dtype)
+        emb = sinusoids(torch.arange(C, device=h.device), stage.d_model).to(h.dtype)
         cache.r = [layer.attn.position_keys(emb) for layer in stage.layers]
+    rows = torch.arange(h.size(0), device=h.device)
+    # [B, 1, 1, C]: the distance to each key (< 0: a future key)
+    dist = (at[:, None] - torch.arange(C, device=h.device))[:, None, None]
     for layer, kv, r in zip(stage.layers, cache.kv, cache.r):
-        h = layer.ff(attention_step(layer.attn, h, content_bias, position_bias, kv, r, at))
+        attn = layer.attn
+        # each [B, H, 1, d_head]
+        q_content, q_pos, k, v = attn.heads(h, content_bias, position_bias)
+        kv[0][rows, :, at] = k[:, :, 0]
+        kv[1][rows, :, at] = v[:, :, 0]
+        # einsum, not a broadcast @, so that r is not copied once per row
+        bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
+        # [B, H, 1, C] by key
+        bias = bias.gather(-1, dist.clamp(min=0).expand_as(bias))
+        bias = bias.masked_fill(dist < 0, float('-inf'))
+        y = attn.attend(q_content, kv[0], kv[1], bias, attn.fused(h))
+        h = layer.ff(attn.merge(h, y))
     cache.length = at + advance   # int64 + bool: int64
     return h
-
-
-def attention_step(attn, h, content_bias, position_bias, kv, r, at):
-    """RelativeAttention for h [B, 1, D] at per-row positions at [B]: writes its k, v into
-    the cache kv there and attends to positions 0 … at. r [H, capacity, d_head]: the
-    position keys by distance."""
-    # each [B, H, 1, d_head]
-    q_content, q_pos, k, v = attn.heads(h, content_bias, position_bias)
-    rows = torch.arange(h.size(0), device=h.device)
-    kv[0][rows, :, at] = k[:, :, 0]
-    kv[1][rows, :, at] = v[:, :, 0]
-    # [B, C]: the distance to each key
-    dist = at[:, None] - torch.arange(kv.size(-2), device=h.device)
-    # einsum, not a broadcast @, so that r is not copied once per row
-    bias = torch.einsum('bhqd,hcd->bhqc', q_pos, r)  # [B, H, 1, C] by distance
-    # [B, H, 1, C] by key
-    bias = bias.gather(-1, dist.clamp(min=0)[:, None, None].expand_as(bias))
-    bias = bias.masked_fill((dist < 0)[:, None, None], float('-inf'))
-    return attn.merge(h, attn.attend(q_content, kv[0], kv[1], bias, attn.fused(h)))
 
 
 @dataclass
