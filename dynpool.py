@@ -29,10 +29,9 @@ Reading map. The file runs from small to large, and the paper's method first:
   5. DynamicPoolingLM.trunk and .forward: the hourglass drawn above, and the losses.
 The training forward pass carries no decoding state. Skip on a first reading:
   - cached generation: the section of that name at the end (KV caches, stage_prefill,
-    stage_step, the pooling units' running states), DynamicPoolingLM's prefill (trunk,
-    each stage run by stage_prefill), decode, steps and generate, every source's step and
-    late_boundary, and MeanPooling.prefill_state; it is held equal to the forward pass by
-    the tests;
+    stage_step, the pooling units' running states), DynamicPoolingLM's prefill, decode,
+    steps and generate, every source's step and late_boundary, and
+    MeanPooling.prefill_state; it is held equal to the forward pass by the tests;
   - speed only, each giving the values of the plain way: RelativeAttention.fused, .attend
     and the query blocks in its forward, rel_shift's view, Routing.n_segments and
     seg_bucket (no device reads, shapes that repeat); Dropout (cheaper CPU masks);
@@ -693,24 +692,18 @@ class DynamicPoolingLM(nn.Module):
                     f"({', '.join(EXTERNAL_MODES)}), a non-negative integer: got {n_segments!r} "
                     f"with boundary {self.cfg.boundary!r}")
 
-    def trunk(self, x, boundaries=None, n_segments=None, run=None):
-        """Embedding to the last stage → (h [B, L, D], Routing or None). run(name, h) runs
-        the stage of that name: run_stage by default; prefill's also keeps its keys and
-        values."""
-        run = run or self.run_stage
+    def trunk(self, x, boundaries=None, n_segments=None):
+        """Embedding to the last stage → (h [B, L, D], Routing or None)."""
+        biases = (self.u, self.v)
         h = self.drop(self.embed(x))                                      # [B, L, D]
         if self.source is None:
-            return run('full_stack', h), None
-        h = run('pre', h)
+            return self.full_stack(h, *biases), None
+        h = self.pre(h, *biases)
         routing = self.source(h, x, boundaries)
         routing.n_segments = n_segments   # counted with the batch: no device read for S
-        s = run('shortened', self.pooling.down(h, routing))               # [B, 1+S, D]
+        s = self.shortened(self.pooling.down(h, routing), *biases)        # [B, 1+S, D]
         h = self.pooling.up(s, routing, h)
-        return run('post', h), routing
-
-    def run_stage(self, name, h):
-        """The stage of that name ('pre', 'shortened', ...) on h, with the shared u and v."""
-        return getattr(self, name)(h, self.u, self.v)
+        return self.post(h, *biases), routing
 
     def forward(self, x, targets=None, boundaries=None, n_segments=None):
         """x [B, L] → ModelOutput; targets [B, L] next tokens; boundaries [B, L] external
@@ -745,21 +738,24 @@ class DynamicPoolingLM(nn.Module):
         self.check_inputs(x)
         capacity = max(capacity, x.size(1) + 1)
         state = GenerationState(caches={}, length=x.size(1))
-        outputs = {}   # stage name → its output
+        caches = state.caches
 
         def run(name, h):
             # the stage as in trunk, keeping each layer's keys and values
-            stage = getattr(self, name)
-            outputs[name], state.caches[name] = stage_prefill(stage, h, self.u, self.v, capacity)
-            return outputs[name]
+            out, caches[name] = stage_prefill(getattr(self, name), h, self.u, self.v, capacity)
+            return out
 
-        h, routing = self.trunk(x, run=run)
-        if routing is not None:
-            state.pooling = self.pooling.prefill_state(outputs['pre'], outputs['shortened'],
-                                                       routing)
-            # the rows that hold segments, not the padding (Config.seg_bucket)
-            state.caches['shortened'].length = state.pooling.rows
-            state.boundaries = routing.hard
+        h = self.embed(x)                                                 # [B, L, D]
+        if self.source is None:
+            return self.lm_head(run('full_stack', h)), state
+        h = run('pre', h)
+        routing = self.source(h, x)
+        s = run('shortened', self.pooling.down(h, routing))               # [B, 1+S, D]
+        state.pooling = self.pooling.prefill_state(h, s, routing)
+        # the rows that hold segments, not the padding (Config.seg_bucket)
+        caches['shortened'].length = state.pooling.rows
+        h = run('post', self.pooling.up(s, routing, h))
+        state.boundaries = routing.hard
         return self.lm_head(h), state
 
     @torch.no_grad()
