@@ -53,14 +53,16 @@ def homoglyphs():
     found = {}
     for key, protos in confusables.confusables_data.items():
         key = key.strip('\u200e')
+        if len(key) != 1:
+            continue
         for p in (h['c'].strip('\u200e') for h in protos):
-            if len(key) == 1 and not key.isascii() and p.isascii() and (
+            if not key.isascii() and p.isascii() and (
                     len(p) == 1 or not any(ch.isalnum() for ch in p)):
                 found.setdefault(key, p)  # the character's own prototype first
-            elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
+            elif key.isascii() and len(p) == 1 and not p.isascii():
                 listed.setdefault(p, key)
-    for c, a in listed.items():
-        found.setdefault(c, a)
+    # a character's own prototype before one listed the other way
+    found = listed | found
     for cp in range(0xFF01, 0xFF5F):
         a = unicodedata.normalize('NFKC', chr(cp))
         found.setdefault(chr(cp), found.get(a, a))
@@ -100,9 +102,9 @@ def clean(text: str, lang: str) -> str:
     clean(x)."""
     table = _table(lang)
     text = MARKERS.sub('\n', text)
-    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
-    if not text.isascii() and not unicodedata.is_normalized('NFC', text):
-        text = unicodedata.normalize('NFC', text)
+    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter (text
+    # already NFC, as most is, passes normalize's quick check unchanged)
+    text = unicodedata.normalize('NFC', text)
     text = text.translate(table)
     lines = (' '.join(line.split()) for line in text.split('\n'))
     return '\n'.join(line for line in lines if line)
