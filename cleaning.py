@@ -75,16 +75,16 @@ class _CharMap(dict):
     alphabet."""
 
     def __init__(self, lang):
-        self.letters = set(LANGS[lang]['letters']) | {'\n'}
         words = LANGS[lang]['digits'].split()
         # what a lower-case character becomes: itself (a letter), its digit's word; else a space
-        self.kept = {c: c for c in self.letters}
+        self.kept = {c: c for c in LANGS[lang]['letters'] + '\n'}
         self.kept.update((str(d), f' {w} ') for d, w in enumerate(words))
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
         c = chr(cp)
-        if c not in self.letters:
+        # a letter or digit is itself (no homoglyph is ASCII, as the digits are)
+        if c not in self.kept:
             c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
         lowered = 'i' if c == 'İ' else c.lower()
@@ -119,7 +119,7 @@ def foreign_letters(text, lang):
     """Why raw `text` looks like another language or script than lang, in words (most of its
     letters are ones that cleaning for lang turns into spaces: their share, their script,
     and the first --lang that keeps most of them), or None."""
-    letters = Counter({c: n for c, n in Counter(text).items() if c.isalpha()})
+    letters = Counter(c for c in text if c.isalpha())
     lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, c)})
     if 2 * lost.total() <= letters.total():
         return None

@@ -58,6 +58,11 @@ LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram
                       r'|unigram-\d+|\w+\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
+def _note(line):
+    """A line on stderr, beside the results on stdout: progress, retries, what is redone."""
+    print(line, file=sys.stderr)
+
+
 class DownloadError(UserError):   # run() adds the commands that work without network
     pass
 
@@ -95,8 +100,7 @@ def _retrying(url, fn, what=None):
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
                 raise DownloadError(f'{what or url}: {first_line(e)}') from None
-            print(f'{what or url}: {first_line(e)}; retry {attempt + 1}/{RETRIES}',
-                  file=sys.stderr)
+            _note(f'{what or url}: {first_line(e)}; retry {attempt + 1}/{RETRIES}')
             time.sleep(BACKOFF * 2 ** attempt)
 
 
@@ -122,8 +126,8 @@ def download(url, dest):
         with urlopen(Request(url, headers=headers), timeout=60) as resp, open(part, 'ab') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
-                    print(f'{url}: the file changed on the server, or the server ignores Range: '
-                          'downloading it from the start', file=sys.stderr)
+                    _note(f'{url}: the file changed on the server, or the server ignores Range: '
+                          'downloading it from the start')
                 f.seek(0)
                 f.truncate()
                 etag = resp.headers.get('ETag', '')
@@ -187,7 +191,7 @@ def fetched(fetch, check=archive_problem):
             return path
         path.resolve().unlink(missing_ok=True)   # (a cache's link: its file, then the link)
         path.unlink(missing_ok=True)
-        print(f'{path}: damaged ({why}); removed', file=sys.stderr)
+        _note(f'{path}: damaged ({why}); removed')
         if again:
             path = Path(fetch(True))
     raise UserError(f'{path}: damaged again when fetched again ({why}); removed. The file on '
@@ -330,7 +334,7 @@ def _reporting(pieces, what):
     read = 0
     for text, sep in pieces:
         if (read + len(text)) // PROGRESS > read // PROGRESS:
-            print(f'{what}: {read + len(text):,} characters read', file=sys.stderr)
+            _note(f'{what}: {read + len(text):,} characters read')
         read += len(text)
         yield text, sep
 
@@ -449,10 +453,9 @@ def _make_splits(args, out, codec):
         cap = None
         if not whole:
             cap = int(train_cap / 0.9)
-        sources = args.input
-        path = args.input and args.input[0]
-        if not args.input:
-            sources = [_url(args)]
+        sources = args.input or [_url(args)]
+        path = sources[0]
+        if not args.input:   # the download, checked
             dest = out / 'download' / f'{args.dataset}.zip'
             path = fetched(lambda again: download(sources[0], dest))
         _one_stream(out, file_pieces(path, encoding), cap, codec)
@@ -511,7 +514,7 @@ def splits(args, out, codec, key, inputs):
         print(f'splits done in {out}, skipping (--force redoes)')
         return stamp
     if stamp and not args.force:
-        print(f'{out}: other options or input, or incomplete: rebuilding it', file=sys.stderr)
+        _note(f'{out}: other options or input, or incomplete: rebuilding it')
     for f in [out / 'meta.json', path, *out.glob('*unigram-*')]:
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
@@ -662,7 +665,7 @@ def make_unigram(out, meta, V):
     for w, n in words.items():
         counts[as_text(w, encoding)[0]] += n
     rows = [f'{w}\t{n}' for w, n in counts.most_common()]
-    print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
+    _note(f'unigram-{V}: training SentencePiece on {len(rows):,} train words')
     # the paper's alphabet is small and every letter of it gets a piece, seen in train or
     # not; the characters of text as it is can outnumber V (SentencePiece's default
     # coverage leaves the rarest out)
@@ -770,7 +773,8 @@ def whitespace_sf(out, meta):
     sf = dict.fromkeys(SPLITS)
     for split in SPLITS:
         ids = _ids(out / f'{split}.bin', meta['dtype'])
-        spaces = sum(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id'])
+        # (a Python int: numpy's would make the factor print as np.float64(...) in _report)
+        spaces = sum(int(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id']))
                      for i in range(0, len(ids), CHUNK))
         if spaces:
             sf[split] = round(len(ids) / spaces, 4)
