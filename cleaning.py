@@ -53,14 +53,16 @@ def homoglyphs():
     found = {}
     for key, protos in confusables.confusables_data.items():
         key = key.strip('\u200e')
+        if len(key) != 1:
+            continue
         for p in (h['c'].strip('\u200e') for h in protos):
-            if len(key) == 1 and not key.isascii() and p.isascii() and (
+            if not key.isascii() and p.isascii() and (
                     len(p) == 1 or not any(ch.isalnum() for ch in p)):
                 found.setdefault(key, p)  # the character's own prototype first
-            elif len(key) == 1 and key.isascii() and len(p) == 1 and not p.isascii():
+            elif key.isascii() and len(p) == 1 and not p.isascii():
                 listed.setdefault(p, key)
-    for c, a in listed.items():
-        found.setdefault(c, a)
+    # a character's own prototype before one listed the other way
+    found = listed | found
     for cp in range(0xFF01, 0xFF5F):
         a = unicodedata.normalize('NFKC', chr(cp))
         found.setdefault(chr(cp), found.get(a, a))
@@ -73,16 +75,16 @@ class _CharMap(dict):
     alphabet."""
 
     def __init__(self, lang):
-        self.letters = set(LANGS[lang]['letters']) | {'\n'}
         words = LANGS[lang]['digits'].split()
         # what a lower-case character becomes: itself (a letter), its digit's word; else a space
-        self.kept = {c: c for c in self.letters}
+        self.kept = {c: c for c in LANGS[lang]['letters'] + '\n'}
         self.kept.update((str(d), f' {w} ') for d, w in enumerate(words))
         self.homoglyphs = homoglyphs() if lang != 'he' else {}
 
     def __missing__(self, cp):
         c = chr(cp)
-        if c not in self.letters:
+        # a letter or digit is itself (no homoglyph is ASCII, as the digits are)
+        if c not in self.kept:
             c = self.homoglyphs.get(c, c)
         # fix: Python lower-cases İ to i + U+0307, whose dot would split the word
         lowered = 'i' if c == 'İ' else c.lower()
@@ -100,9 +102,9 @@ def clean(text: str, lang: str) -> str:
     clean(x)."""
     table = _table(lang)
     text = MARKERS.sub('\n', text)
-    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter
-    if not text.isascii() and not unicodedata.is_normalized('NFC', text):
-        text = unicodedata.normalize('NFC', text)
+    # fix: decomposed (NFD) input composed first, so ä = a + U+0308 stays one letter (text
+    # already NFC, as most is, passes normalize's quick check unchanged)
+    text = unicodedata.normalize('NFC', text)
     text = text.translate(table)
     lines = (' '.join(line.split()) for line in text.split('\n'))
     return '\n'.join(line for line in lines if line)
@@ -117,7 +119,7 @@ def foreign_letters(text, lang):
     """Why raw `text` looks like another language or script than lang, in words (most of its
     letters are ones that cleaning for lang turns into spaces: their share, their script,
     and the first --lang that keeps most of them), or None."""
-    letters = Counter({c: n for c, n in Counter(text).items() if c.isalpha()})
+    letters = Counter(c for c in text if c.isalpha())
     lost = Counter({c: n for c, n in letters.items() if not _keeps(lang, c)})
     if 2 * lost.total() <= letters.total():
         return None

@@ -70,26 +70,6 @@ def _named(name):
     return dict(dataset='input', lang='LANG', encoding='paper', input=['FILE'])
 
 
-def _flags(s):
-    """prepare_data.py's flags that make a dataset of settings s."""
-    flags = []
-    if s['input']:
-        flags += ['--input', *s['input']]
-    if s['dataset'] != 'input':
-        flags += ['--dataset', s['dataset']]
-    if s['lang'] and s['dataset'] not in WHOLE_FILES:
-        flags += ['--lang', s['lang']]
-    if s['encoding'] != 'paper' and s['dataset'] != 'enwik8':
-        flags.append(f'--{s["encoding"]}')
-    for cap, default in CAPS.items():
-        if s.get(cap, default) != default:
-            flags += [f'--{cap.replace("_", "-")}', s[cap]]
-    V = s.get('unigram')
-    if V is not None and V != LANGS.get(s['lang'], {}).get('unigram', 0):
-        flags += ['--unigram', V]
-    return flags
-
-
 def prepare_command(*words, data=None, settings=None):
     """`python prepare_data.py` and words, quoted for a POSIX shell: every
     prepare_data.py command the project suggests is built here. data: a dataset
@@ -101,7 +81,20 @@ def prepare_command(*words, data=None, settings=None):
         s = settings or recorded_settings(data) or _named(data.name)
         if '--unigram' in words:
             s = dict(s, unigram=None)
-        flags = _flags(s)
+        if s['input']:
+            flags += ['--input', *s['input']]
+        if s['dataset'] != 'input':
+            flags += ['--dataset', s['dataset']]
+        if s['lang'] and s['dataset'] not in WHOLE_FILES:
+            flags += ['--lang', s['lang']]
+        if s['encoding'] != 'paper' and s['dataset'] != 'enwik8':
+            flags.append(f'--{s["encoding"]}')
+        for cap, default in CAPS.items():
+            if s.get(cap, default) != default:
+                flags += [f'--{cap.replace("_", "-")}', s[cap]]
+        V = s.get('unigram')
+        if V is not None and V != LANGS.get(s['lang'], {}).get('unigram', 0):
+            flags += ['--unigram', V]
         if data.name != default_name(s['dataset'], s['lang'], s['encoding']):
             flags += ['--name', data.name]
         if data.parent != Path('data'):
@@ -130,18 +123,16 @@ def _label_set(u):
 def _rules(m):
     """meta.json's fields in the order they are checked, each (name, whether m holds it
     as it must, what it must be); a rule reads only fields checked before it."""
-    yield 'encoding', m.get('encoding', 'paper') in ('paper', 'chars', 'bytes'), \
+    yield 'encoding', m.get('encoding', 'paper') in ENCODINGS, \
         '"paper" (the default), "chars" or "bytes"'
     dtype = m.get('dtype')
     yield 'dtype', dtype in ('uint8', 'uint16'), '"uint8" or "uint16"'
-    top = 1 << 16
-    if dtype == 'uint8':
-        top = 256
     n = m.get('vocab_size')
-    ok = type(n) is int and 1 <= n <= top
+    # ids from 0 to 255 in a byte, to 65,535 in two
+    ok = type(n) is int and 1 <= n <= 256 ** np.dtype(dtype).itemsize
     yield 'vocab_size', ok, 'a count of characters that fits dtype'
     chars = m.get('alphabet')
-    ok = isinstance(chars, (list, tuple)) and len(chars) == n
+    ok = isinstance(chars, list) and len(chars) == n
     ok = ok and all(isinstance(c, str) and len(c) == 1 for c in chars) and len(set(chars)) == n
     yield 'alphabet', ok, 'vocab_size distinct single characters'
     space = m.get('space_id')
@@ -229,10 +220,11 @@ def load_data(data_dir, boundary, unigram=None):
     # labels: 1 where a SentencePiece Unigram piece ends, aligned with the split's
     # characters; the set of size `unigram`, else meta.json's default "unigram"
     u = meta.get('unigram')
+    sets = meta.get('unigram_sets') or {}
     if unigram and not (u and u['vocab_size'] == unigram):
-        u = (meta.get('unigram_sets') or {}).get(str(unigram))
+        u = sets.get(str(unigram))
     if u is None:
-        have = sorted(int(v) for v in meta.get('unigram_sets') or {})
+        have = sorted(map(int, sets))
         V = unigram or (have or [10000])[-1]
         raise UserError(f'--boundary unigram needs Unigram labels in {d} (it has sizes {have}; '
                         f"make them with: {prepare_command('--unigram', V, data=d)})")
@@ -268,12 +260,12 @@ def paper_data_problem(path):
     if extent.get('whole') is True:
         return None
     s = recorded_settings(d) or {}
+    what = f"{d} is {extent.get('what')}"
     if s.get('dataset') in DATASETS:
         paper = dict(s, input=None, unigram=None, **CAPS)
-        return f"{d} is {extent.get('what')}; the paper's {s['dataset']} is: " \
-               f'{prepare_command(data=d, settings=paper)}'
-    return f"{d} is {extent.get('what')}, not a dataset of the paper (made by " \
-           f"{prepare_command()}, or {prepare_command('--lang', 'LANG')})"
+        return f"{what}; the paper's {s['dataset']} is: {prepare_command(data=d, settings=paper)}"
+    return f"{what}, not a dataset of the paper (made by {prepare_command()}, or " \
+           f"{prepare_command('--lang', 'LANG')})"
 
 
 def dataset_defaults(data_dir, names):
@@ -291,6 +283,7 @@ def fingerprint(splits):
     sizes = json.dumps({s: len(v) for s, v in splits.items()}, sort_keys=True)
     h = hashlib.sha256(sizes.encode())
     t = splits['train']
-    for part in (t[:(1 << 20) // t.itemsize], t[-((1 << 20) // t.itemsize):]):
-        h.update(part.tobytes())
+    n = (1 << 20) // t.itemsize   # a MiB of ids
+    h.update(t[:n].tobytes())
+    h.update(t[-n:].tobytes())
     return h.hexdigest()[:16]

@@ -58,6 +58,11 @@ LEFTOVER = re.compile(r'\.all\.bin|\.(\.splits|meta|(train|valid|test)(\.unigram
                       r'|unigram-\d+|\w+\.zip\.part)\.[a-z0-9_]{8}\.(bin|json|model)')
 
 
+def _note(line):
+    """A line on stderr, beside the results on stdout: progress, retries, what is redone."""
+    print(line, file=sys.stderr)
+
+
 class DownloadError(UserError):   # run() adds the commands that work without network
     pass
 
@@ -82,7 +87,6 @@ def _retrying(url, fn, what=None):
     tries are left (RETRIES, BACKOFF); not after an HTTP error that waiting cannot mend
     (4xx)."""
     _reach(url)
-    what = what or url
     network = (URLError, http.client.HTTPException, ConnectionError, TimeoutError)
     for attempt in itertools.count():
         try:
@@ -95,8 +99,8 @@ def _retrying(url, fn, what=None):
             code = getattr(e, 'code', getattr(response, 'status_code', None))
             final = isinstance(code, int) and code < 500 and code not in (408, 429)
             if attempt >= RETRIES or final or type(e).__name__ == 'OfflineModeIsEnabled':
-                raise DownloadError(f'{what}: {first_line(e)}') from None
-            print(f'{what}: {first_line(e)}; retry {attempt + 1}/{RETRIES}', file=sys.stderr)
+                raise DownloadError(f'{what or url}: {first_line(e)}') from None
+            _note(f'{what or url}: {first_line(e)}; retry {attempt + 1}/{RETRIES}')
             time.sleep(BACKOFF * 2 ** attempt)
 
 
@@ -118,12 +122,12 @@ def download(url, dest):
             return
         headers = dict(AGENT)
         if have:
-            headers.update({'Range': f'bytes={have}-', 'If-Range': seen['validator']})
+            headers |= {'Range': f'bytes={have}-', 'If-Range': seen['validator']}
         with urlopen(Request(url, headers=headers), timeout=60) as resp, open(part, 'ab') as f:
             if resp.status != 206:   # the whole file: it (and its version) from the start
                 if have:
-                    print(f'{url}: the file changed on the server, or the server ignores Range: '
-                          'downloading it from the start', file=sys.stderr)
+                    _note(f'{url}: the file changed on the server, or the server ignores Range: '
+                          'downloading it from the start')
                 f.seek(0)
                 f.truncate()
                 etag = resp.headers.get('ETag', '')
@@ -144,6 +148,12 @@ def download(url, dest):
     return dest
 
 
+def _sha256(path):
+    """A file's SHA-256, in hex."""
+    with open(path, 'rb') as f:
+        return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
 def archive_problem(path, size=None, sha256=None):
     """Why a downloaded file cannot be read, or None: its size or SHA-256 not the ones the
     server lists (where it lists them), a zip member that fails its CRC, a parquet file
@@ -152,10 +162,8 @@ def archive_problem(path, size=None, sha256=None):
     import zlib
     if size is not None and path.stat().st_size != size:
         return f'{path.stat().st_size:,} bytes, not the {size:,} listed'
-    if sha256:
-        with open(path, 'rb') as f:
-            if hashlib.file_digest(f, 'sha256').hexdigest() != sha256:
-                return 'its SHA-256 is not the one listed'
+    if sha256 and _sha256(path) != sha256:
+        return 'its SHA-256 is not the one listed'
     try:
         if path.suffix == '.zip':
             with zipfile.ZipFile(path) as z:
@@ -183,7 +191,7 @@ def fetched(fetch, check=archive_problem):
             return path
         path.resolve().unlink(missing_ok=True)   # (a cache's link: its file, then the link)
         path.unlink(missing_ok=True)
-        print(f'{path}: damaged ({why}); removed', file=sys.stderr)
+        _note(f'{path}: damaged ({why}); removed')
         if again:
             path = Path(fetch(True))
     raise UserError(f'{path}: damaged again when fetched again ({why}); removed. The file on '
@@ -196,26 +204,25 @@ def text_pieces(f, label, encoding):
     space), inside a word only where it has none; text and separators are the file's own.
     Bytes are read as Latin-1, a character per byte. A NUL byte means binary: refused
     (file_pieces refuses non-UTF-8)."""
-    decoder = codecs.getincrementaldecoder(_DECODING[encoding])()
+    def blocks():   # the file's bytes, checked before they are decoded
+        while raw := f.read(CHUNK):
+            if 0 in raw:
+                raise UserError(f'{label} looks binary (a NUL byte); expected UTF-8 text '
+                                '(UTF-16 files must be converted first)')
+            yield raw
+
     buf = ''
-    more = True
-    while more:
-        raw = f.read(CHUNK)
-        more = bool(raw)
-        if 0 in raw:
-            raise UserError(f'{label} looks binary (a NUL byte); expected UTF-8 text (UTF-16 '
-                            'files must be converted first)')
-        buf += decoder.decode(raw, final=not more)
-        cut = buf.rfind('\n')
-        if cut >= 0:
-            yield buf[:cut], '\n'
-            buf = buf[cut + 1:]
-        elif len(buf) > CHUNK:
-            # a giant line: cut after its last break, the break itself the separator; without
-            # one, a giant word: the whole buffer, joined to the next piece with nothing between
+    for text in codecs.iterdecode(blocks(), _DECODING[encoding]):
+        buf += text
+        # cut after the last line end, the separator; a giant line after its last break, the
+        # break itself the separator; without one, a giant word: the whole buffer, joined to
+        # the next piece with nothing between
+        end = buf.rfind('\n') + 1
+        if not end and len(buf) > CHUNK:
             end = len(buf) + 1
             if last_break := _LAST_BREAK.match(buf):
                 end = last_break.end()
+        if end:
             yield buf[:end - 1], buf[end - 1:end]
             buf = buf[end:]
     if buf:
@@ -327,7 +334,7 @@ def _reporting(pieces, what):
     read = 0
     for text, sep in pieces:
         if (read + len(text)) // PROGRESS > read // PROGRESS:
-            print(f'{what}: {read + len(text):,} characters read', file=sys.stderr)
+            _note(f'{what}: {read + len(text):,} characters read')
         read += len(text)
         yield text, sep
 
@@ -357,8 +364,8 @@ def input_roles(paths):
     for path in paths:
         roles = [s for s in SPLITS if s in path.name.lower().replace('dev', 'valid')]
         if len(roles) != 1:
-            said = ' and '.join(roles) or 'no split'
-            raise UserError(f'--input {path}: its name says {said}; {how}', 2)
+            raise UserError(f'--input {path}: its name says {" and ".join(roles) or "no split"}; '
+                            f'{how}', 2)
         groups[roles[0]].append(path)
     for split, files in groups.items():
         if not files:
@@ -374,20 +381,20 @@ def _by_split(out, groups, caps, codec):
                                                               what=split))
 
 
-def _one_stream(out, pieces, cap, eval_cap, codec, eval_first=False):
+def _one_stream(out, pieces, cap, codec, eval_cap=None):
     """One stream cut into the splits: 90% train, 5% valid, 5% test in that order (text8,
-    --input); eval_first (cc-100): valid and test first, so that a capped stream fills
+    --input); with eval_cap (cc-100): valid and test first, so that a capped stream fills
     them."""
     tmp = out / '.all.bin'   # (a fixed name: the run holds the folder's lock)
     try:
         total = encode(tmp, pieces, cap, **codec)
         each = total // 20
-        if eval_first and (total >= cap or total >= 20 * eval_cap):
-            each = eval_cap
-        data = _ids(tmp, codec['dtype'])
         order = SPLITS
-        if eval_first:
+        if eval_cap:   # valid and test whole where the stream was capped or is long enough
             order = ('valid', 'test', 'train')
+            if total >= min(cap, 20 * eval_cap):
+                each = eval_cap
+        data = _ids(tmp, codec['dtype'])
         at = 0
         for split in order:
             n = total - 2 * each if split == 'train' else each
@@ -413,14 +420,14 @@ def _wiki40b(args, out, caps, codec):
 
     def shard(path):
         name = path.as_posix()
-        size = files[path].size
-        sha256 = files[path].lfs and files[path].lfs.sha256
+        listed = files[path]
+        sha256 = listed.lfs and listed.lfs.sha256
 
         def fetch(again):
             return _retrying(api.endpoint, lambda: api.hf_hub_download(
                 WIKI40B, name, repo_type='dataset', force_download=again), what=name)
         sources.append(f'hf://datasets/{WIKI40B}/{name}')
-        return file_pieces(fetched(fetch, lambda p: archive_problem(p, size, sha256)),
+        return file_pieces(fetched(fetch, lambda p: archive_problem(p, listed.size, sha256)),
                            args.encoding)
 
     files = _retrying(api.endpoint, listing, what=f'{api.endpoint}: {WIKI40B}/{args.lang}')
@@ -446,22 +453,20 @@ def _make_splits(args, out, codec):
         cap = None
         if not whole:
             cap = int(train_cap / 0.9)
-        sources = args.input
-        path = args.input and args.input[0]
-        if not args.input:
-            sources = [_url(args)]
+        sources = args.input or [_url(args)]
+        path = sources[0]
+        if not args.input:   # the download, checked
             dest = out / 'download' / f'{args.dataset}.zip'
             path = fetched(lambda again: download(sources[0], dest))
-        pieces = file_pieces(path, encoding)
-        _one_stream(out, pieces, cap, eval_cap, codec)
+        _one_stream(out, file_pieces(path, encoding), cap, codec)
         return sources, '90% train / 5% valid / 5% test, in order'
     if args.dataset == 'wiki40b':
         return _wiki40b(args, out, caps, codec)
     # cc-100: streamed; a cut stream ends the run, and the next one starts again
     url = _url(args)
     with _retrying(url, lambda: urlopen(Request(url, headers=AGENT), timeout=60)) as resp:
-        pieces = file_pieces(url, encoding, stream=resp)
-        _one_stream(out, pieces, train_cap + 2 * eval_cap, eval_cap, codec, eval_first=True)
+        _one_stream(out, file_pieces(url, encoding, stream=resp), train_cap + 2 * eval_cap, codec,
+                    eval_cap)
     return [url], f'first {eval_cap} valid, next {eval_cap} test, then train'
 
 
@@ -483,11 +488,12 @@ def index_chars(out):
     if len(chars) >= 1 << 16:
         raise UserError(f'{len(chars)} distinct characters in the train split: too many for '
                         'uint16 ids; use --bytes')
+    # code point → id: 1, 2, ... for the train split's characters in order, 0 for others
+    ids = np.zeros(0x110000, dtype)
+    ids[chars] = np.arange(1, len(chars) + 1)
     for split in SPLITS:
         points = np.fromfile(out / f'{split}.bin', dtype='uint32')
-        ids = np.searchsorted(chars, points) + 1
-        ids = np.where(np.isin(points, chars), ids, 0).astype(dtype)
-        write_atomic(out / f'{split}.bin', ids.tofile)
+        write_atomic(out / f'{split}.bin', ids[points].tofile)
     return ['\ufffd'] + [chr(c) for c in chars], dtype
 
 
@@ -500,24 +506,23 @@ def splits(args, out, codec, key, inputs):
     done = False
     try:
         stamp = json.loads(path.read_text(encoding='utf-8'))
-        same = stamp['key'] == key and stamp['inputs'] == inputs
-        done = same and all(len(_ids(out / f'{s}.bin', stamp['dtype'])) == stamp['sizes'][s]
-                            for s in SPLITS)
+        done = stamp['key'] == key and stamp['inputs'] == inputs and all(
+            len(_ids(out / f'{s}.bin', stamp['dtype'])) == stamp['sizes'][s] for s in SPLITS)
     except (OSError, ValueError, TypeError, KeyError):
         pass   # none, unreadable or incomplete: made again
     if done and not args.force:
         print(f'splits done in {out}, skipping (--force redoes)')
         return stamp
     if stamp and not args.force:
-        print(f'{out}: other options or input, or incomplete: rebuilding it', file=sys.stderr)
+        _note(f'{out}: other options or input, or incomplete: rebuilding it')
     for f in [out / 'meta.json', path, *out.glob('*unigram-*')]:
         f.unlink(missing_ok=True)  # outputs of an earlier run go before the new ones are made
     try:
         sources, rule = _make_splits(args, out, codec)
+        sources = list(map(str, sources))
         sizes = {s: len(_ids(out / f'{s}.bin', codec['dtype'])) for s in SPLITS}
         if why := split_problem(sizes):   # what no run could train on is not kept
-            read = ', '.join(map(str, sources)) or WIKI40B
-            raise UserError(f'{read}: too little text: {why}')
+            raise UserError(f'{", ".join(sources)}: too little text: {why}')
         alphabet = codec['alphabet']
         dtype = codec['dtype']
         if alphabet is None:
@@ -526,7 +531,7 @@ def splits(args, out, codec, key, inputs):
         for s in SPLITS:
             (out / f'{s}.bin').unlink(missing_ok=True)
         raise
-    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=list(map(str, sources)), rule=rule,
+    stamp = dict(key=key, inputs=inputs, sizes=sizes, source=sources, rule=rule,
                  alphabet=alphabet, dtype=dtype)
     # ASCII JSON with escapes: a file name that is not UTF-8 (a surrogate escape) is kept whole
     write_atomic(path, json.dumps(stamp, indent=1))
@@ -561,16 +566,18 @@ sys.stdout.buffer.write(model.getvalue())
 """
 
 
-def split_words(path, meta, block=1 << 21):
+def split_words(path, meta, what, block=1 << 21):
     """A split's words ('' between two separators: ASCII whitespace, the only
-    whitespace bytes that UTF-8 has) by blocks: (words, closed); not closed: the split's
-    last word, where no separator follows."""
+    whitespace bytes that UTF-8 has) by blocks, a progress line for `what` every PROGRESS
+    characters: (words, closed); not closed: the split's last word, where no separator
+    follows."""
     data = _ids(path, meta['dtype'])
     chars = np.array([ord(c) for c in meta['alphabet']], '<u4')
+    blocks = ((chars[data[i:i + block]].tobytes().decode('utf-32-le'), '')
+              for i in range(0, len(data), block))
     carry = ''
-    for i in range(0, len(data), block):
-        text = carry + chars[data[i:i + block]].tobytes().decode('utf-32-le')
-        words = _SEPARATOR.split(text)
+    for text, _ in _reporting(blocks, what):
+        words = _SEPARATOR.split(carry + text)
         carry = words.pop()  # maybe cut by the block's end: it goes on in the next block
         yield words, True
     if carry:
@@ -593,8 +600,7 @@ def as_text(word, encoding):
 def word_labels(sp, words, encoding='paper'):
     """{word: in-word labels}, a byte per unit: 1 at the last unit of every piece but the
     last (the space after the word closes it). Pieces of "▁word" (dummy prefix), the ▁
-    dropped."""
-    words = list(words)
+    dropped. words: a list or set (read twice)."""
     out = {}
     shown = [as_text(w, encoding) for w in words]
     encoded = sp.encode([text for text, _ in shown], out_type=str)
@@ -609,14 +615,17 @@ def word_labels(sp, words, encoding='paper'):
     return out
 
 
-def _write_labels(out, V, labels, meta):
-    """{split}.unigram-V.bin: per character, 1 where a piece ends (the separator after a
-    word closes it) → the count of ones per split."""
+def _write_labels(out, V, model, meta):
+    """{split}.unigram-V.bin: per character, 1 where a piece of `model` ends (the separator
+    after a word closes it), each word's labels found once → the count of ones per split."""
     ones = dict.fromkeys(SPLITS, 0)
+    labels = {}
     for split in SPLITS:
         def write(tmp):
             with open(tmp, 'wb') as f:
-                for ws, closed in split_words(out / f'{split}.bin', meta):
+                for ws, closed in split_words(out / f'{split}.bin', meta,
+                                              f'unigram-{V} labels of {split}'):
+                    labels.update(word_labels(model, set(ws) - labels.keys(), meta['encoding']))
                     chunk = b''.join(labels[w] + b'\x01' for w in ws)
                     if not closed:   # the split's end closes its last word
                         chunk = chunk[:-2] + b'\x01'
@@ -631,19 +640,15 @@ def _fit(V, rows, letters, coverage):
     model; a size it refuses is one UserError line in its words."""
     kw = dict(UNIGRAM_SETTINGS, vocab_size=V, required_chars=letters, character_coverage=coverage)
     command = [sys.executable, '-c', _FIT, json.dumps(kw), str(os.getpid())]
-    child = subprocess.Popen(command, start_new_session=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # each letter once more as a word of its own: letters the text lacks get a piece
     text = '\n'.join(rows + [f'{c}\t1' for c in letters])
-    try:
-        proto, err = child.communicate(text.encode())
-    finally:
-        child.kill()   # (on Ctrl-C; a child that has ended is not there to be killed)
-        child.wait()
+    # (subprocess.run kills the child on any exception, Ctrl-C's too, and waits for it)
+    child = subprocess.run(command, input=text.encode(), capture_output=True,
+                           start_new_session=True)
     if child.returncode:   # a size too large for the text, or too small for the alphabet
-        said = (err.decode(errors='replace').strip().splitlines() or ['?'])[-1]
+        said = (child.stderr.decode(errors='replace').strip().splitlines() or ['?'])[-1]
         raise UserError(f'--unigram {V}: {said.removeprefix("RuntimeError: ")} (SentencePiece)')
-    return proto
+    return child.stdout
 
 
 def make_unigram(out, meta, V):
@@ -652,15 +657,15 @@ def make_unigram(out, meta, V):
     entry."""
     import sentencepiece as spm
     encoding = meta['encoding']
-    words = {}
-    for s in SPLITS:
-        chunks = split_words(out / f'{s}.bin', meta)
-        words[s] = Counter(w for ws, _ in chunks for w in ws if w)
+    words = Counter()
+    for ws, _ in split_words(out / 'train.bin', meta, f'unigram-{V} word counts'):
+        words.update(ws)
+    del words['']   # (between two separators)
     counts = Counter()
-    for w, n in words['train'].items():
+    for w, n in words.items():
         counts[as_text(w, encoding)[0]] += n
     rows = [f'{w}\t{n}' for w, n in counts.most_common()]
-    print(f'unigram-{V}: training SentencePiece on {len(rows):,} train words', file=sys.stderr)
+    _note(f'unigram-{V}: training SentencePiece on {len(rows):,} train words')
     # the paper's alphabet is small and every letter of it gets a piece, seen in train or
     # not; the characters of text as it is can outnumber V (SentencePiece's default
     # coverage leaves the rarest out)
@@ -670,11 +675,10 @@ def make_unigram(out, meta, V):
         letters = ''.join(c for c in meta['alphabet'] if c not in ' \n')
         coverage = 1.0
     proto = _fit(V, rows, letters, coverage)
-    model = spm.SentencePieceProcessor(model_proto=proto)
-    labels = word_labels(model, set().union(*words.values(), ['']), encoding)
-    ones = _write_labels(out, V, labels, meta)
+    ones = _write_labels(out, V, spm.SentencePieceProcessor(model_proto=proto), meta)
     write_atomic(out / f'unigram-{V}.model', proto)  # last: it completes the set
-    sf = {s: round(meta['sizes'][s] / ones[s], 4) if ones[s] else None for s in SPLITS}
+    # (a split's end closes its last word: every split has a 1)
+    sf = {s: round(meta['sizes'][s] / ones[s], 4) for s in SPLITS}
     return {'vocab_size': V, 'shortening_factor': sf}
 
 
@@ -736,11 +740,10 @@ def prepare(args, out, lang, inputs):
 def settings(args, inputs=None):
     """What decides the text of the splits, as dataset.recorded_settings reads it: recorded
     in .splits.json (compared by re-runs) and meta.json."""
-    key = dict(dataset=args.dataset, lang=args.lang, encoding=args.encoding, input=None)
-    key.update({cap: getattr(args, cap) for cap in CAPS})
-    if inputs:
-        key['input'] = [f['path'] for f in inputs]
-    return key
+    # (inputs: None, or describe_inputs' list of one file or more)
+    return dict(dataset=args.dataset, lang=args.lang, encoding=args.encoding,
+                input=inputs and [f['path'] for f in inputs],
+                **{cap: getattr(args, cap) for cap in CAPS})
 
 
 def extent(args, meta):
@@ -770,7 +773,8 @@ def whitespace_sf(out, meta):
     sf = dict.fromkeys(SPLITS)
     for split in SPLITS:
         ids = _ids(out / f'{split}.bin', meta['dtype'])
-        spaces = sum(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id'])
+        # (a Python int: numpy's would make the factor print as np.float64(...) in _report)
+        spaces = sum(int(np.count_nonzero(ids[i:i + CHUNK] == meta['space_id']))
                      for i in range(0, len(ids), CHUNK))
         if spaces:
             sf[split] = round(len(ids) / spaces, 4)
@@ -859,21 +863,22 @@ def resolve(args):
         encoding = 'bytes'
     elif args.chars:
         encoding = 'chars'
-    if args.dataset:
-        dataset = args.dataset
-    elif args.input and (args.lang or encoding != 'paper'):
-        dataset = 'input'
-    elif args.lang:
+    # the source: --dataset, else one's own text, else wiki40b for --lang, else text8
+    dataset = 'text8'
+    if args.lang:
         dataset = 'wiki40b'
-    else:
-        dataset = 'text8'
+    if args.input and (args.lang or encoding != 'paper'):
+        dataset = 'input'
+    dataset = args.dataset or dataset
     out = args.out_dir / (args.name or default_name(dataset, args.lang, encoding))
     old = recorded_settings(out) or {}
-    if old and not (args.dataset or args.lang or args.input or args.bytes or args.chars):
+    # none of --dataset, --lang, --input, --bytes, --chars given (--bytes or --chars: an
+    # encoding other than the paper's)
+    if old and not (args.dataset or args.lang or args.input or encoding != 'paper'):
         dataset = old['dataset']
         encoding = old['encoding']
         args.lang = old['lang']
-        args.input = old['input'] and [Path(p) for p in old['input']]
+        args.input = old['input'] and list(map(Path, old['input']))
     for flag, default in CAPS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, old.get(flag, default))
@@ -903,9 +908,7 @@ def describe_inputs(paths):
             raise UserError(f'input file {given}: not a regular file (a pipe or device?): '
                             'save the text to a file and name that')
         path = given.resolve()
-        with open(path, 'rb') as f:
-            sha = hashlib.file_digest(f, 'sha256').hexdigest()
-        inputs.append(dict(path=str(path), size=path.stat().st_size, sha256=sha))
+        inputs.append(dict(path=str(path), size=path.stat().st_size, sha256=_sha256(path)))
     return inputs or None
 
 
