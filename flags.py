@@ -52,8 +52,18 @@ KEPT_ON_RESUME = ('boundary', 'unigram', *SHAPE, 'seq_len', 'batch_size', 'seed'
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time', 'threads')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
-# The flag types of a source's Options fields, by the field's annotation
-OPTION_TYPES = {t.__name__: t for t in (bool, int, float, str)}
+
+
+def add_flags(p, rows):
+    """Add a flag to parser p for each (flag, kind, help) of rows: kind is the argument
+    type, a tuple of the choices, or SWITCH."""
+    for flag, kind, text in rows:
+        how = dict(type=kind)
+        if isinstance(kind, tuple):
+            how = dict(choices=kind)
+        elif kind is SWITCH:
+            how = SWITCH
+        p.add_argument(flag, **how, help=text)
 
 
 def import_sources(argv):
@@ -62,30 +72,25 @@ def import_sources(argv):
     their Options fields become flags → the imports as a checkpoint records them
     (checkpoint.import_identity: X, a file by its absolute path, and its content's
     SHA-256). A script calls it before it builds its parser. One UserError line (exit 2)
-    naming X where X does not import or registers a name already taken."""
+    naming X where X does not import or registers a name already taken (a built-in name,
+    or an earlier import's, would train and later sample as the other: register_source
+    refuses it, and run_import makes that one line)."""
     p = common.Parser(add_help=False)
     add_import_flag(p)
     imported = []
     for name in p.parse_known_args(argv)[0].imports or []:
         if name.endswith('.py') or '/' in name:
             name = str(Path(name).resolve())
-        before = dict(dynpool.SOURCES)
         run_import(name)
-        # a built-in name (or an earlier import's) would train and later sample as the other
-        taken = [mode for mode, source in before.items() if dynpool.SOURCES[mode] is not source]
-        if taken:
-            raise UserError(f'--import {name} registers boundary {taken[0]!r}, a name already '
-                            'taken (built in, or by an earlier --import): register its source '
-                            'under a name of its own', code=2)
         imported.append(import_identity(name))
     return imported
 
 
 def run_import(name):
-    """Import the file (its absolute path) or module `name` as a plug-in, contained: it
-    sees a sys.argv of its own name alone, its file's folder is importable while it
-    imports (a helper beside it), and whatever it raises or exits with is one UserError
-    line (exit 2) naming the --import. A file this process imported already (a flag
+    """Import the file (its absolute path: a name with a '/') or module `name` as a
+    plug-in, contained: it sees a sys.argv of its own name alone, its file's folder is
+    importable while it imports (a helper beside it), and whatever it raises or exits with
+    is one UserError line (exit 2) naming the --import. A file this process imported already (a flag
     given twice, bench.py's child run in-process) is not run again."""
     if getattr(sys.modules.get(Path(name).stem), '__file__', None) == name:
         return
@@ -95,7 +100,7 @@ def run_import(name):
     sys.argv = [name]
     try:
         with contextlib.redirect_stderr(said):
-            if name.endswith('.py') or '/' in name:
+            if '/' in name:
                 sys.path.insert(0, str(Path(name).parent))
                 spec = importlib.util.spec_from_file_location(Path(name).stem, name)
                 module = importlib.util.module_from_spec(spec)
@@ -126,30 +131,35 @@ def add_import_flag(p):
 
 def add_device_flag(p):
     """--device (runtime.pick_device resolves it) and --threads (runtime.cpu_threads)."""
-    p.add_argument('--device', type=nonblank,
-                   help='cpu, cuda, cuda:N or mps (default cuda if any; train.py: it also '
-                   'picks the preset)')
-    p.add_argument('--threads', type=int_range(1, os.cpu_count() or 1),
-                   help='CPU threads (default OMP_NUM_THREADS, else half the CPUs)')
+    add_flags(p, [
+        ('--device', nonblank, 'cpu, cuda, cuda:N or mps (default cuda if any; train.py: it '
+         'also picks the preset)'),
+        ('--threads', int_range(1, os.cpu_count() or 1),
+         'CPU threads (default OMP_NUM_THREADS, else half the CPUs)'),
+    ])
 
 
 def add_amp_flag(p):
     """--amp (runtime.setup_precision resolves it; None when not given)."""
-    p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
-                   help='autocast: auto is bf16 where the GPU has it, else fp16')
+    add_flags(p, [
+        ('--amp', ('auto', 'bf16', 'fp16', 'off'),
+         'autocast: auto is bf16 where the GPU has it, else fp16'),
+    ])
 
 
 def add_size_flags(p):
     """The flags of the model's shape (SHAPE; None when not given: Config's defaults are
     the paper's)."""
-    p.add_argument('--d-model', type=positive_int, help='model width')
-    p.add_argument('--n-head', type=positive_int, help='attention heads')
-    p.add_argument('--d-head', type=positive_int, help='width of one head')
-    p.add_argument('--d-inner', type=positive_int, help='feed-forward width')
-    p.add_argument('--layers', type=layer_counts,
-                   help='pre,shortened,post layer counts (vanilla: all at full length)')
-    p.add_argument('--dropout', type=fraction, help='dropout')
-    p.add_argument('--dropatt', type=fraction, help='attention dropout')
+    add_flags(p, [
+        ('--d-model', positive_int, 'model width'),
+        ('--n-head', positive_int, 'attention heads'),
+        ('--d-head', positive_int, 'width of one head'),
+        ('--d-inner', positive_int, 'feed-forward width'),
+        ('--layers', layer_counts,
+         'pre,shortened,post layer counts (vanilla: all at full length)'),
+        ('--dropout', fraction, 'dropout'),
+        ('--dropatt', fraction, 'attention dropout'),
+    ])
 
 
 def option_fields():
@@ -169,23 +179,22 @@ def model_defaults():
     now: after import_sources."""
     p = argparse.ArgumentParser()
     add_model_flags(p)
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    defaults = dataclasses.asdict(Config())
     defaults.update({name: field.default for name, (_, field) in option_fields().items()})
     return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
 
 
 
 
-def any_number(s):
-    """Argument type of a source's float option: a number, inf too (the default some
-    options have), not nan; the source's check_config judges its range."""
-    try:
-        value = float(s)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value):
-        raise argparse.ArgumentTypeError(f'must be a number, got {s!r}')
-    return value
+# Argument type of a source's float option: a number, inf too (the default some options
+# have), not nan; the source's check_config judges its range.
+any_number = common.number(float, 'a number', -math.inf, math.inf)
+
+
+# How a source's Options field is a flag, by its type's name: a number, text or a switch
+# (a tuple, a list: set in code, not by a flag)
+OPTION_FLAGS = {'bool': dict(action=argparse.BooleanOptionalAction), 'int': dict(type=int),
+                'float': dict(type=any_number), 'str': dict(type=str)}
 
 
 def layer_counts(value):
@@ -230,18 +239,18 @@ def parser():
     help ends with the flag's default, the presets' where they differ."""
     p = common.Parser(prog='train.py', description='Train a dynamic-pooling Transformer (Nawrot '
                       'et al., ACL 2023), a character-level LM.')
-    p.add_argument('--data', type=nonblank,
-                   help='dataset directory written by prepare_data.py')
-    p.add_argument('--boundary', choices=dynpool.BOUNDARY_MODES,
-                   help='where segments end (none: a vanilla Transformer)')
+    add_flags(p, [
+        ('--data', nonblank, 'dataset directory written by prepare_data.py'),
+        ('--boundary', dynpool.BOUNDARY_MODES, 'where segments end (none: a vanilla Transformer)'),
+    ])
     add_import_flag(p)
-    p.add_argument('--out', type=nonblank,
-                   help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
-    p.add_argument('--resume', **SWITCH,
-                   help='continue the run in --out from its checkpoint')
+    add_flags(p, [
+        ('--out', nonblank,
+         'run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)'),
+        ('--resume', SWITCH, 'continue the run in --out from its checkpoint'),
+    ])
     add_device_flag(p)
-    p.add_argument('--seed', type=seed_int,
-                   help='seed of initialisation, data order and dropout')
+    add_flags(p, [('--seed', seed_int, 'seed of initialisation, data order and dropout')])
     add_size_flags(p)
     add_model_flags(p)
     add_schedule_flags(p)
@@ -261,78 +270,57 @@ def add_model_flags(p):
     registered source's Options of a number, text or switch type (hnet's ratio_target:
     --ratio-target), which takes the field's default and leaves its range to the source's
     check_config."""
-    p.add_argument('--pooling', choices=('mean', 'last'),
-                   help="a segment's mean, or its last token (Table 2's sub-sampling)")
-    p.add_argument('--fixed-factor', type=int_range(1, 2**20),
-                   help='fixed: segment length k')
-    p.add_argument('--temperature', type=positive_float,
-                   help='gumbel: Gumbel-sigmoid temperature')
-    p.add_argument('--prior', type=probability,
-                   help="gumbel: prior boundary rate (default the dataset's, else 0.2)")
-    p.add_argument('--entropy-window', type=int_range(1, 2**20),
-                   help='entropy: k of the spike rule')
-    p.add_argument('--unigram', type=positive_int,
-                   help="unigram: the label set of V pieces (default the dataset's)")
-    p.add_argument('--double-sigmoid', **SWITCH,
-                   help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
-    p.add_argument('--attention', choices=('auto', 'sdpa', 'blocked'),
-                   help='attention kernels, speed only')
+    add_flags(p, [
+        ('--pooling', ('mean', 'last'),
+         "a segment's mean, or its last token (Table 2's sub-sampling)"),
+        ('--fixed-factor', int_range(1, 2**20), 'fixed: segment length k'),
+        ('--temperature', positive_float, 'gumbel: Gumbel-sigmoid temperature'),
+        ('--prior', probability, "gumbel: prior boundary rate (default the dataset's, else 0.2)"),
+        ('--entropy-window', int_range(1, 2**20), 'entropy: k of the spike rule'),
+        ('--unigram', positive_int, "unigram: the label set of V pieces (default the dataset's)"),
+        ('--double-sigmoid', SWITCH,
+         "unigram/entropy: the released code's loss, BCE of sigmoid(logit)"),
+        ('--attention', ('auto', 'sdpa', 'blocked'), 'attention kernels, speed only'),
+    ])
     for name, (mode, field) in option_fields().items():
         flag = f'--{name.replace("_", "-")}'
         # the annotation's type (a float field may default to an int), else the default's
-        kind = OPTION_TYPES.get(getattr(field.type, '__name__', field.type), type(field.default))
-        how = dict(type=kind)
-        if kind is bool:
-            how = dict(action=argparse.BooleanOptionalAction)
-        elif kind is float:
-            how = dict(type=any_number)
-        elif kind not in (int, str):
-            continue  # (a tuple, a list: set in code, not by a flag)
-        if flag not in p._option_string_actions:
+        annotation = getattr(field.type, '__name__', field.type)
+        how = OPTION_FLAGS.get(annotation) or OPTION_FLAGS.get(type(field.default).__name__)
+        if how is not None and flag not in p._option_string_actions:
             p.add_argument(flag, **how, help=f'{mode}: its option {name}')
 
 
 def add_schedule_flags(p):
     """The flags of the batch, the schedule, evaluation and logging."""
-    p.add_argument('--batch-size', type=positive_int,
-                   help='global batch: sequences a step over processes, --grad-accum')
-    p.add_argument('--seq-len', type=positive_int,
-                   help='training sequence length in characters')
-    p.add_argument('--grad-accum', type=positive_int,
-                   help='micro-steps per optimizer step')
-    p.add_argument('--max-steps', type=positive_int,
-                   help='optimizer steps; the cosine ends here')
-    p.add_argument('--flop-budget', type=flop_budget,
-                   help='FLOPs to train, or vanilla:N: those of N vanilla steps')
-    p.add_argument('--stop-step', type=positive_int,
-                   help='save and exit here, unfinished, for --resume (default none)')
-    p.add_argument('--max-time', type=positive_float,
-                   help='seconds to train, then save and exit (default none)')
-    p.add_argument('--lr', type=positive_float, help='peak learning rate')
-    p.add_argument('--warmup', type=non_negative_int,
-                   help='linear warm-up steps before the cosine')
-    p.add_argument('--grad-clip', type=non_negative_float,
-                   help='gradient norm clip, 0 = off')
-    p.add_argument('--compile', **SWITCH, help='torch.compile the model for training')
-    p.add_argument('--eval-interval', type=positive_int,
-                   help='validate and save every N steps')
-    p.add_argument('--save-interval', type=save_interval,
-                   help='also save every N steps (500) or N minutes of training (30m)')
-    p.add_argument('--eval-window', type=positive_int,
-                   help='evaluation window in characters')
-    p.add_argument('--eval-step', type=positive_int,
-                   help='each window scores its last N characters')
-    p.add_argument('--eval-subset-chars', type=non_negative_int,
-                   help='validate on the first N chars in training, 0 = all')
-    p.add_argument('--eval-max-chars', type=non_negative_int,
-                   help='cap the final validation and test at N chars, 0 = all')
-    p.add_argument('--eval-batch-size', type=positive_int,
-                   help='windows per evaluation batch')
-    p.add_argument('--eval-protocol', choices=('whole', 'released'),
-                   help="every target once in one stream, or the released code's 500 "
-                   'batches of 16 columns')
-    p.add_argument('--log-interval', type=positive_int,
-                   help='a train record every N steps')
+    add_flags(p, [
+        ('--batch-size', positive_int,
+         'global batch: sequences a step over processes, --grad-accum'),
+        ('--seq-len', positive_int, 'training sequence length in characters'),
+        ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
+        ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
+        ('--flop-budget', flop_budget, 'FLOPs to train, or vanilla:N: those of N vanilla steps'),
+        ('--stop-step', positive_int,
+         'save and exit here, unfinished, for --resume (default none)'),
+        ('--max-time', positive_float, 'seconds to train, then save and exit (default none)'),
+        ('--lr', positive_float, 'peak learning rate'),
+        ('--warmup', non_negative_int, 'linear warm-up steps before the cosine'),
+        ('--grad-clip', non_negative_float, 'gradient norm clip, 0 = off'),
+        ('--compile', SWITCH, 'torch.compile the model for training'),
+        ('--eval-interval', positive_int, 'validate and save every N steps'),
+        ('--save-interval', save_interval,
+         'also save every N steps (500) or N minutes of training (30m)'),
+        ('--eval-window', positive_int, 'evaluation window in characters'),
+        ('--eval-step', positive_int, 'each window scores its last N characters'),
+        ('--eval-subset-chars', non_negative_int,
+         'validate on the first N chars in training, 0 = all'),
+        ('--eval-max-chars', non_negative_int,
+         'cap the final validation and test at N chars, 0 = all'),
+        ('--eval-batch-size', positive_int, 'windows per evaluation batch'),
+        ('--eval-protocol', ('whole', 'released'), "every target once in one stream, or the "
+         "released code's 500 batches of 16 columns"),
+        ('--log-interval', positive_int, 'a train record every N steps'),
+    ])
 
 
 def show(value):
@@ -349,32 +337,30 @@ def resolve_args(argv, procs=rt.Processes()):
     None). The --import files are imported first (import_sources; args.imports)."""
     imports = import_sources(argv)
     args = parser().parse_args(argv)
-    given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
     data = args.data or COMMON['data']
     out = Path(args.out or f'out/{Path(data).name}-{args.boundary or COMMON["boundary"]}')
+    saved_at = out / 'ckpt.pt'
     model = model_defaults()
     ckpt = None
-    taken = {}
     if args.resume:
         # the run folder's ckpt.pt (read_checkpoint takes a folder called so for a run's)
-        ckpt = read_checkpoint(out if out.is_dir() else out / 'ckpt.pt', resume=True)
+        ckpt = read_checkpoint(out if out.is_dir() else saved_at, resume=True)
         saved = ckpt['args']
-        for k in sorted(given & {*KEPT_ON_RESUME, *model}):
-            if getattr(args, k) != saved.get(k):
+        # a flag given (not None) that the run keeps must be the run's
+        for k in sorted({*KEPT_ON_RESUME, *model}):
+            if getattr(args, k) not in (None, saved.get(k)):
                 raise UserError(f'--{k.replace("_", "-")} differs from the checkpoint\'s '
                                 f'{show(saved.get(k))}: a resumed run keeps it', code=2)
-        taken = {k: v for k, v in saved.items() if k not in given | set(NOT_RESUMED)}
-    elif (out / 'ckpt.pt').exists():
+        fill(args, {k: v for k, v in saved.items() if k not in NOT_RESUMED})
+    elif saved_at.exists():
         # (a folder or another file in its place is no checkpoint to resume)
         what = 'exists: --resume it'
-        if not (out / 'ckpt.pt').is_file():
+        if not saved_at.is_file():
             what = 'is not a checkpoint file: remove it'
-        raise UserError(f'{out / "ckpt.pt"} {what} or choose another --out')
-    vars(args).update(taken, out=str(out), device=device, imports=imports)
-    preset = CPU_PRESET
-    if device.startswith('cuda'):
-        preset = GPU_PRESET
+        raise UserError(f'{saved_at} {what} or choose another --out')
+    vars(args).update(out=str(out), device=device, imports=imports)
+    preset = GPU_PRESET if device.startswith('cuda') else CPU_PRESET
     # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
@@ -382,10 +368,15 @@ def resolve_args(argv, procs=rt.Processes()):
                 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
         defaults['max_steps'] = 10**9
-    for k, v in defaults.items():
+    fill(args, defaults)
+    return args, ckpt
+
+
+def fill(args, values):
+    """Set each of `values` on args where args holds None (a flag not given) or lacks it."""
+    for k, v in values.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
-    return args, ckpt
 
 
 def model_config(args, meta, world=1):
