@@ -206,7 +206,7 @@ def save_checkpoint(path, state, saved_step):
     is NaN or inf too (nonfinite_weight, whatever let it through), the previous
     checkpoint (of step saved_step, or None) stays as it was."""
     left = kept(path, saved_step, state.get('imports', ()))
-    bad = nonfinite_weight(state['model'])
+    bad = nonfinite_weight(state.get('model', {}))
     if bad is not None:
         raise UserError(f'cannot save checkpoint {path}: model.{bad} holds NaN or inf values '
                         f'(the run diverged); {left}')

@@ -89,7 +89,7 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def number(kind, rule, lo, hi, excluded=()):
+def number_range(kind, rule, lo, hi, excluded=()):
     """Argument type: s → kind(s) in [lo, hi] and not one of excluded (nan, what kind()
     cannot read, is in no range); else ArgumentTypeError naming rule."""
     def parse(s):
@@ -110,7 +110,7 @@ def int_range(lo, hi=None):
     if hi is None:
         rule = f'an integer >= {lo} (below 2**63)'
         hi = 2 ** 63 - 1
-    return number(int, rule, lo, hi)
+    return number_range(int, rule, lo, hi)
 
 
 def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
@@ -127,7 +127,7 @@ def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
         excluded.add(hi)
     elif hi < math.inf:
         rule += f' and <= {hi:g}'
-    return number(float, rule, lo, hi, excluded)
+    return number_range(float, rule, lo, hi, excluded)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
@@ -185,7 +185,7 @@ def make_folder(folder):
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError as e:
         # a link to a folder that does not exist (an unmounted disk)
-        if not os.path.islink(str(e.filename)):
+        if not os.path.islink(e.filename):
             raise
         raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
                                 e.filename) from None

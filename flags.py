@@ -6,7 +6,6 @@ module so that bench.py and study.py read the same rules without importing train
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import importlib.util
 import io
 import math
@@ -90,8 +89,8 @@ def run_import(name):
     """Import the file (its absolute path: a name with a '/') or module `name` as a
     plug-in, contained: it sees a sys.argv of its own name alone, its file's folder is
     importable while it imports (a helper beside it), and whatever it raises or exits with
-    is one UserError line (exit 2) naming the --import. A file this process imported already (a flag
-    given twice, bench.py's child run in-process) is not run again."""
+    is one UserError line (exit 2) naming the --import. A file this process imported
+    already (a flag given twice, bench.py's child run in-process) is not run again."""
     if getattr(sys.modules.get(Path(name).stem), '__file__', None) == name:
         return
     argv = sys.argv
@@ -188,7 +187,7 @@ def model_defaults():
 
 # Argument type of a source's float option: a number, inf too (the default some options
 # have), not nan; the source's check_config judges its range.
-any_number = common.number(float, 'a number', -math.inf, math.inf)
+any_number = common.number_range(float, 'a number', -math.inf, math.inf)
 
 
 # How a source's Options field is a flag, by its type's name: a number, text or a switch
