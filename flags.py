@@ -53,18 +53,6 @@ NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time', 'threads')
 SWITCH = dict(action='store_true', default=None)
 
 
-def add_flags(p, rows):
-    """Add a flag to parser p for each (flag, kind, help) of rows: kind is the argument
-    type, a tuple of the choices, or SWITCH."""
-    for flag, kind, text in rows:
-        how = dict(type=kind)
-        if isinstance(kind, tuple):
-            how = dict(choices=kind)
-        elif kind is SWITCH:
-            how = SWITCH
-        p.add_argument(flag, **how, help=text)
-
-
 def import_sources(argv):
     """Import every `--import X` (or `--import=X`) of the command line argv, in order, so
     that the boundary sources it registers (dynpool.register_source) join --boundary and
@@ -130,35 +118,30 @@ def add_import_flag(p):
 
 def add_device_flag(p):
     """--device (runtime.pick_device resolves it) and --threads (runtime.cpu_threads)."""
-    add_flags(p, [
-        ('--device', nonblank, 'cpu, cuda, cuda:N or mps (default cuda if any; train.py: it '
-         'also picks the preset)'),
-        ('--threads', int_range(1, os.cpu_count() or 1),
-         'CPU threads (default OMP_NUM_THREADS, else half the CPUs)'),
-    ])
+    p.add_argument('--device', type=nonblank,
+                   help='cpu, cuda, cuda:N or mps (default cuda if any; train.py: it also '
+                   'picks the preset)')
+    p.add_argument('--threads', type=int_range(1, os.cpu_count() or 1),
+                   help='CPU threads (default OMP_NUM_THREADS, else half the CPUs)')
 
 
 def add_amp_flag(p):
     """--amp (runtime.setup_precision resolves it; None when not given)."""
-    add_flags(p, [
-        ('--amp', ('auto', 'bf16', 'fp16', 'off'),
-         'autocast: auto is bf16 where the GPU has it, else fp16'),
-    ])
+    p.add_argument('--amp', choices=('auto', 'bf16', 'fp16', 'off'),
+                   help='autocast: auto is bf16 where the GPU has it, else fp16')
 
 
 def add_size_flags(p):
     """The flags of the model's shape (SHAPE; None when not given: Config's defaults are
     the paper's)."""
-    add_flags(p, [
-        ('--d-model', positive_int, 'model width'),
-        ('--n-head', positive_int, 'attention heads'),
-        ('--d-head', positive_int, 'width of one head'),
-        ('--d-inner', positive_int, 'feed-forward width'),
-        ('--layers', layer_counts,
-         'pre,shortened,post layer counts (vanilla: all at full length)'),
-        ('--dropout', fraction, 'dropout'),
-        ('--dropatt', fraction, 'attention dropout'),
-    ])
+    p.add_argument('--d-model', type=positive_int, help='model width')
+    p.add_argument('--n-head', type=positive_int, help='attention heads')
+    p.add_argument('--d-head', type=positive_int, help='width of one head')
+    p.add_argument('--d-inner', type=positive_int, help='feed-forward width')
+    p.add_argument('--layers', type=layer_counts,
+                   help='pre,shortened,post layer counts (vanilla: all at full length)')
+    p.add_argument('--dropout', type=fraction, help='dropout')
+    p.add_argument('--dropatt', type=fraction, help='attention dropout')
 
 
 def option_fields():
@@ -238,18 +221,18 @@ def parser():
     help ends with the flag's default, the presets' where they differ."""
     p = common.Parser(prog='train.py', description='Train a dynamic-pooling Transformer (Nawrot '
                       'et al., ACL 2023), a character-level LM.')
-    add_flags(p, [
-        ('--data', nonblank, 'dataset directory written by prepare_data.py'),
-        ('--boundary', dynpool.BOUNDARY_MODES, 'where segments end (none: a vanilla Transformer)'),
-    ])
+    p.add_argument('--data', type=nonblank,
+                   help='dataset directory written by prepare_data.py')
+    p.add_argument('--boundary', choices=dynpool.BOUNDARY_MODES,
+                   help='where segments end (none: a vanilla Transformer)')
     add_import_flag(p)
-    add_flags(p, [
-        ('--out', nonblank,
-         'run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)'),
-        ('--resume', SWITCH, 'continue the run in --out from its checkpoint'),
-    ])
+    p.add_argument('--out', type=nonblank,
+                   help='run directory: ckpt.pt, log.jsonl (default out/<dataset>-<boundary>)')
+    p.add_argument('--resume', **SWITCH,
+                   help='continue the run in --out from its checkpoint')
     add_device_flag(p)
-    add_flags(p, [('--seed', seed_int, 'seed of initialisation, data order and dropout')])
+    p.add_argument('--seed', type=seed_int,
+                   help='seed of initialisation, data order and dropout')
     add_size_flags(p)
     add_model_flags(p)
     add_schedule_flags(p)
@@ -269,18 +252,22 @@ def add_model_flags(p):
     registered source's Options of a number, text or switch type (hnet's ratio_target:
     --ratio-target), which takes the field's default and leaves its range to the source's
     check_config."""
-    add_flags(p, [
-        ('--pooling', ('mean', 'last'),
-         "a segment's mean, or its last token (Table 2's sub-sampling)"),
-        ('--fixed-factor', int_range(1, 2**20), 'fixed: segment length k'),
-        ('--temperature', positive_float, 'gumbel: Gumbel-sigmoid temperature'),
-        ('--prior', probability, "gumbel: prior boundary rate (default the dataset's, else 0.2)"),
-        ('--entropy-window', int_range(1, 2**20), 'entropy: k of the spike rule'),
-        ('--unigram', positive_int, "unigram: the label set of V pieces (default the dataset's)"),
-        ('--double-sigmoid', SWITCH,
-         "unigram/entropy: the released code's loss, BCE of sigmoid(logit)"),
-        ('--attention', ('auto', 'sdpa', 'blocked'), 'attention kernels, speed only'),
-    ])
+    p.add_argument('--pooling', choices=('mean', 'last'),
+                   help="a segment's mean, or its last token (Table 2's sub-sampling)")
+    p.add_argument('--fixed-factor', type=int_range(1, 2**20),
+                   help='fixed: segment length k')
+    p.add_argument('--temperature', type=positive_float,
+                   help='gumbel: Gumbel-sigmoid temperature')
+    p.add_argument('--prior', type=probability,
+                   help="gumbel: prior boundary rate (default the dataset's, else 0.2)")
+    p.add_argument('--entropy-window', type=int_range(1, 2**20),
+                   help='entropy: k of the spike rule')
+    p.add_argument('--unigram', type=positive_int,
+                   help="unigram: the label set of V pieces (default the dataset's)")
+    p.add_argument('--double-sigmoid', **SWITCH,
+                   help="unigram/entropy: the released code's loss, BCE of sigmoid(logit)")
+    p.add_argument('--attention', choices=('auto', 'sdpa', 'blocked'),
+                   help='attention kernels, speed only')
     for name, (mode, field) in option_fields().items():
         flag = f'--{name.replace("_", "-")}'
         # the annotation's type (a float field may default to an int), else the default's
@@ -292,34 +279,45 @@ def add_model_flags(p):
 
 def add_schedule_flags(p):
     """The flags of the batch, the schedule, evaluation and logging."""
-    add_flags(p, [
-        ('--batch-size', positive_int,
-         'global batch: sequences a step over processes, --grad-accum'),
-        ('--seq-len', positive_int, 'training sequence length in characters'),
-        ('--grad-accum', positive_int, 'micro-steps per optimizer step'),
-        ('--max-steps', positive_int, 'optimizer steps; the cosine ends here'),
-        ('--flop-budget', flop_budget, 'FLOPs to train, or vanilla:N: those of N vanilla steps'),
-        ('--stop-step', positive_int,
-         'save and exit here, unfinished, for --resume (default none)'),
-        ('--max-time', positive_float, 'seconds to train, then save and exit (default none)'),
-        ('--lr', positive_float, 'peak learning rate'),
-        ('--warmup', non_negative_int, 'linear warm-up steps before the cosine'),
-        ('--grad-clip', non_negative_float, 'gradient norm clip, 0 = off'),
-        ('--compile', SWITCH, 'torch.compile the model for training'),
-        ('--eval-interval', positive_int, 'validate and save every N steps'),
-        ('--save-interval', save_interval,
-         'also save every N steps (500) or N minutes of training (30m)'),
-        ('--eval-window', positive_int, 'evaluation window in characters'),
-        ('--eval-step', positive_int, 'each window scores its last N characters'),
-        ('--eval-subset-chars', non_negative_int,
-         'validate on the first N chars in training, 0 = all'),
-        ('--eval-max-chars', non_negative_int,
-         'cap the final validation and test at N chars, 0 = all'),
-        ('--eval-batch-size', positive_int, 'windows per evaluation batch'),
-        ('--eval-protocol', ('whole', 'released'), "every target once in one stream, or the "
-         "released code's 500 batches of 16 columns"),
-        ('--log-interval', positive_int, 'a train record every N steps'),
-    ])
+    p.add_argument('--batch-size', type=positive_int,
+                   help='global batch: sequences a step over processes, --grad-accum')
+    p.add_argument('--seq-len', type=positive_int,
+                   help='training sequence length in characters')
+    p.add_argument('--grad-accum', type=positive_int,
+                   help='micro-steps per optimizer step')
+    p.add_argument('--max-steps', type=positive_int,
+                   help='optimizer steps; the cosine ends here')
+    p.add_argument('--flop-budget', type=flop_budget,
+                   help='FLOPs to train, or vanilla:N: those of N vanilla steps')
+    p.add_argument('--stop-step', type=positive_int,
+                   help='save and exit here, unfinished, for --resume (default none)')
+    p.add_argument('--max-time', type=positive_float,
+                   help='seconds to train, then save and exit (default none)')
+    p.add_argument('--lr', type=positive_float, help='peak learning rate')
+    p.add_argument('--warmup', type=non_negative_int,
+                   help='linear warm-up steps before the cosine')
+    p.add_argument('--grad-clip', type=non_negative_float,
+                   help='gradient norm clip, 0 = off')
+    p.add_argument('--compile', **SWITCH, help='torch.compile the model for training')
+    p.add_argument('--eval-interval', type=positive_int,
+                   help='validate and save every N steps')
+    p.add_argument('--save-interval', type=save_interval,
+                   help='also save every N steps (500) or N minutes of training (30m)')
+    p.add_argument('--eval-window', type=positive_int,
+                   help='evaluation window in characters')
+    p.add_argument('--eval-step', type=positive_int,
+                   help='each window scores its last N characters')
+    p.add_argument('--eval-subset-chars', type=non_negative_int,
+                   help='validate on the first N chars in training, 0 = all')
+    p.add_argument('--eval-max-chars', type=non_negative_int,
+                   help='cap the final validation and test at N chars, 0 = all')
+    p.add_argument('--eval-batch-size', type=positive_int,
+                   help='windows per evaluation batch')
+    p.add_argument('--eval-protocol', choices=('whole', 'released'),
+                   help="every target once in one stream, or the released code's 500 "
+                   'batches of 16 columns')
+    p.add_argument('--log-interval', type=positive_int,
+                   help='a train record every N steps')
 
 
 def show(value):
@@ -359,7 +357,9 @@ def resolve_args(argv, procs=rt.Processes()):
             what = 'is not a checkpoint file: remove it'
         raise UserError(f'{saved_at} {what} or choose another --out')
     vars(args).update(out=str(out), device=device, imports=imports)
-    preset = GPU_PRESET if device.startswith('cuda') else CPU_PRESET
+    preset = CPU_PRESET
+    if device.startswith('cuda'):
+        preset = GPU_PRESET
     # Every flag not given nor resumed: the preset's, the model's, the dataset's. With a
     # FLOP budget, the budget ends the run (run() turns it into FLOPs); --max-steps is
     # only a cap.
