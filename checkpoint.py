@@ -47,13 +47,12 @@ def write_sealed(f, data):
 
 def verify_checksum(data, path):
     """A UserError unless the checkpoint's bytes end in their checksum and match it."""
-    # (zip's end-of-central-directory record: 22 bytes, then the comment)
-    tail = bytes(data[-22 - _SEAL:])
-    if tail[22:-64] != CHECKSUM_TAG:
+    # (the zip comment, the last _SEAL bytes: the tag, then the 64 hex digits)
+    if data[-_SEAL:-64] != CHECKSUM_TAG:
         raise UserError(f'checkpoint {path} is corrupt or not one: it does not end in the '
                         'checksum train.py writes (cut short, another kind of file, or written '
                         'before checkpoints carried one)')
-    if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != tail[-64:]:
+    if hashlib.sha256(memoryview(data)[:-64]).hexdigest().encode() != data[-64:]:
         raise UserError(f'checkpoint {path} is corrupt: its content does not match the '
                         'SHA-256 checksum written with it (a damaged disk or copy); use '
                         'another copy')
@@ -82,8 +81,9 @@ def read_checkpoint(path, trust=False, resume=False):
                               weights_only=not trust)
     except Exception as e:  # (whatever unpickling these bytes raises)
         found = re.search(r'Unsupported global: GLOBAL (\S+)', str(e))
-        if found and not trust:
-            # a readable file that pickles more than tensors and containers
+        if found:
+            # a readable file that pickles more than tensors and containers (trusted, it
+            # would have loaded)
             raise UserError(f'checkpoint {path} holds a pickled {found.group(1)}, which '
                             'safe loading refuses (train.py writes none); a file you trust '
                             'loads with sample.py --trust-ckpt') from None
@@ -118,9 +118,8 @@ def check_contents(ckpt, path, resume):
             if now is not None:
                 how = (f'has changed since (SHA-256 {record["sha256"][:12]}... then, '
                        f'{now[:12]}... now)')
-            name = record['import']
-            raise UserError(f'checkpoint {path} was trained with --import {name}, which '
-                            f'{how}: put back the file the run used, or train anew')
+            raise UserError(f'checkpoint {path} was trained with --import {record["import"]}, '
+                            f'which {how}: put back the file the run used, or train anew')
     boundary = ckpt['config'].get('boundary')
     if boundary not in dynpool.BOUNDARY_MODES:
         # a source of the user's: sample.py and bench.py import only what the user names
@@ -149,8 +148,12 @@ def import_identity(name):
     path, or a module name), 'sha256': the hex SHA-256 of the file it loads}; OSError or
     ImportError where there is none."""
     file = name
-    if not (name.endswith('.py') or '/' in name):
-        file = importlib.util.find_spec(name).origin
+    if '/' not in name:
+        spec = importlib.util.find_spec(name)
+        # (a module gone since: the same error as importing it)
+        if spec is None:
+            raise ModuleNotFoundError(f'no module named {name!r}')
+        file = spec.origin
     return {'import': name, 'sha256': hashlib.sha256(Path(file).read_bytes()).hexdigest()}
 
 
@@ -178,9 +181,8 @@ def import_flags(imports):
 def resume_command(out, imports=(), *flags):
     """The command that continues the run in folder `out` (its --import flags, then
     flags), quoted for the shell."""
-    command = ['python', 'train.py', *path_flag('--out', out), '--resume',
-               *import_flags(imports)]
-    return shlex.join(command + list(flags))
+    return shlex.join(['python', 'train.py', *path_flag('--out', out), '--resume',
+                       *import_flags(imports), *flags])
 
 
 def path_flag(flag, path):
@@ -272,10 +274,11 @@ def config_from_dict(d, **extra):
     d = {**d, **extra}
     names = {f.name for f in dataclasses.fields(Config)}
     kept = {k: v for k, v in d.items() if k in names}
-    source = dynpool.SOURCES.get(d.get('boundary'))
-    if source is not None and source.Options is not None:
-        own = {f.name for f in dataclasses.fields(source.Options)}
-        kept['options'] = {**{k: v for k, v in d.items() if k in own}, **kept.get('options', {})}
+    options = getattr(dynpool.SOURCES.get(d.get('boundary')), 'Options', None)
+    if options is not None:
+        # its fields given as flags, under those a checkpoint's config holds
+        given = {f.name: d[f.name] for f in dataclasses.fields(options) if f.name in d}
+        kept['options'] = {**given, **kept.get('options', {})}
     try:
         return Config(**kept)
     except (TypeError, ValueError) as e:   # (TypeError: d is no dict, or a field's type)

@@ -37,13 +37,12 @@ def error_line(e):
     if isinstance(e, BrokenPipeError):
         return 'the output was closed before the end (broken pipe)', 1
     if isinstance(e, OSError):
-        where = ''
-        if e.filename is not None:
-            where = f'{e.filename}: '
         what = e.strerror or first_line(e)
         if e.errno == errno.EFBIG:
             what += ' (over the file-size limit, ulimit -f / RLIMIT_FSIZE)'
-        return where + what, 1
+        if e.filename is not None:
+            what = f'{e.filename}: {what}'
+        return what, 1
     # a name (or text) in another encoding than the system's: a Latin-1 file name
     if isinstance(e, (UnicodeEncodeError, UnicodeDecodeError)):
         part = e.object[max(0, e.start - 30):e.end]
@@ -90,18 +89,17 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f'{message} (see python {self.prog} --help)', code=2)
 
 
-def _number(kind, rule, lo, hi, lo_open=False, hi_open=False):
-    """Argument type: s → kind(s), finite and in [lo, hi] (*_open: the end excluded); else
-    ArgumentTypeError naming rule."""
+def number_range(kind, rule, lo, hi, excluded=()):
+    """Argument type: s → kind(s) in [lo, hi] and not one of excluded (nan, what kind()
+    cannot read, is in no range); else ArgumentTypeError naming rule."""
     def parse(s):
         try:
-            v = kind(s)
+            value = kind(s)
         except ValueError:
-            v = None
-        bad = v is None or (kind is float and not math.isfinite(v))
-        if bad or v < lo or v > hi or (lo_open and v == lo) or (hi_open and v == hi):
+            value = math.nan
+        if not lo <= value <= hi or value in excluded:
             raise argparse.ArgumentTypeError(f'must be {rule}, got {s!r}')
-        return v
+        return value
     return parse
 
 
@@ -112,22 +110,24 @@ def int_range(lo, hi=None):
     if hi is None:
         rule = f'an integer >= {lo} (below 2**63)'
         hi = 2 ** 63 - 1
-    return _number(int, rule, lo, hi)
+    return number_range(int, rule, lo, hi)
 
 
 def float_range(lo, hi=math.inf, lo_open=False, hi_open=False):
-    """Argument type: a finite float between lo and hi (inf: no end; *_open: the end
+    """Argument type: a finite float between lo and hi (hi inf: no end; *_open: the end
     excluded)."""
+    # a finite number: never inf, nor an open end
+    excluded = {-math.inf, math.inf}
     rule = f'a finite number >= {lo:g}'
-    if lo == -math.inf:
-        rule = 'a finite number'
-    elif lo_open:
+    if lo_open:
         rule = f'a finite number > {lo:g}'
+        excluded.add(lo)
     if hi_open:
         rule += f' and < {hi:g}'
+        excluded.add(hi)
     elif hi < math.inf:
         rule += f' and <= {hi:g}'
-    return _number(float, rule, lo, hi, lo_open, hi_open)
+    return number_range(float, rule, lo, hi, excluded)
 
 
 positive_int = int_range(1)                    # counts, sizes, steps
@@ -173,8 +173,7 @@ def write_atomic(path, data):
         # named by the file the caller asked for, not the temporary one
         raise OSError(e.errno, e.strerror or first_line(e), str(path)) from None
     finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def make_folder(folder):
@@ -186,7 +185,7 @@ def make_folder(folder):
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError as e:
         # a link to a folder that does not exist (an unmounted disk)
-        if not os.path.islink(str(e.filename)):
+        if not os.path.islink(e.filename):
             raise
         raise FileNotFoundError(2, f'a link to {os.readlink(e.filename)}, which does not exist',
                                 e.filename) from None

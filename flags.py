@@ -6,7 +6,6 @@ module so that bench.py and study.py read the same rules without importing train
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import importlib.util
 import io
 import math
@@ -52,8 +51,6 @@ KEPT_ON_RESUME = ('boundary', 'unigram', *SHAPE, 'seq_len', 'batch_size', 'seed'
 NOT_RESUMED = ('resume', 'device', 'stop_step', 'max_time', 'threads')
 # A switch is None when not given: a resumed run can tell.
 SWITCH = dict(action='store_true', default=None)
-# The flag types of a source's Options fields, by the field's annotation
-OPTION_TYPES = {t.__name__: t for t in (bool, int, float, str)}
 
 
 def import_sources(argv):
@@ -62,31 +59,26 @@ def import_sources(argv):
     their Options fields become flags → the imports as a checkpoint records them
     (checkpoint.import_identity: X, a file by its absolute path, and its content's
     SHA-256). A script calls it before it builds its parser. One UserError line (exit 2)
-    naming X where X does not import or registers a name already taken."""
+    naming X where X does not import or registers a name already taken (a built-in name,
+    or an earlier import's, would train and later sample as the other: register_source
+    refuses it, and run_import makes that one line)."""
     p = common.Parser(add_help=False)
     add_import_flag(p)
     imported = []
     for name in p.parse_known_args(argv)[0].imports or []:
         if name.endswith('.py') or '/' in name:
             name = str(Path(name).resolve())
-        before = dict(dynpool.SOURCES)
         run_import(name)
-        # a built-in name (or an earlier import's) would train and later sample as the other
-        taken = [mode for mode, source in before.items() if dynpool.SOURCES[mode] is not source]
-        if taken:
-            raise UserError(f'--import {name} registers boundary {taken[0]!r}, a name already '
-                            'taken (built in, or by an earlier --import): register its source '
-                            'under a name of its own', code=2)
         imported.append(import_identity(name))
     return imported
 
 
 def run_import(name):
-    """Import the file (its absolute path) or module `name` as a plug-in, contained: it
-    sees a sys.argv of its own name alone, its file's folder is importable while it
-    imports (a helper beside it), and whatever it raises or exits with is one UserError
-    line (exit 2) naming the --import. A file this process imported already (a flag
-    given twice, bench.py's child run in-process) is not run again."""
+    """Import the file (its absolute path: a name with a '/') or module `name` as a
+    plug-in, contained: it sees a sys.argv of its own name alone, its file's folder is
+    importable while it imports (a helper beside it), and whatever it raises or exits with
+    is one UserError line (exit 2) naming the --import. A file this process imported
+    already (a flag given twice, bench.py's child run in-process) is not run again."""
     if getattr(sys.modules.get(Path(name).stem), '__file__', None) == name:
         return
     argv = sys.argv
@@ -95,7 +87,7 @@ def run_import(name):
     sys.argv = [name]
     try:
         with contextlib.redirect_stderr(said):
-            if name.endswith('.py') or '/' in name:
+            if '/' in name:
                 sys.path.insert(0, str(Path(name).parent))
                 spec = importlib.util.spec_from_file_location(Path(name).stem, name)
                 module = importlib.util.module_from_spec(spec)
@@ -169,23 +161,22 @@ def model_defaults():
     now: after import_sources."""
     p = argparse.ArgumentParser()
     add_model_flags(p)
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    defaults = dataclasses.asdict(Config())
     defaults.update({name: field.default for name, (_, field) in option_fields().items()})
     return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
 
 
 
 
-def any_number(s):
-    """Argument type of a source's float option: a number, inf too (the default some
-    options have), not nan; the source's check_config judges its range."""
-    try:
-        value = float(s)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value):
-        raise argparse.ArgumentTypeError(f'must be a number, got {s!r}')
-    return value
+# Argument type of a source's float option: a number, inf too (the default some options
+# have), not nan; the source's check_config judges its range.
+any_number = common.number_range(float, 'a number', -math.inf, math.inf)
+
+
+# How a source's Options field is a flag, by its type's name: a number, text or a switch
+# (a tuple, a list: set in code, not by a flag)
+OPTION_FLAGS = {'bool': dict(action=argparse.BooleanOptionalAction), 'int': dict(type=int),
+                'float': dict(type=any_number), 'str': dict(type=str)}
 
 
 def layer_counts(value):
@@ -280,15 +271,9 @@ def add_model_flags(p):
     for name, (mode, field) in option_fields().items():
         flag = f'--{name.replace("_", "-")}'
         # the annotation's type (a float field may default to an int), else the default's
-        kind = OPTION_TYPES.get(getattr(field.type, '__name__', field.type), type(field.default))
-        how = dict(type=kind)
-        if kind is bool:
-            how = dict(action=argparse.BooleanOptionalAction)
-        elif kind is float:
-            how = dict(type=any_number)
-        elif kind not in (int, str):
-            continue  # (a tuple, a list: set in code, not by a flag)
-        if flag not in p._option_string_actions:
+        annotation = getattr(field.type, '__name__', field.type)
+        how = OPTION_FLAGS.get(annotation) or OPTION_FLAGS.get(type(field.default).__name__)
+        if how is not None and flag not in p._option_string_actions:
             p.add_argument(flag, **how, help=f'{mode}: its option {name}')
 
 
@@ -349,29 +334,29 @@ def resolve_args(argv, procs=rt.Processes()):
     None). The --import files are imported first (import_sources; args.imports)."""
     imports = import_sources(argv)
     args = parser().parse_args(argv)
-    given = {k for k, v in vars(args).items() if v is not None}
     device = rt.pick_device(args.device, procs.local_rank if procs.world > 1 else None)
     data = args.data or COMMON['data']
     out = Path(args.out or f'out/{Path(data).name}-{args.boundary or COMMON["boundary"]}')
+    saved_at = out / 'ckpt.pt'
     model = model_defaults()
     ckpt = None
-    taken = {}
     if args.resume:
         # the run folder's ckpt.pt (read_checkpoint takes a folder called so for a run's)
-        ckpt = read_checkpoint(out if out.is_dir() else out / 'ckpt.pt', resume=True)
+        ckpt = read_checkpoint(out if out.is_dir() else saved_at, resume=True)
         saved = ckpt['args']
-        for k in sorted(given & {*KEPT_ON_RESUME, *model}):
-            if getattr(args, k) != saved.get(k):
+        # a flag given (not None) that the run keeps must be the run's
+        for k in sorted({*KEPT_ON_RESUME, *model}):
+            if getattr(args, k) not in (None, saved.get(k)):
                 raise UserError(f'--{k.replace("_", "-")} differs from the checkpoint\'s '
                                 f'{show(saved.get(k))}: a resumed run keeps it', code=2)
-        taken = {k: v for k, v in saved.items() if k not in given | set(NOT_RESUMED)}
-    elif (out / 'ckpt.pt').exists():
+        fill(args, {k: v for k, v in saved.items() if k not in NOT_RESUMED})
+    elif saved_at.exists():
         # (a folder or another file in its place is no checkpoint to resume)
         what = 'exists: --resume it'
-        if not (out / 'ckpt.pt').is_file():
+        if not saved_at.is_file():
             what = 'is not a checkpoint file: remove it'
-        raise UserError(f'{out / "ckpt.pt"} {what} or choose another --out')
-    vars(args).update(taken, out=str(out), device=device, imports=imports)
+        raise UserError(f'{saved_at} {what} or choose another --out')
+    vars(args).update(out=str(out), device=device, imports=imports)
     preset = CPU_PRESET
     if device.startswith('cuda'):
         preset = GPU_PRESET
@@ -382,10 +367,15 @@ def resolve_args(argv, procs=rt.Processes()):
                 'run_id': uuid.uuid4().hex}
     if args.flop_budget is not None:
         defaults['max_steps'] = 10**9
-    for k, v in defaults.items():
+    fill(args, defaults)
+    return args, ckpt
+
+
+def fill(args, values):
+    """Set each of `values` on args where args holds None (a flag not given) or lacks it."""
+    for k, v in values.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
-    return args, ckpt
 
 
 def model_config(args, meta, world=1):
