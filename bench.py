@@ -17,14 +17,15 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+import checkpoint
 import common
 import dynpool
-import checkpoint
 import flags
 from common import UserError, nonblank
 from dataset import read_meta
@@ -37,15 +38,18 @@ DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws
 PAPER_K = 'fixed2,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8,unigram5.5'
 # added to the paper preset's on a GPU
 GPU_EXTRA = ',vanilla+compile,ws5.5+compile,vanilla+blocked,ws5.5+blocked'
-# The paper preset's model is Config()'s: the sizes it leaves unset keep Config's defaults.
+# The paper preset's model is Config()'s: the sizes it leaves unset keep Config's
+# defaults. Its batch and length are those of train.py's GPU recipe (flags.GPU_PRESET).
 PRESETS = {
     'cpu': dict(d_model=256, n_head=4, d_head=64, d_inner=1024, seq_len=512, batch=4,
                 configs=DEFAULT_CONFIGS),
-    'paper': dict(seq_len=2048, batch=8),
+    'paper': dict(seq_len=flags.GPU_PRESET['seq_len'],
+                  batch=flags.GPU_PRESET['batch_size']),
 }
-# The flags whose default depends on the device: a GPU step is short and steady.
+# The flags whose default depends on the device: a GPU step is short and steady (on
+# CPU no --timeout).
 GPU_DEFAULTS = dict(steps=10, warmup=3, rounds=1, peak_n=8192, timeout=300.0)
-CPU_DEFAULTS = dict(steps=3, warmup=1, rounds=2, peak_n=2048, timeout=None)
+CPU_DEFAULTS = dict(steps=3, warmup=1, rounds=2, peak_n=2048)
 # A configuration's name: the boundary mode ('vanilla' for none, 'ws' for whitespace,
 # any other registered source by its name, an --import'ed one too), and K where K sets
 # the boundaries: fixed's segment length, ws's and unigram's boundary rate 1/K. The
@@ -96,14 +100,14 @@ def parser():
     measuring_flags(p)
     p.add_argument('--generate', action='store_true',
                    help='time cached generation against recomputation')
-    p.add_argument('--context', type=common.positive_int, default=1024,
-                   help='--generate: characters of context')
-    p.add_argument('--new', type=common.positive_int, default=128,
-                   help='--generate: characters generated with the cache')
-    p.add_argument('--gen-batch', type=common.positive_int, default=1,
-                   help='--generate: sequences side by side')
-    p.add_argument('--recompute-steps', type=common.positive_int, default=8,
-                   help='--generate: characters by recomputation')
+    # --generate's sizes: {flag: (default, what it counts)}
+    generation = {'--context': (1024, 'characters of context'),
+                  '--new': (128, 'characters generated with the cache'),
+                  '--gen-batch': (1, 'sequences side by side'),
+                  '--recompute-steps': (8, 'characters by recomputation')}
+    for flag, (default, what) in generation.items():
+        p.add_argument(flag, type=common.positive_int, default=default,
+                       help=f'--generate: {what}')
     p.add_argument('--beside', action='store_true',
                    help="time the README quick start's training (data/text8) alone, then "
                         'beside a second one, both at their default threads: the ratio')
@@ -116,9 +120,9 @@ def parser():
 def model_flags(p):
     """The model's sizes and Config fields (unset: the Config's default); train.py's
     flags of the model and its sources (flags.add_model_flags)."""
+    # unset: Config's, the paper's (model_config passes only the flags that are set; the
+    # cpu preset sets the widths)
     flags.add_size_flags(p)
-    # unset: Config's, the paper's (the preset sets the widths)
-    p.set_defaults(**{k: getattr(dynpool.Config(), k) for k in ('layers', 'dropout', 'dropatt')})
     sizes = {'--seq-len': 'characters per sequence (L)', '--batch': 'sequences per step',
              '--attn-chunk': 'queries per attention block'}
     for flag, what in sizes.items():
@@ -179,11 +183,10 @@ def parse_args(argv=None):
         args.names = GENERATED
     for name in args.names:
         model_config(args, name)
-    setup_device(args.device, args.threads)
+    threads = setup_device(args.device, args.threads)
+    args.where = f'CPU, {threads} threads'
     if args.cuda:
         args.where = torch.cuda.get_device_name(args.device)
-    else:
-        args.where = f'CPU, {torch.get_num_threads()} threads'
     return args
 
 
@@ -207,14 +210,15 @@ def model_config(args, name):
                         '(an integer for fixed)', code=2)
     # the flags that are set (config_from_dict keeps Config's fields)
     fields = {key: value for key, value in vars(args).items() if value is not None}
-    fields.update(vocab_size=args.vocab, boundary=boundary, whitespace_id=args.space_id)
     if boundary == 'fixed':
         fields['fixed_factor'] = int(k)
-    attention = [s for s in suffixes if s != 'compile']
-    if attention:
-        fields['attention'] = attention[-1]
+    # an attention suffix (the last, where several) sets Config.attention
+    for suffix in suffixes:
+        if suffix != 'compile':
+            fields['attention'] = suffix
     try:
-        cfg = checkpoint.config_from_dict(fields)
+        cfg = checkpoint.config_from_dict(fields, vocab_size=args.vocab,
+                                          boundary=boundary, whitespace_id=args.space_id)
     except UserError as e:
         raise UserError(f'configuration {name}: {e}', code=2) from None
     return cfg, k, 'compile' in suffixes
@@ -244,8 +248,10 @@ def prepared(args, name):
     y = chars[:, 1:]
     b = None
     if cfg.boundary in ('whitespace', 'unigram'):
-        rows = [torch.randperm(L, generator=gen) < max(1, round(L / k)) for _ in range(B)]
-        b = torch.stack(rows).float().to(args.device)
+        # each row's positions in a random order (the ranks of uniform numbers): the
+        # first round(L/K) of them are its boundaries
+        order = torch.rand(B, L, generator=gen).argsort(-1)
+        b = (order < max(1, round(L / k))).float().to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=0.0, fused=True)
     run = torch.compile(model) if compiled else model
     outs = [None]
@@ -279,19 +285,11 @@ def matmul_peak(args):
     """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
     the machine's own peak (the best: the first calls warm up, a GPU's clocks rise)."""
     n = args.peak_n
-    kind = torch.device(args.device).type
-    dtype = torch.float32
-    with args.autocast:   # runtime.setup_precision's choice
-        if torch.is_autocast_enabled(kind):
-            dtype = torch.get_autocast_dtype(kind)
+    # the dtype of runtime.setup_precision's autocast (without one, amp off: float32)
+    dtype = getattr(args.autocast, 'fast_dtype', torch.float32)
     a = torch.randn(n, n, device=args.device, dtype=dtype)
-
-    def mm():
-        torch.mm(a, a)
-    calls = 6
-    if args.cuda:
-        calls = 30
-    return 2 * n ** 3 / min(time_calls(mm, calls, args))
+    calls = 30 if args.cuda else 6
+    return 2 * n ** 3 / min(time_calls(lambda: torch.mm(a, a), calls, args))
 
 
 # ----------------------------------------------------------------------------- the table
@@ -311,14 +309,21 @@ def run_one(args, name):
     if args.cuda:
         torch.cuda.reset_peak_memory_stats()
     else:   # VmHWM restarts at the resident set of now (Linux; elsewhere: the peak stays)
-        with contextlib.suppress(OSError), open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
+        with contextlib.suppress(OSError):
+            Path('/proc/self/clear_refs').write_text('5')
     times = time_calls(step, args.steps, args)
     peak = torch.cuda.max_memory_allocated() if args.cuda else resident('VmHWM')
     sf = outs[0].shortening_factor
     sf = 1.0 if sf is None else float(sf)
     print(json.dumps(dict(name=name, times=times, peak=peak, step_mem=peak - base, sf=sf)),
           flush=True)
+
+
+def last_words(stderr, returncode):
+    """Why a process failed: its last line on stderr (without 'error: '), else its exit
+    status."""
+    said = (stderr.strip().splitlines() or [f'exit status {returncode}'])[-1]
+    return said.removeprefix('error: ')
 
 
 def spawn(args, name):
@@ -331,9 +336,8 @@ def spawn(args, name):
     except subprocess.TimeoutExpired:
         return None, f'took over {args.timeout:g} s (--timeout)'
     if r.returncode == 0:
-        return json.loads(r.stdout.strip().splitlines()[-1]), None
-    why = (r.stderr.strip().splitlines() or [f'exit status {r.returncode}'])[-1]
-    why = why.removeprefix('error: ')
+        return json.loads(r.stdout.splitlines()[-1]), None
+    why = last_words(r.stderr, r.returncode)
     if r.returncode < 0:
         why += ' (killed: out of memory?)'
     return None, why
@@ -516,33 +520,35 @@ def bench_beside(args):
     from train_time and step in each run's log.jsonl (steps 10 to BESIDE_STEPS), and
     their ratio. --threads passes on to both; else the environment's OMP_NUM_THREADS is
     left out, so that each takes train.py's default."""
-    import tempfile
-    env = {k: v for k, v in os.environ.items() if k != 'OMP_NUM_THREADS'}
+    env = dict(os.environ)
+    env.pop('OMP_NUM_THREADS', None)
     command = [sys.executable, 'train.py', '--boundary', 'whitespace', '--device', 'cpu']
     if args.threads:
         command += ['--threads', str(args.threads)]
-
-    def start(out, steps):
-        return subprocess.Popen(command + ['--out', out, '--stop-step', str(steps)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def seconds_a_step(run, out):
-        err = run.communicate()[1]
-        if run.returncode != 0:
-            said = (err.strip().splitlines() or [f'exit status {run.returncode}'])[-1]
-            raise UserError(f'--beside: the training failed: {said}')
-        lines = (Path(out) / 'log.jsonl').read_text().splitlines()
-        records = [json.loads(line) for line in lines]
-        steps = [r for r in records if r['kind'] == 'train']
-        seconds = steps[-1]['train_time'] - steps[0]['train_time']
-        return seconds / (steps[-1]['step'] - steps[0]['step']), records[0]['threads']
     with tempfile.TemporaryDirectory() as folder:
-        alone, threads = seconds_a_step(start(f'{folder}/alone', BESIDE_STEPS),
-                                        f'{folder}/alone')
+
+        def start(name, steps):
+            """train.py into folder/name, stopped after `steps` steps."""
+            run_flags = ['--out', f'{folder}/{name}', '--stop-step', str(steps)]
+            return subprocess.Popen(command + run_flags, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+
+        def seconds_a_step(name, run):
+            """When `run` has ended: (seconds a step, threads) from its log."""
+            err = run.communicate()[1]
+            if run.returncode != 0:
+                said = last_words(err, run.returncode)
+                raise UserError(f'--beside: the training failed: {said}')
+            lines = Path(folder, name, 'log.jsonl').read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            steps = [r for r in records if r['kind'] == 'train']
+            seconds = steps[-1]['train_time'] - steps[0]['train_time']
+            return seconds / (steps[-1]['step'] - steps[0]['step']), records[0]['threads']
+
+        alone, threads = seconds_a_step('alone', start('alone', BESIDE_STEPS))
         # the second one runs longer, so that every timed step has it beside
-        second = start(f'{folder}/second', 3 * BESIDE_STEPS)
-        first = start(f'{folder}/first', BESIDE_STEPS)
-        beside = seconds_a_step(first, f'{folder}/first')[0]
+        second = start('second', 3 * BESIDE_STEPS)
+        beside = seconds_a_step('first', start('first', BESIDE_STEPS))[0]
         second.terminate()   # (it saves and exits 75)
         second.communicate()
     print(f"the quick start's training, steps 10 to {BESIDE_STEPS}, {threads} thread(s) "

@@ -7,7 +7,6 @@
 """
 import codecs
 import math
-import os
 import sys
 import time
 import unicodedata
@@ -15,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
@@ -33,15 +31,19 @@ PROMPT_MARK = '»'   # --show-segments: where the prompt ends and the continuati
 UTF8 = codecs.getincrementaldecoder('utf-8')
 
 
+def say(text):
+    """A note, or a progress line, on stderr at once (stdout holds the samples alone)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def clean_prompt(text, vocab):
     """The prompt cleaned as the training text was → (text, how, in words):
     cleaning.clean in the checkpoint's recorded language, English for text8's alphabet,
     else as it is. Line breaks become spaces where the alphabet has none; a trailing
     space or break is kept."""
     alphabet = vocab['alphabet']
-    recorded = vocab.get('cleaning')
-    if not isinstance(recorded, dict):
-        recorded = {}
+    # train.py records {'lang': ...}; a checkpoint from before that, nothing
+    recorded = vocab.get('cleaning') or {}
     lang = recorded.get('lang')
     source = 'recorded in the checkpoint'
     if lang is None and set(alphabet) == set(TEXT8_ALPHABET):
@@ -78,16 +80,15 @@ def encode_prompt(prompt, vocab):
             raise UserError(f'--prompt {prompt!r} keeps none of its characters once '
                             f"cleaned ({how}): write it in the checkpoint's alphabet", code=2)
         if text != prompt:
-            print(f'prompt cleaned ({how}): {prompt!r} -> {text!r}',
-                  file=sys.stderr)
+            say(f'prompt cleaned ({how}): {prompt!r} -> {text!r}')
     index = {c: i for i, c in enumerate(vocab['alphabet'])}
     unseen = ', '.join(sorted({repr(c) for c in text if c not in index}))
     if unseen and encoding != 'chars':
         raise UserError(f"the prompt has characters outside the checkpoint's alphabet: "
                         f"{unseen} (alphabet: {''.join(index)!r})")
     if unseen:
-        print(f"note: the prompt's {unseen} are not in the checkpoint's alphabet: read as "
-              f'the unknown character {vocab["alphabet"][0]!r}', file=sys.stderr)
+        say(f"note: the prompt's {unseen} are not in the checkpoint's alphabet: read as "
+            f'the unknown character {vocab["alphabet"][0]!r}')
     return [index.get(c, 0) for c in text]
 
 
@@ -110,8 +111,8 @@ def decode(ids, vocab):
             pieces[-1] += '\ufffd'
             piece = piece[1:]
         pieces.append(piece)
-    if pieces:
-        pieces[-1] += decoder.decode(b'', final=True)
+    # (ids is never empty: the prompt has a token at least)
+    pieces[-1] += decoder.decode(b'', final=True)
     return pieces
 
 
@@ -122,7 +123,7 @@ def generate(args, model, ids, ckpt):
     temperature 1, no top-k); spikes, the rule of the checkpoint's entropy_window k;
     boundaries, the model's b_t or None. A terminal on stderr shows the progress."""
     vocab = ckpt['vocab']
-    x = torch.tensor([ids], device=args.device).repeat(args.num_samples, 1)
+    x = torch.tensor([ids] * args.num_samples, device=args.device)
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     greedy = args.greedy or args.temperature == 0
@@ -137,12 +138,11 @@ def generate(args, model, ids, ckpt):
         for step in tqdm(steps, total=args.chars + 1, unit='token', disable=None,
                          leave=False):
             if not sys.stderr.isatty() and time.monotonic() - last_line >= PROGRESS_SECONDS:
-                print(f'generated {len(tokens)} of {args.chars + 1} tokens', file=sys.stderr,
-                      flush=True)
+                say(f'generated {len(tokens)} of {args.chars + 1} tokens')
                 last_line = time.monotonic()
-            logp = F.log_softmax(step.logits.float(), -1)
             tokens.append(step.tokens)
             b.append(step.boundaries)
+            logp = step.logits.float().log_softmax(-1)
             entropy.append(-(logp.exp() * logp).sum(-1) / math.log(2))
     except RuntimeError as e:   # sampling from NaN probabilities: refused below
         if 'probability tensor' not in str(e):
@@ -165,7 +165,8 @@ def show_segments(pieces, boundaries, prompt_len=None):
     """The text of `pieces` (decode's, or a string: a character a token) with | after
     each b_t = 1 and PROMPT_MARK after the prompt's prompt_len tokens; a mark that falls
     inside a character (bytes) follows the character."""
-    out = []
+    shown = ''
+    # marks that fall inside a character wait for the piece that completes it
     marks = ''
     for t, piece in enumerate(pieces):
         if boundaries is not None and boundaries[t]:
@@ -173,9 +174,9 @@ def show_segments(pieces, boundaries, prompt_len=None):
         if t + 1 == prompt_len:
             marks += PROMPT_MARK
         if piece:
-            out.append(piece + marks)
+            shown += piece + marks
             marks = ''
-    return ''.join(out) + marks
+    return shown + marks
 
 
 def entropy_figure(out, title, prompt_len, per_row=80):
@@ -254,9 +255,9 @@ def prompt_ids(args, ckpt):
     # Attention over more than the model trained on costs memory and time with the
     # length's square and goes past the distances it learnt: the end of a longer prompt
     # is what it continues.
-    if isinstance(seq_len, int) and 0 < seq_len < len(ids):
-        print(f'note: the prompt is cut to its last {seq_len} tokens (of {len(ids)}), the '
-              'length the model trained on', file=sys.stderr)
+    if seq_len is not None and seq_len < len(ids):
+        say(f'note: the prompt is cut to its last {seq_len} tokens (of {len(ids)}), the '
+            'length the model trained on')
         ids = ids[-seq_len:]
     if not ids:   # '': a space
         return [ckpt['vocab'].get('space_id') or 0]
@@ -279,14 +280,14 @@ def note_unfinished(ckpt):
     where = f'step {step} of {end}'
     if budget is not None:
         where = f'step {step}, {spent:.3g} of {end:.3g} FLOPs'
-    print(f'note: checkpoint at {where} (unfinished run)', file=sys.stderr)
+    say(f'note: checkpoint at {where} (unfinished run)')
 
 
 def print_samples(args, out, prompt_len):
     """The samples on stdout, segments marked with --show-segments."""
     b = out.boundaries
     if args.show_segments and b is None:
-        print('note: a vanilla checkpoint has no segments to show', file=sys.stderr)
+        say('note: a vanilla checkpoint has no segments to show')
     for i, pieces in enumerate(out.pieces):
         if i:
             print('-' * 40)
@@ -301,7 +302,7 @@ def plot_format(path):
     matplotlib cannot write it."""
     import_pyplot('--entropy-plot')
     from matplotlib.backend_bases import FigureCanvasBase
-    fmt = os.path.splitext(path)[1][1:].lower() or 'png'
+    fmt = Path(path).suffix[1:].lower() or 'png'
     if fmt not in FigureCanvasBase.get_supported_filetypes():
         raise UserError(f'--entropy-plot {path}: matplotlib writes no .{fmt} files; use .png, '
                         '.pdf or .svg')
@@ -332,7 +333,7 @@ def run(args):
                          lambda tmp: fig.savefig(tmp, dpi=150, format=fmt))
         finally:
             import_pyplot('--entropy-plot').close(fig)
-        print(f'wrote {args.entropy_plot}', file=sys.stderr)
+        say(f'wrote {args.entropy_plot}')
     return out
 
 
