@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import filelock
-import scipy.stats
 
 import common
 from common import UserError
@@ -30,14 +29,16 @@ NOT_THE_EXPERIMENT = {'kind', 'seed', 'out', 'resume', 'resumed_from', 'stop_ste
                       'params', 'torch', 'device_name', 'world', 'preset', 'run_id',
                       'encoding', 'unit', 'data', 'dataset'}
 # The fields that choose the boundary source and its pooling (and hnet's), and the
-# budget's: all others (model shape, training), the dataset and the budget (its words)
-# must match to pair a baseline's seeds.
+# budget's: all others (model shape, training) and the dataset must match to pair a
+# baseline's seeds, the budget too (its words) but where a FLOP budget meets the vanilla
+# runs that spent it.
 NOT_THE_SHAPE = {'boundary', 'pooling', 'fixed_factor', 'prior', 'temperature',
                  'entropy_window', 'unigram', 'double_sigmoid', 'threshold', 'whitespace_id',
                  'ratio_target', 'ratio_weight', 'max_steps', 'flop_budget'}
-OWN_COLUMNS = {'boundary', 'fixed_factor', 'prior', 'pooling'}   # never in 'flags'
-# (head, field, format) of the numbers both tables show, the seeds table as mean ± std
-# (a byte run's heads say bytes and BPB)
+# never in 'flags': the mode column's, and what is not the experiment
+NOT_FLAGS = NOT_THE_EXPERIMENT | {'boundary', 'fixed_factor', 'prior', 'pooling'}
+# (head, field, format) of the numbers both tables show, the seeds table as mean ± std,
+# their heads written for characters (in_unit says them for bytes)
 NUMBER_COLUMNS = (('train chars', 'train_chars', ',.0f'), ('train FLOPs', 'train_flops', '.3g'),
                   ('wall s', 'train_time', ',.0f'), ('valid BPC', 'valid_bpc', '.4f'),
                   ('test BPC', 'test_bpc', '.4f'), ('SF', 'sf', '.2f'),
@@ -84,13 +85,23 @@ def mode_label(cfg):
     return label
 
 
+def in_unit(words, bits):
+    """Words written for characters (BPC, chars, characters) as runs in `bits` say them:
+    a byte run's bits are BPB and its tokens bytes. (Its unit is its config record's,
+    which train.py takes from dataset.unit.)"""
+    if bits == 'BPB':
+        words = words.replace('BPC', 'BPB').replace('characters', 'bytes')
+        words = words.replace('chars', 'bytes')
+    return words
+
+
 def read_log(log):
     """<run>/log.jsonl → [record], its kind 'diverged' for a diverged record. A
     damaged line is one error naming it (no JSON object, no number in NUMBERS); a last
     line cut short (a run writing it now) is left out with a note."""
     if not log.is_file():   # a FIFO (or a folder): reading would wait for a writer forever
         raise UserError(f'{log} is not a regular file, so no log written by train.py')
-    lines = log.read_bytes().decode('utf-8', errors='replace').split('\n')
+    lines = log.read_bytes().decode(errors='replace').split('\n')
     records = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -127,9 +138,10 @@ def run_state(run, recs, done):
     without a word)."""
     if done:
         return ''
-    if (run / '.lock').is_file():
+    lock = run / '.lock'
+    if lock.is_file():
         try:
-            with filelock.FileLock(run / '.lock', blocking=False):
+            with filelock.FileLock(lock, blocking=False):
                 pass
         except filelock.Timeout:
             return 'running'
@@ -160,17 +172,16 @@ def summarize(run):
             cfg = rec
         elif rec['kind'] in STEP_KINDS:
             recs.append(rec)
-    # a byte run's records say bpb where a character run's say bpc
     bits = 'BPC'
     if cfg.get('unit') == 'byte':
         bits = 'BPB'
-    score = bits.lower()
-    # the last evaluation of each split
-    # (by its name as text: a damaged record's split may be any JSON value)
-    evals = {str(rec.get('split')): rec for rec in recs if rec['kind'] == 'eval'}
-    curve = [dict(rec, bpc=rec.get(score)) for rec in recs
-             if rec['kind'] == 'eval' and rec.get('split') == 'valid']
-    done = 'test' in evals
+    # the evaluations, their bits as bpc (a byte run's records say bpb), and the last of
+    # each split (by its name as text: a damaged record's split may be any JSON value)
+    evals = [dict(rec, bpc=rec.get(bits.lower())) for rec in recs if rec['kind'] == 'eval']
+    last_of = {str(rec.get('split')): rec for rec in evals}
+    valid = last_of.get('valid', {})
+    test = last_of.get('test', {})
+    done = 'test' in last_of
     last = max(recs, key=lambda rec: rec['step'], default={})
     chars_per_s = None
     if last.get('train_chars') and last.get('train_time'):
@@ -188,11 +199,10 @@ def summarize(run):
                 boundary=str(cfg.get('boundary')), data=Path(data).name, data_path=data,
                 fingerprint=fingerprint, data_id=json.dumps(fingerprint or data),
                 seed=cfg.get('seed'), steps=last.get('step', cfg.get('resumed_from') or 0),
-                done=done, state=run_state(run, recs, done), bits=bits, curve=curve,
-                flop_budget=budget, budget=budget_words,
-                valid_bpc=evals.get('valid', {}).get(score),
-                test_bpc=evals.get('test', {}).get(score),
-                sf=evals.get('test', evals.get('valid', {})).get('sf'), chars_per_s=chars_per_s,
+                done=done, state=run_state(run, recs, done), bits=bits,
+                curve=[rec for rec in evals if rec.get('split') == 'valid'],
+                flop_budget=budget, budget=budget_words, valid_bpc=valid.get('bpc'),
+                test_bpc=test.get('bpc'), sf=(test or valid).get('sf'), chars_per_s=chars_per_s,
                 train_chars=last.get('train_chars'), train_flops=last.get('train_flops'),
                 train_time=last.get('train_time'))
 
@@ -207,8 +217,8 @@ def one_per_run(rows):
     for same in copies.values():
         best = max(same, key=lambda row: (row['done'], row['steps']))
         kept.append(best)
-        names = ' and '.join(str(row['run']) for row in same)
         if len(same) > 1:
+            names = ' and '.join(str(row['run']) for row in same)
             print(f'note: {names} are one run (same run_id): counted once, as {best["run"]}',
                   file=sys.stderr)
     return kept
@@ -254,69 +264,78 @@ def sample(replicas, key):
 
 def group_seeds(rows):
     """One group per experiment (all that defines it but the seed: its configuration and
-    its data): the first seed's row with n (its seeds: a seed's replicas are one sample),
-    members, samples {seed: its replicas}, the furthest steps, the seeds, the states, its
-    shape (model, data, budget: what a baseline must share) and (mean, std) over its
-    samples of every number."""
+    its data): the first seed's row with its key, n (its seeds: a seed's replicas are one
+    sample), members, samples {seed: its replicas}, the furthest steps, the seeds, the
+    states, its shape (model and data: what a baseline must share) and (mean, std) over
+    its samples of every number."""
     groups = collections.defaultdict(list)
     for row in rows:
         config = dict(row['config'], data_id=row['data_id'])
         key = tuple(sorted((k, json.dumps(v, sort_keys=True))
                            for k, v in config.items() if k not in NOT_THE_EXPERIMENT))
-        groups[row['done'], key].append(dict(row, key=key))
+        groups[row['done'], key].append(row)
     out = []
-    for members in groups.values():
+    for (_, key), members in groups.items():
         # seeds in order, so the runs' order changes nothing
         members.sort(key=lambda m: (m['seed'] is None, m['seed'] or 0))
         samples = {}
         for member in members:
             samples.setdefault(member['seed'], []).append(member)
-        first = members[0]
-        shape = tuple(kv for kv in first['key'] if kv[0] not in NOT_THE_SHAPE)
         # n counts samples; the runs where a seed has replicas
         n = str(len(samples))
         if len(members) > len(samples):
             n += f' ({len(members)} runs)'
-        group = dict(first, n=n, members=members, samples=samples, p={},
-                     shape=shape + (first['budget'],), steps=max(m['steps'] for m in members),
+        group = dict(members[0], key=key, n=n, members=members, samples=samples, p={},
+                     shape=tuple(kv for kv in key if kv[0] not in NOT_THE_SHAPE),
+                     steps=max(m['steps'] for m in members),
                      seeds=','.join(str(seed) for seed in samples),
                      state='/'.join(sorted({m['state'] for m in members})))
-        for _, key, _ in NUMBER_COLUMNS:
-            group[key] = mean_std([sample(runs, key) for runs in samples.values()])
+        for _, field, _ in NUMBER_COLUMNS:
+            group[field] = mean_std([sample(runs, field) for runs in samples.values()])
         out.append(group)
     return out
+
+
+def t_test(g, base):
+    """The paired t-test of g's test BPC against base's, paired by seed (a seed's replicas
+    as their mean; seeds on one side only left out): p NaN for fewer than 2 pairs."""
+    import scipy.stats   # (seconds to import: only where a t-test runs)
+
+    seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
+    mine = [sample(g['samples'][seed], 'test_bpc') for seed in seeds]
+    theirs = [sample(base['samples'][seed], 'test_bpc') for seed in seeds]
+    with warnings.catch_warnings(action='ignore'):
+        return scipy.stats.ttest_rel(mine, theirs)
 
 
 def experiments(rows):
     """One row per experiment (group_seeds) with p {baseline: p} of its test BPC paired
     by seed with vanilla's and each fixed k's of its shape (Table 1), trained to a FLOP
     budget also with the vanilla runs that spent it, and, pooled by the last token, with
-    its mean-pooled twin's (Table 2)."""
+    its mean-pooled twin's (Table 2); and the paper's star."""
     out = group_seeds(rows)
     done = [g for g in out if g['test_bpc'] is not None]
     for g in done:
-        # its shape's baselines; and equal compute: a run trained to a FLOP budget, against
-        # the vanilla runs of its shape (less the budget) that spent as much
-        bases = []
-        for b in done:
-            spent = (g['flop_budget'] and b['boundary'] == 'none' and not b['flop_budget']
-                     and b['train_flops'] and b['shape'][:-1] == g['shape'][:-1]
-                     and math.isclose(b['train_flops'][0], g['flop_budget'], rel_tol=1e-3))
-            if b is not g and b['boundary'] in BASELINES and (b['shape'] == g['shape'] or spent):
-                bases.append(b)
-        # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
-        twins = [t for t in done if ('pooling', '"last"') in g['key'] and t is not g
-                 and dict(t['key'], pooling='"mean"') == dict(g['key'], pooling='"mean"')]
-        # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
         beaten = []
-        for base in bases + twins:
-            seeds = sorted(g['samples'].keys() & base['samples'].keys() - {None})
-            # fewer than 2 pairs: p NaN, shown as '-'
-            with warnings.catch_warnings(action='ignore'):
-                t = scipy.stats.ttest_rel([sample(g['samples'][s], 'test_bpc') for s in seeds],
-                                          [sample(base['samples'][s], 'test_bpc') for s in seeds])
-            g['p'][base['mode']] = float(t.pvalue)
-            if base not in twins:   # (the twin's p answers Table 2, not the star's)
+        for b in done:
+            # equal compute: a run trained to a FLOP budget, against the vanilla runs of
+            # its shape trained to the steps that spent as much
+            spent = (g['flop_budget'] and b['boundary'] == 'none' and not b['flop_budget']
+                     and b['train_flops']
+                     and math.isclose(b['train_flops'][0], g['flop_budget'], rel_tol=1e-3))
+            baseline = (b['boundary'] in BASELINES and b['shape'] == g['shape']
+                        and (b['budget'] == g['budget'] or spent))
+            # its mean-pooled twin, where it pools by the last token (older logs: no pooling)
+            twin = (('pooling', '"last"') in g['key']
+                    and dict(b['key'], pooling='"mean"') == dict(g['key'], pooling='"mean"'))
+            if b is g or not (baseline or twin):
+                continue
+            t = t_test(g, b)
+            g['p'][b['mode']] = t.pvalue
+            # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
+            # (a twin's p answers Table 2, not the star's; a source whose twin is a baseline
+            # is a baseline, never starred)
+            if baseline:
                 beaten.append(t.pvalue < 0.05 and t.statistic < 0)
         g['star'] = g['boundary'] not in BASELINES and 'none' in g['p'] and all(beaten)
     return out
@@ -383,11 +402,7 @@ def columns(rows, bits, first, last, baselines=()):
     if any(row['flop_budget'] for row in rows):
         heads.append('budget')
     cols = [(head, head, None) for head in heads + last] + [('steps', 'steps', 'steps')]
-    for head, key, kind in NUMBER_COLUMNS:
-        # a byte run's tokens are bytes
-        if bits == 'BPB':
-            head = head.replace('BPC', 'BPB').replace('chars', 'bytes')
-        cols.append((head, key, kind))
+    cols += [(in_unit(head, bits), key, kind) for head, key, kind in NUMBER_COLUMNS]
     return cols + [(f'p vs {b}', b, 'p') for b in baselines]
 
 
@@ -417,15 +432,15 @@ def by_data(groups, markdown):
         row = dict(mode=mode, budget=' / '.join(budgets))
         for data in datasets:
             here = [g for g in experiments if g['data'] == data]
+            flags_differ = len({g['flags'] for g in here}) > 1
             entries = []
             for g in here:
-                names = []
+                entry = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
+                if flags_differ:
+                    entry = f'{g["flags"]}: {entry}'
                 if len(budgets) > 1:
-                    names.append(g['budget'])
-                if len({other['flags'] for other in here}) > 1:
-                    names.append(g['flags'])
-                result = f'{cell(g, "test_bpc", ".4f")} ({fmt(g["sf"], ".2f")}, n={g["n"]})'
-                entries.append(': '.join(names + [result]))
+                    entry = f'{g["budget"]}: {entry}'
+                entries.append(entry)
             row[data] = ' / '.join(entries) or '-'
         rows.append(row)
     cols = [(head, head, None) for head in ['mode', 'budget'] + datasets]
@@ -459,18 +474,12 @@ def pareto(ax, groups, colours):
 
 def curves(ax, runs, colours, field):
     """Validation BPC against `field` (characters, seconds, FLOPs), a line per run in its
-    source's colour, the source named once."""
-    named = set()
+    source's colour, labelled by its mode (the legend names each once)."""
     for row in runs:
         pts = [(rec[field], rec['bpc']) for rec in row['curve']
                if rec.get(field) is not None and rec['bpc'] is not None]
-        if not pts:
-            continue
-        label = row['mode']
-        if label in named:
-            label = '_' + label   # matplotlib leaves it out of the legend
-        named.add(row['mode'])
-        ax.plot(*zip(*pts), '.-', color=colours[row['boundary']], label=label, alpha=0.8)
+        if pts:
+            ax.plot(*zip(*pts), '.-', color=colours[row['boundary']], label=row['mode'], alpha=0.8)
 
 
 def draw(plt, flag, done, runs):
@@ -498,16 +507,18 @@ def draw(plt, flag, done, runs):
         bits = bits_of(rows, flag)
         if field:
             curves(ax, runs, colours, field)
-            if bits == 'BPB':
-                title = title.replace('characters', 'bytes')
-            ax.set(xlabel=title, ylabel=f'valid {bits}', title=f'valid {bits} against {title}')
+            x_label = in_unit(title, bits)
+            ax.set(xlabel=x_label, ylabel=f'valid {bits}', title=f'valid {bits} against {x_label}')
         else:
             pareto(ax, rows, colours)
             ax.set(xlabel='shortening factor (test)', ylabel=f'test {bits}',
                    title=f'{title}test {bits} against SF')
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+        # a legend entry per label, in the order drawn (a source's runs are a line each)
+        handles, labels = ax.get_legend_handles_labels()
+        legend = dict(zip(labels, handles))
+        if legend:
+            ax.legend(legend.values(), legend.keys(), fontsize=8)
     legible(fig)
     return fig
 
@@ -564,15 +575,15 @@ def find_runs(paths):
         found = sorted(f.parent for f in p.rglob('log.jsonl'))
         if not found:
             raise UserError(f'{p} is not a run: no log.jsonl (of train.py --out) in it or below')
-        runs += [run for run in found if run not in runs]
-    return runs
+        runs += found
+    return list(dict.fromkeys(runs))
 
 
 def add_flags(rows):
     """Each row's 'flags': the config fields that differ between the rows (so between
     their experiments too), '-' where a log lacks one."""
     configs = [row['config'] for row in rows]
-    own = OWN_COLUMNS | NOT_THE_EXPERIMENT
+    own = NOT_FLAGS
     if any(row['flop_budget'] for row in rows):
         own = own | {'flop_budget', 'max_steps'}
     keys = [k for k in sorted(set().union(*configs) - own)
