@@ -134,6 +134,16 @@ def check_contents(ckpt, path, resume):
                         'that diverged?); use an earlier checkpoint')
 
 
+def finished(step, train_flops, args):
+    """Whether a run is at its end (train.py's loop, sample.py's note): --max-steps steps
+    done, or the first step whose FLOPs reach the --flop-budget. args: train.py's flags as
+    a dict (vars(args), or a checkpoint's "args")."""
+    if step >= args['max_steps']:
+        return True
+    budget = args.get('flop_budget')
+    return budget is not None and train_flops >= budget * (1 - 1e-9)
+
+
 def nonfinite_weight(weights):
     """The name of the first floating tensor of the state dict `weights` that holds NaN or
     inf, or None: what save_checkpoint never writes and check_contents never reads."""

@@ -265,21 +265,20 @@ def prompt_ids(args, ckpt):
 
 
 def note_unfinished(ckpt):
-    """A note on stderr where the checkpoint's run stopped before its end: train.py's rule
-    (train.finished), --max-steps steps done or, with --flop-budget, its FLOPs spent."""
+    """A note on stderr where the checkpoint's run stopped before its end
+    (checkpoint.finished: train.py's own rule)."""
     saved_args = ckpt.get('args', {})
     step = ckpt.get('step')
+    spent = ckpt.get('train_flops', 0)
     budget = saved_args.get('flop_budget')
-    spent = step
-    end = saved_args.get('max_steps')
-    if budget is not None:
-        spent = ckpt.get('train_flops')
-        end = budget
-    if not (is_number(spent) and is_number(end) and spent < end * (1 - 1e-9)):
+    # an earlier train.py's checkpoint may not say where its run ends
+    if not (is_number(step) and is_number(saved_args.get('max_steps'))):
         return
-    where = f'step {step} of {end}'
+    if checkpoint.finished(step, spent, saved_args):
+        return
+    where = f'step {step} of {saved_args["max_steps"]}'
     if budget is not None:
-        where = f'step {step}, {spent:.3g} of {end:.3g} FLOPs'
+        where = f'step {step}, {spent:.3g} of {budget:.3g} FLOPs'
     say(f'note: checkpoint at {where} (unfinished run)')
 
 
