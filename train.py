@@ -194,18 +194,19 @@ def train_step(trainer, batch):
     scaler = trainer.scaler
     losses = 0   # the micro-steps' losses summed: finite where every one is
     for m in range(args.grad_accum):
-        # gradients all-reduced on the last micro-step only: the flag DDP's no_sync() sets
-        # (nanoGPT's way, without the context manager)
-        if trainer.procs.world > 1:
-            model.require_backward_grad_sync = m == args.grad_accum - 1
+        # gradients all-reduced on the last micro-step only (DDP's no_sync)
+        sync = nullcontext()
+        if trainer.procs.world > 1 and m < args.grad_accum - 1:
+            sync = model.no_sync()
         known = {}  # S, the segments a row, where the host counted them: no device read
         if batch.segments is not None:
             known['n_segments'] = int(batch.segments[m, trainer.procs.rank].max())
         if batch.b is not None:
             known['boundaries'] = batch.b[m]
-        with trainer.autocast:
-            out = model(batch.x[m], targets=batch.y[m], **known)
-        scaler.scale(out.loss / args.grad_accum).backward()
+        with sync:
+            with trainer.autocast:
+                out = model(batch.x[m], targets=batch.y[m], **known)
+            scaler.scale(out.loss / args.grad_accum).backward()
         trainer.stats.add_micro(out)
         losses = losses + out.loss.detach()
     finite = torch.isfinite(losses)
