@@ -13,7 +13,6 @@ from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -30,8 +29,9 @@ class Processes(NamedTuple):
 
     @classmethod
     def of_torchrun(cls):
-        return cls(*(int(os.environ.get(k, d)) for k, d in
-                     (('RANK', 0), ('LOCAL_RANK', 0), ('WORLD_SIZE', 1))))
+        env = os.environ
+        return cls(int(env.get('RANK', 0)), int(env.get('LOCAL_RANK', 0)),
+                   int(env.get('WORLD_SIZE', 1)))
 
 
 def pick_device(name=None, local_rank=None):
@@ -41,9 +41,7 @@ def pick_device(name=None, local_rank=None):
     if not re.fullmatch(r'cpu|mps|cuda(:\d+)?', name):
         raise UserError(f'--device {name} is not one of cpu, cuda, cuda:N, mps', code=2)
     dev = torch.device(name)
-    gpus = 0
-    if torch.cuda.is_available():
-        gpus = torch.cuda.device_count()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # one GPU per process, or the node's
     if dev.type == 'cuda' and local_rank is not None and gpus:
         dev = torch.device('cuda', 0 if gpus == 1 else local_rank)
@@ -67,11 +65,10 @@ def setup_precision(amp, device_type):
         amp = 'fp16'
         if torch.cuda.is_bf16_supported(including_emulation=False):
             amp = 'bf16'
-    autocast = nullcontext()
-    if amp != 'off':
-        dtype = torch.bfloat16 if amp == 'bf16' else torch.float16
-        autocast = torch.autocast(device_type, dtype=dtype)
-    return amp, autocast, torch.amp.GradScaler(device_type, enabled=(amp == 'fp16'))
+    # (off: an autocast that is not enabled, a context that changes nothing)
+    dtype = torch.float16 if amp == 'fp16' else torch.bfloat16
+    autocast = torch.autocast(device_type, dtype=dtype, enabled=amp != 'off')
+    return amp, autocast, torch.amp.GradScaler(device_type, enabled=amp == 'fp16')
 
 
 def check_model_memory(cfg, device):
@@ -99,19 +96,14 @@ def proc_bytes(path, key, default):
     return default
 
 
-def free_memory(device):
-    """Bytes free on the device: CUDA's free memory, else the host's MemAvailable (inf
-    where unknown)."""
-    if 'cuda' in str(device):
-        return torch.cuda.mem_get_info(device)[0]
-    return proc_bytes('/proc/meminfo', 'MemAvailable', math.inf)
-
-
 def require_memory(need, what, device, fix):
-    """Refuse, before it is spent, `need` bytes that `what` would take on the device: one
-    UserError line (exit 2) that names what to change (`fix`, e.g. 'lower
-    --gen-batch')."""
-    free = free_memory(device)
+    """Refuse, before it is spent, `need` bytes that `what` would take on the device (CUDA's
+    free memory, else the host's MemAvailable, inf where unknown): one UserError line
+    (exit 2) that names what to change (`fix`, e.g. 'lower --gen-batch')."""
+    if 'cuda' in str(device):
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = proc_bytes('/proc/meminfo', 'MemAvailable', math.inf)
     if need > free:
         raise UserError(f'{what} needs about {need / 2**30:.3g} GiB of memory, over '
                         f'the {free / 2**30:.3g} GiB free on {device}: {fix}', code=2)
@@ -223,8 +215,9 @@ def check_stop(stop, procs, device):
     under DDP (one collective: every process calls it at the same point)."""
     stopping = bool(stop)
     if procs.world > 1:
+        # summed over the processes: any process's
         flag = torch.tensor(float(stopping), device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flag)
         stopping = flag.item() > 0
     if stopping:
         raise Stopped
@@ -245,8 +238,7 @@ def run_guard(out_dir, procs, where):
         with common.locked(out_dir, 'the train.py using it') if procs.rank == 0 else nullcontext():
             if procs.rank == 0:
                 # a folder that takes no new file fails here, not at the first save
-                with tempfile.TemporaryFile(dir=out_dir):
-                    pass
+                tempfile.TemporaryFile(dir=out_dir).close()
             yield stop
         ended = True
     except KeyboardInterrupt:
@@ -305,10 +297,11 @@ def whole_record(line):
             return record
 
 
-def after(record, step):
-    """Whether a log record (not the config) is of a step after `step`, a resumed run's
-    checkpoint."""
-    if step is None or record is None or record.get('kind') == 'config':
+def after(line, step):
+    """Whether a log line is a whole record (not the config) of a step after `step`, a
+    resumed run's checkpoint (None: no step is)."""
+    record = whole_record(line) or {}
+    if step is None or record.get('kind') == 'config':
         return False
     return type(record.get('step')) is int and record['step'] > step
 
@@ -322,15 +315,13 @@ class Logger:
         self.rank = rank
         if rank != 0:
             return
-        lines = []
-        if self.path.exists():
-            lines = self.path.read_bytes().splitlines(True)
+        lines = self.path.read_bytes().splitlines(True) if self.path.exists() else []
         cut = bool(lines) and whole_record(lines[-1]) is None
         if cut:
             print(f'warning: {self.path}: dropped its last line, cut short ({len(lines[-1])} bytes '
                   f'left by a run that stopped while writing it)', file=sys.stderr)
             lines.pop()
-        kept = [line for line in lines if not after(whole_record(line), resumed_from)]
+        kept = [line for line in lines if not after(line, resumed_from)]
         dropped = len(lines) - len(kept)
         if dropped:
             print(f'note: {self.path}: dropped {dropped} record(s) of steps after step '
@@ -365,7 +356,9 @@ class Logger:
 class StepStats:
     """Means, FLOPs, gradient norms, bad steps summed on the device; read (a wait) at each
     record."""
-    NAMES = 'loss lm_loss sf precision recall flops grad_norm norms bad save late'.split()
+    # the means' sums first, then the counts and flags
+    NAMES = ('loss lm_loss sf precision recall '
+             'micro_steps flops grad_norm norms bad save late').split()
 
     def __init__(self, cfg, args, world=1):
         self.cfg = cfg
@@ -378,19 +371,19 @@ class StepStats:
     def reset(self):
         self.sums.zero_()
         self.seen = set()
-        self.micro_steps = 0
         self.host_flops = 0.0
 
-    def add(self, **vals):
-        for k, v in vals.items():
-            if v is not None:
-                self.sums[self.NAMES.index(k)] += v.detach()
-                self.seen.add(k)
+    @torch.no_grad()
+    def add(self, **values):
+        """Values by name (device tensors or numbers; None: not measured) into the sums."""
+        for name, value in values.items():
+            if value is not None:
+                self.sums[self.NAMES.index(name)] += value
+                self.seen.add(name)
 
     def add_micro(self, out):
         self.add(loss=out.loss, lm_loss=out.lm_loss, sf=out.shortening_factor,
-                 precision=out.precision, recall=out.recall)
-        self.micro_steps += 1
+                 precision=out.precision, recall=out.recall, micro_steps=1)
         if out.shortening_factor is not None:
             self.step_sf.append(out.shortening_factor.detach())
 
@@ -402,20 +395,22 @@ class StepStats:
         L = self.args.seq_len
         B = self.args.batch_size // (self.world * self.args.grad_accum)
         # the shortened stack runs on 1 + segments positions (the null group), on
-        # average per row
-        if segments is not None:  # known on the host: no device read
-            n_short = (1 + np.asarray(segments).sum(-1) / B).ravel().tolist()
-        elif self.cfg.boundary == 'none':
-            n_short = [None] * (self.args.grad_accum * self.world)
+        # average per row: a micro-step's FLOPs at its mean
+        if segments is not None:
+            # counted on the host, every process's micro-steps: no device read
+            flops = float(step_flops(self.cfg, B, L, 1 + segments.sum(-1) / B).sum())
+        elif self.step_sf:
+            # decided on the device: this process's, from each measured SF = L / segments
+            n_short = shortened_length(L, torch.stack(self.step_sf))
+            flops = step_flops(self.cfg, B, L, n_short).sum()
         else:
-            # decided on the device: from each micro-step's measured SF = L / segments
-            n_short = [shortened_length(L, sf) for sf in self.step_sf]
-        # the last step's FLOPs (a device tensor where measured there)
-        self.last_flops = sum(step_flops(self.cfg, B, L, n) for n in n_short)
-        if torch.is_tensor(self.last_flops):
-            self.add(flops=self.last_flops)
+            # no shortened stack (vanilla): every process's micro-steps alike
+            flops = step_flops(self.cfg, B, L) * self.args.grad_accum * self.world
+        if torch.is_tensor(flops):
+            self.add(flops=flops)
         else:
-            self.host_flops += self.last_flops
+            self.host_flops += flops
+        self.last_flops = flops   # (a device tensor where measured there)
         self.step_sf = []
 
     def take_step_flops(self):
@@ -431,13 +426,12 @@ class StepStats:
     def read(self, late=False, save=False):
         """Sum over processes, read, reset → means, FLOPs, skipped steps, and whether any
         process says `save` (a checkpoint is due by its clock) or `late` (stop now)."""
-        self.sums[-2] += save
-        self.sums[-1] += late
+        self.add(save=save, late=late)
         if self.world > 1:
             torch.distributed.all_reduce(self.sums)
         v = dict(zip(self.NAMES, self.sums.tolist()))
-        n = max(1, self.micro_steps * self.world)
-        r = {k: v[k] / n if k in self.seen else None for k in self.NAMES[:5]}
+        # (a mean measured: one micro-step at least)
+        r = {k: v[k] / v['micro_steps'] if k in self.seen else None for k in self.NAMES[:5]}
         r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.host_flops, bad=int(v['bad']),
                  save=v['save'] > 0, late=v['late'] > 0, grad_norm=None)
         if v['norms']:

@@ -60,9 +60,9 @@ def check_pooling(cfg, tokens, seq_len, data):
     segment in any training sequence: the model would never pool (whitespace on a DNA
     sequence; fixed k > --seq-len). One that pools rarely (short sequences) still trains."""
     # a sample of 4M characters: read fast, in little memory
-    tokens = torch.from_numpy(tokens[:1 << 22].astype(np.int64))
-    rows = len(tokens) // seq_len
-    counts = dynpool.count_segments(cfg, tokens[:rows * seq_len].view(rows, seq_len))
+    sample = tokens[:1 << 22].astype(np.int64)
+    rows = len(sample) // seq_len
+    counts = dynpool.count_segments(cfg, sample[:rows * seq_len].reshape(rows, seq_len))
     if counts is not None and rows and counts.sum() == 0:
         raise UserError(f'--boundary {cfg.boundary} closes 0 segments in a sequence of '
                         f'--seq-len {seq_len} of {data}/train.bin: the model would never '
@@ -80,12 +80,11 @@ def batches(tokens, labels, args, cfg, state, procs):
     L = args.seq_len
     epoch = state.epoch
     pos = state.pos
-    micro = args.batch_size // (procs.world * args.grad_accum)
     while True:
         offset, perm = epoch_order(len(tokens), L, args.seed, epoch)
         while pos + args.batch_size <= len(perm):
             # the step's global batch; this process takes its micro-batches out of it
-            ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, micro)
+            ids = perm[pos:pos + args.batch_size].reshape(args.grad_accum, procs.world, -1)
             pos += args.batch_size
             chunks = get_chunks(tokens, offset, ids, L)  # [accum, world, micro, L+1]
             chunk = rt.to_device(chunks[:, procs.rank], args.device)  # [accum, micro, L+1]
@@ -118,6 +117,12 @@ class RunState:
     saved: int | None = None           # the step of the checkpoint on disk
 
 
+# What a token is (dataset.unit, the one rule) names the bits per token: bits per
+# character where the data is characters, bits per byte where it is bytes (never both in
+# one run's records or lines)
+BITS = {'char': 'bpc', 'byte': 'bpb'}
+
+
 @dataclasses.dataclass
 class Trainer:
     """What the steps, evaluations and saves of one process work with."""
@@ -133,8 +138,9 @@ class Trainer:
     state: RunState = dataclasses.field(default_factory=RunState)
     logger: rt.Logger | None = None
     data_identity: dict | None = None  # the vocabulary and the data's fingerprint
+    # the key of the bits per token in records and terminal lines: BITS[dataset.unit]
+    bits: str | None = None
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
-    saved_time: float = 0.0           # state.train_time at the last save
     eval_rate: float | None = None    # seconds a character took at the last evaluation
     eval_chars: tuple = (0, 0)        # characters a validation, the final evaluation score
 
@@ -143,19 +149,11 @@ class Trainer:
         if self.procs.rank == 0:
             print(line, flush=True)
 
-    def bits(self):
-        """The key of the bits per unit in records and terminal lines: bpb where the data
-        is bytes, else bpc (never both in one run)."""
-        if dataset.unit(self.data_identity['vocab']) == 'byte':
-            return 'bpb'
-        return 'bpc'
 
-    def eval_eta(self, chars, words=''):
-        """`words` and the time `chars` evaluated characters take at the last evaluation's
-        speed; '' before any evaluation."""
-        if self.eval_rate is None:
-            return ''
-        return f'{words} {timedelta(seconds=round(self.eval_rate * chars))}'
+def totals(state):
+    """The training so far, as log records give it: characters, FLOPs, seconds."""
+    return dict(train_chars=state.train_chars, train_flops=state.train_flops,
+                train_time=round(state.train_time, 3))
 
 
 def reseed_rank(seed, rank, step):
@@ -179,9 +177,8 @@ def lr_at(step, args, state):
     costs the same)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    if args.flop_budget is None:
-        progress = (step - args.warmup) / max(1, args.max_steps - args.warmup)
-    else:
+    progress = (step - args.warmup) / max(1, args.max_steps - args.warmup)
+    if args.flop_budget:
         spent = state.train_flops - state.warmup_flops
         progress = spent / max(1.0, args.flop_budget - state.warmup_flops)
     return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
@@ -195,9 +192,9 @@ def train_step(trainer, batch):
     model = trainer.model
     optimizer = trainer.optimizer
     scaler = trainer.scaler
-    finite = torch.ones((), dtype=torch.bool, device=batch.x.device)
+    losses = 0   # the micro-steps' losses summed: finite where every one is
     for m in range(args.grad_accum):
-        # gradients all-reduced on the last micro-step only
+        # gradients all-reduced on the last micro-step only (DDP's no_sync)
         sync = nullcontext()
         if trainer.procs.world > 1 and m < args.grad_accum - 1:
             sync = model.no_sync()
@@ -211,7 +208,8 @@ def train_step(trainer, batch):
                 out = model(batch.x[m], targets=batch.y[m], **known)
             scaler.scale(out.loss / args.grad_accum).backward()
         trainer.stats.add_micro(out)
-        finite = finite & torch.isfinite(out.loss)
+        losses = losses + out.loss.detach()
+    finite = torch.isfinite(losses)
     scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or float('inf'))
     if scaler.is_enabled():  # fp16: the scaler skips a step whose gradients overflowed
@@ -223,10 +221,8 @@ def train_step(trainer, batch):
         finite = finite & torch.isfinite(norm)
         optimizer.found_inf = (~finite).float()
         optimizer.grad_scale = None
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf, optimizer.grad_scale
+        optimizer.step()
+        del optimizer.found_inf, optimizer.grad_scale
     optimizer.zero_grad(set_to_none=True)
     trainer.stats.add_step(norm, ~finite, batch.segments)
 
@@ -238,8 +234,7 @@ def eval_windows(n, window, step):
     if n <= window:
         return [(0, n, 0)]
     wins = [(0, window, 0)]
-    for s in range(step, n - window + 1, step):
-        wins.append((s, s + window, s + window - step))
+    wins += [(s, s + window, s + window - step) for s in range(step, n - window + 1, step)]
     if wins[-1][1] < n:
         wins.append((n - window, n, wins[-1][1]))
     return wins
@@ -289,44 +284,42 @@ def evaluate(model, tokens, groups, device, autocast=nullcontext(), procs=rt.Pro
     """BPC over batches of windows (start, end, first_scored), all of a batch alike long,
     and the mean SF; one device read. A progress bar on stderr where it is a terminal
     (rank 0). A stop signal ends it at a batch's end (rt.Stopped)."""
-    mine = groups[procs.rank::procs.world]  # this process's share
     was_training = model.training
     model.eval()
-    # the sums of nats, characters and SFs (a window each; none where nothing pools)
-    sums = torch.zeros(3, dtype=rt.sum_dtype(device), device=device)
-    # as many rounds on every process: they check the stop signals together
-    rounds = range(-(-len(groups) // procs.world))
+    # the sums of nats and of SFs (a window each; none where nothing pools)
+    sums = torch.zeros(2, dtype=rt.sum_dtype(device), device=device)
+    # rounds of a batch a process, this process's the rank-th of each: as many rounds on
+    # every process, which check the stop signals together
+    rounds = range(0, len(groups), procs.world)
     for i in tqdm(rounds, desc=desc, leave=False, disable=None if procs.rank == 0 else True):
         rt.check_stop(stop, procs, device)
-        if i >= len(mine):
+        if i + procs.rank >= len(groups):
             continue
-        group = mine[i]
-        idx = np.array([[s] for s, _, _ in group]) + np.arange(group[0][1] - group[0][0] + 1)
+        starts, ends, firsts = np.array(groups[i + procs.rank]).T
+        width = ends[0] - starts[0]
         # [windows, W+1], read from the memmap once
-        chunk = torch.from_numpy(tokens[idx].astype(np.int64))
+        chunk = torch.from_numpy(tokens[starts[:, None] + np.arange(width + 1)].astype(np.int64))
+        x = chunk[:, :-1]
+        # the targets before a window's first scored one are its context: -100, which
+        # cross_entropy ignores (whatever the logits there, inf or nan too)
+        context = torch.arange(width) < torch.from_numpy(firsts - starts)[:, None]
+        y = chunk[:, 1:].masked_fill(context, -100)
         known = {}  # S where the host counts it: no device read
-        counts = dynpool.count_segments(model.cfg, chunk[:, :-1])
+        counts = dynpool.count_segments(model.cfg, x)
         if counts is not None:
             known['n_segments'] = int(counts.max())
-        chunk = rt.to_device(chunk, device)
-        x = chunk[:, :-1]
-        y = chunk[:, 1:]
         with autocast:
-            out = model(x, **known)
+            out = model(rt.to_device(x, device), **known)
         logits = out.logits.float().transpose(1, 2)
-        nll = F.cross_entropy(logits, y, reduction='none')  # [B, W]
-        first = rt.to_device(torch.tensor([f - s for s, _, f in group]), device)
-        scored = torch.arange(x.size(1), device=device)[None, :] >= first[:, None]
-        # (not nll * scored: inf * 0 would be nan)
-        sums[0] += torch.where(scored, nll, 0.0).sum()
-        sums[1] += scored.sum()
+        sums[0] += F.cross_entropy(logits, rt.to_device(y, device), reduction='sum')
         if out.shortening_factor is not None:
-            sums[2] += out.shortening_factor * len(group)
+            sums[1] += out.shortening_factor * len(starts)
     if procs.world > 1:
         torch.distributed.all_reduce(sums)
-    nats, chars, sf_sum = sums.tolist()
+    nats, sf_sum = sums.tolist()
     model.train(was_training)
-    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=int(chars))
+    chars = scored_chars(groups)   # (known on the host: every process's)
+    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=chars)
     if sf_sum:
         r['sf'] = sf_sum / sum(map(len, groups))
     return r
@@ -342,21 +335,23 @@ def eval_and_log(trainer, splits, split, max_chars):
     where = f'step {state.step} | {split}'
     chars = scored_chars(groups)
     if not sys.stderr.isatty():
-        trainer.say(f'{where}: evaluating {chars:,} chars{trainer.eval_eta(chars, " in about")}')
+        line = f'{where}: evaluating {chars:,} chars'
+        if trainer.eval_rate is not None:
+            line += f' in about {timedelta(seconds=round(trainer.eval_rate * chars))}'
+        trainer.say(line)
     started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
     r = evaluate(trainer.raw_model, splits[split], groups, args.device, trainer.autocast,
                  trainer.procs, where, trainer.stop)
     seconds = time.monotonic() - started
     trainer.eval_rate = seconds / max(chars, 1)
-    subset = r['chars'] < len(splits[split]) - 1
-    bits = trainer.bits()
+    subset = chars < len(splits[split]) - 1
+    bits = trainer.bits
     rec = dict(kind='eval', step=state.step, split=split, **{bits: r['bpc']}, sf=r['sf'],
-               eval_chars=r['chars'], subset=subset, train_chars=state.train_chars,
-               train_flops=state.train_flops, train_time=round(state.train_time, 3),
+               eval_chars=chars, subset=subset, **totals(state),
                mem_mb=round(rt.peak_mem_mb(args.device)))
     trainer.logger.log(rec)
-    line = f'{where} {bits} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | {r["chars"]:,} chars'
+    line = f'{where} {bits} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | {chars:,} chars'
     if subset:
         line += ' (a subset)'
     trainer.say(f'{line} | {seconds:.1f}s')
@@ -379,10 +374,9 @@ def diverged(trainer, what):
 def identify_data(meta, splits, data):
     """What a checkpoint records of its data: the vocabulary with its encoding and cleaning
     (sample.py encodes a prompt as the data was) and the data's path and fingerprint."""
-    cleaning = meta.get('cleaning') or {}
     vocab = {k: meta.get(k) for k in ('alphabet', 'vocab_size', 'space_id')}
     vocab['encoding'] = meta.get('encoding', 'paper')
-    vocab['cleaning'] = {'lang': cleaning.get('lang')}
+    vocab['cleaning'] = {'lang': (meta.get('cleaning') or {}).get('lang')}
     path = str(Path(data).resolve())   # (a resume may start in another folder)
     return dict(vocab=vocab, dataset=dict(path=path, fingerprint=fingerprint(splits)))
 
@@ -392,22 +386,22 @@ def run(argv, procs):
     train, test → the exit code (75: stopped by a signal, to be resumed)."""
     args, ckpt = resolve_args(argv, procs)
     args.threads = rt.setup_device(args.device, args.threads)  # (the config record's)
-    if ckpt is not None and args.data == ckpt['args']['data'] and not Path(args.data).exists():
+    if ckpt and args.data == ckpt['args']['data'] and not Path(args.data).exists():
         # a resume from another working directory: the data where the run found it
         args.data = ckpt['dataset']['path']
     meta, splits, labels = load_data(args.data, args.boundary, args.unigram)
     data_identity = identify_data(meta, splits, args.data)
     state = RunState()
-    if ckpt is not None:
+    if ckpt:
         # first: data remade from another text is refused as such, not by a check of it
         check_resumable(ckpt, data_identity, args.data)
         counters = {k: ckpt[k] for k in vars(state) if k != 'saved'}
         state = RunState(**counters, saved=ckpt['step'])
     cfg = model_config(args, meta, procs.world)
-    if ckpt is not None:
+    if ckpt:
         check_recipe(ckpt, args, cfg, procs.rank)
     # --flop-budget vanilla:N becomes FLOPs here, once, before anything reads it
-    if args.flop_budget is not None:
+    if args.flop_budget:
         args.flop_budget = budget_flops(args.flop_budget, cfg, args.batch_size, args.seq_len)
     amp, autocast, scaler = rt.setup_precision(args.amp, torch.device(args.device).type)
     sizes = {s: len(ids) for s, ids in splits.items()}   # (too few: the stream would hang)
@@ -426,14 +420,14 @@ def run(argv, procs):
         model = DynamicPoolingLM(cfg).to(args.device)
         # fused: one kernel over all parameters, which can also skip a step on the device
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
-        if ckpt is not None:
+        if ckpt:
             restore_training(ckpt, model, optimizer, scaler, args.device)
         reseed_rank(args.seed, procs.rank, state.step)
         trainer = Trainer(args=args, cfg=cfg, model=rt.wrap_model(model, args, procs.world),
                           raw_model=model, optimizer=optimizer, scaler=scaler,
                           stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
-                          procs=procs, state=state, data_identity=data_identity, stop=stop,
-                          saved_time=state.train_time)
+                          procs=procs, state=state, data_identity=data_identity,
+                          bits=BITS[dataset.unit(meta)], stop=stop)
         start_log(trainer, amp)
         return train_and_test(trainer, splits, labels)
 
@@ -452,7 +446,7 @@ def train_and_test(trainer, splits, labels):
     trainer.eval_chars = (chars('valid', args.eval_subset_chars), final)
     try:
         why = train(trainer, splits, labels)
-        if why is None:
+        if not why:
             eval_and_log(trainer, splits, 'valid', args.eval_max_chars)
             r = eval_and_log(trainer, splits, 'test', args.eval_max_chars)
     except rt.Stopped:
@@ -462,19 +456,17 @@ def train_and_test(trainer, splits, labels):
         if state.saved != state.step:
             save_training(trainer)
     out = Path(args.out)
-    if why is not None:
+    if why:
         # a clean stop to be resumed, told apart from a crash by report.py
         trainer.logger.log(dict(kind='stopped', step=state.step, why=why))
-        total = args.max_steps
-        if args.flop_budget:
-            total = f'{args.flop_budget:.3g} FLOPs'
+        total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
         trainer.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
                     f'{resume_command(out, args.imports)}')
         return rt.EXIT_PREEMPTED if trainer.stop else 0
     sample = shlex.join(['python', 'sample.py', *import_flags(args.imports),
                          *path_flag('--ckpt', args.out)])
     trainer.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
-    trainer.say(f'test {trainer.bits()} {r[trainer.bits()]:.4f} sf {r["sf"]:.2f}')
+    trainer.say(f'test {trainer.bits} {r[trainer.bits]:.4f} sf {r["sf"]:.2f}')
     return 0
 
 
@@ -482,13 +474,11 @@ def check_recipe(ckpt, args, cfg, rank):
     """A resumed run's model is the checkpoint's: refuse one whose config does not match
     the flags it was saved with (an edited file), naming a field; a note on stderr for
     each flag of the optimisation recipe that a resume changes."""
-    saved = config_from_dict(ckpt['config'])
-    for field in dataclasses.fields(cfg):
-        ours = getattr(cfg, field.name)
-        if ours != getattr(saved, field.name):
-            raise UserError(f'checkpoint {ckpt["path"]}: its config has {field.name} '
-                            f'{getattr(saved, field.name)}, its flags {ours}: damaged or '
-                            'edited; use another copy')
+    saved = vars(config_from_dict(ckpt['config']))
+    for name, ours in vars(cfg).items():
+        if ours != saved[name]:
+            raise UserError(f'checkpoint {ckpt["path"]}: its config has {name} {saved[name]}, '
+                            f'its flags {ours}: damaged or edited; use another copy')
     for k in ('lr', 'warmup', 'grad_clip'):
         then = ckpt['args'].get(k)
         if rank == 0 and getattr(args, k) != then:
@@ -497,26 +487,25 @@ def check_recipe(ckpt, args, cfg, rank):
 
 
 def start_log(trainer, amp):
-    """The run's first line and config record (run_id: its identity) → the logger."""
+    """The run's first line and config record (run_id: its identity); trainer.logger."""
     args = trainer.args
+    saved = trainer.state.saved
     params = trainer.raw_model.num_params()
     line = f'{args.boundary} on {args.data} -> {args.out}'
-    if trainer.state.saved is not None:
-        line += f' (resumed at step {trainer.state.step})'
+    if saved is not None:
+        line += f' (resumed at step {saved})'
     layers = ','.join(map(str, args.layers))
     trainer.say(f'{line}: {params / 1e6:.2f}M parameters, layers {layers}, {args.device}, '
                 f'amp {amp}, {trainer.procs.world} process(es)')
-    device_name = platform.machine()
+    device_name = platform.machine()   # (a CPU's: its architecture)
     if args.device.startswith('cuda'):
         device_name = torch.cuda.get_device_name(args.device)
     vocab = trainer.data_identity['vocab']
-    saved = trainer.state.saved
     config = {'kind': 'config', **vars(args), 'amp': amp, 'params': params,
               'world': trainer.procs.world, 'device_name': device_name,
               'torch': torch.__version__, 'resumed_from': saved, 'encoding': vocab['encoding'],
               'unit': dataset.unit(vocab)}
     trainer.logger = rt.Logger(Path(args.out), args, config, trainer.procs.rank, saved)
-    return trainer.logger
 
 
 def train(trainer, splits, labels):
@@ -532,13 +521,16 @@ def train(trainer, splits, labels):
     if state.step == 0:
         eval_and_log(trainer, splits, 'valid', args.eval_subset_chars)
     batch = next(stream)
-    since = (time.monotonic(), state.step)  # the last record's clock and step
     first = dataclasses.replace(state)  # this invocation's start
+    # the clock and step of the last record, the training time of the last save
+    last_clock = time.monotonic()
+    last_step = state.step
+    saved_time = state.train_time
     trainer.model.train()
     while state.step < stop and not finished(state, args):
         lr = advance(trainer, batch)
         batch = next(stream)  # cut and copied on the host while the device runs the step
-        if args.flop_budget is not None:  # each step (else at a record: no wait)
+        if args.flop_budget:  # each step (else at a record: no wait)
             state.train_flops += trainer.stats.take_step_flops()
         end = state.step >= stop or finished(state, args)
         validate = state.step % args.eval_interval == 0 or end
@@ -548,21 +540,14 @@ def train(trainer, splits, labels):
             clock = time.monotonic()
             late = args.max_time is not None and clock - started >= args.max_time
             # the training since the last save
-            unsaved = state.train_time + clock - since[0] - trainer.saved_time
+            unsaved = state.train_time + clock - last_clock - saved_time
             due = save_seconds is not None and unsaved >= save_seconds
             r = trainer.stats.read(late, due)
             now = time.monotonic()
-            last = since[0]
-            steps = state.step - since[1]
-            state.train_time += now - last
-            since = (now, state.step)
-            if r['bad']:
-                where = f'a step in {state.step - steps + 1}..{state.step}'
-                diverged(trainer, f'non-finite loss or gradient at {where}, skipped: the '
-                                  'weights stayed finite')
-            if args.flop_budget is None:
-                state.train_flops += r['flops']
-            log_train(trainer, r, lr, steps, now - last, stop, first)
+            state.train_time += now - last_clock
+            log_train(trainer, r, lr, state.step - last_step, now - last_clock, stop, first)
+            last_clock = now
+            last_step = state.step
             rt.check_stop(trainer.stop, procs, args.device)
             save = save or r['save']
             if r['late'] and not end:
@@ -574,7 +559,8 @@ def train(trainer, splits, labels):
         if validate and not finished(state, args):  # (a finished one: in full, later)
             eval_and_log(trainer, splits, 'valid', args.eval_subset_chars)
         save_training(trainer)
-        since = (time.monotonic(), since[1])  # evaluating, saving: not training time
+        saved_time = state.train_time
+        last_clock = time.monotonic()  # evaluating, saving: not training time
         rt.check_stop(trainer.stop, procs, args.device)
     if finished(state, args):
         return None
@@ -585,9 +571,9 @@ def advance(trainer, batch):
     """An optimizer step on the batch at the schedule's learning rate → the rate."""
     args = trainer.args
     state = trainer.state
-    if args.flop_budget is not None and state.step >= args.warmup:
-        if state.warmup_flops is None:  # the cosine decays over the FLOPs from here
-            state.warmup_flops = state.train_flops
+    # --flop-budget: the cosine decays over the FLOPs spent from the end of warm-up on
+    if args.flop_budget and state.step >= args.warmup and state.warmup_flops is None:
+        state.warmup_flops = state.train_flops
     lr = lr_at(state.step, args, state)
     for group in trainer.optimizer.param_groups:
         group['lr'] = lr
@@ -609,27 +595,32 @@ def save_training(trainer):
                                       counters, trainer.cfg, trainer.data_identity, trainer.args)
             save_checkpoint(Path(trainer.args.out) / 'ckpt.pt', training, state.saved)
         state.saved = state.step
-        trainer.saved_time = state.train_time
         reseed_rank(trainer.args.seed, trainer.procs.rank, state.step)  # as a resumed run would
 
 
 def log_train(trainer, r, lr, steps, dt, stop, first):
-    """A train record of the statistics of the `steps` steps in `dt` seconds since the
-    last one, and its line, with the ETA of the whole run (eta)."""
+    """The statistics r of the `steps` steps in `dt` seconds since the last record: a run
+    that skipped a step stopped as diverged; their FLOPs counted (without --flop-budget:
+    the steps' own); a train record and its line, with the ETA of the whole run (eta)."""
     args = trainer.args
     state = trainer.state
+    if r['bad']:
+        where = f'a step in {state.step - steps + 1}..{state.step}'
+        diverged(trainer, f'non-finite loss or gradient at {where}, skipped: the weights '
+                          'stayed finite')
+    if not args.flop_budget:
+        state.train_flops += r['flops']
     speed = steps * args.batch_size * args.seq_len / dt
-    bits = r['lm_loss'] / math.log(2)
-    trainer.logger.log(dict(kind='train', step=state.step, train_chars=state.train_chars,
-                            train_flops=state.train_flops, train_time=round(state.train_time, 3),
-                            loss=r['loss'], **{trainer.bits(): bits}, sf=r['sf'],
-                            precision=r['precision'], recall=r['recall'],
-                            chars_per_s=round(speed), lr=lr, grad_norm=r['grad_norm'],
-                            mem_mb=round(rt.peak_mem_mb(args.device)), epoch=state.epoch))
+    bits = r['lm_loss'] / math.log(2)   # the language model's bits per token
+    trainer.logger.log(dict(kind='train', step=state.step, **totals(state), loss=r['loss'],
+                            **{trainer.bits: bits}, sf=r['sf'], precision=r['precision'],
+                            recall=r['recall'], chars_per_s=round(speed), lr=lr,
+                            grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
+                            epoch=state.epoch))
     where = f'{state.step}/{stop}'
-    if args.flop_budget is not None:
+    if args.flop_budget:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
-    trainer.say(f'step {where} | loss {r["loss"]:.3f} | {trainer.bits()} {bits:.3f} | '
+    trainer.say(f'step {where} | loss {r["loss"]:.3f} | {trainer.bits} {bits:.3f} | '
                 f'sf {r["sf"]:.2f} | {1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | '
                 f'ETA {eta(trainer, first)}')
 
@@ -642,7 +633,7 @@ def eta(trainer, first):
     state = trainer.state
     done = max(state.step - first.step, 1)
     left = (args.max_steps - state.step) / done   # (in units of the steps done)
-    if args.flop_budget is not None:
+    if args.flop_budget:
         spent = state.train_flops - first.train_flops
         left = (args.flop_budget - state.train_flops) / max(spent, 1)
     left = max(left, 0)
@@ -657,18 +648,14 @@ def eta(trainer, first):
 def main(argv=None):
     """Train → the exit code; a mistake or fault: one `error: ...` line (from rank 0)."""
     procs = rt.Processes.of_torchrun()
-    if argv is None:
-        argv = sys.argv[1:]
     ctrl_c = signal.getsignal(signal.SIGINT)
-    code = 130
-    try:
-        code = common.main(lambda: run(argv, procs), procs.rank)
-        return code
-    finally:
-        # ignored once a run was interrupted: a second Ctrl-C while the process ends would
-        # break into torch's exit handlers; an in-process caller gets its handler back else
-        if code != 130:
-            signal.signal(signal.SIGINT, ctrl_c)
+    # (argv None: the command line's, as argparse reads it)
+    code = common.main(lambda: run(argv, procs), procs.rank)
+    # ignored once a run was interrupted: a second Ctrl-C while the process ends would
+    # break into torch's exit handlers; an in-process caller gets its handler back else
+    if code != 130:
+        signal.signal(signal.SIGINT, ctrl_c)
+    return code
 
 
 if __name__ == '__main__':
