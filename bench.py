@@ -30,8 +30,9 @@ import flags
 from common import UserError, nonblank
 from dataset import read_meta
 from dynpool import DynamicPoolingLM, step_flops
-from runtime import (Processes, generation_bytes, peak_mem_mb, pick_device, proc_bytes,
-                     require_memory, setup_device, setup_precision, start_processes)
+from runtime import (AMP_DTYPES, Processes, generation_bytes, peak_mem_mb, pick_device,
+                     proc_bytes, require_memory, setup_device, setup_precision,
+                     start_processes)
 
 DEFAULT_CONFIGS = 'vanilla,fixed2,fixed3,fixed4,ws2,ws3,ws4,ws5,ws5.5,ws6,ws7,ws8'
 # --preset paper: these, then every registered source that takes no K (vanilla first)
@@ -285,8 +286,8 @@ def matmul_peak(args):
     """FLOP/s of the best of a few n×n×n matmuls in the training dtype:
     the machine's own peak (the best: the first calls warm up, a GPU's clocks rise)."""
     n = args.peak_n
-    # the dtype of runtime.setup_precision's autocast (without one, amp off: float32)
-    dtype = getattr(args.autocast, 'fast_dtype', torch.float32)
+    # the dtype runtime.setup_precision's autocast computes in (amp off: float32)
+    dtype = AMP_DTYPES.get(args.amp, torch.float32)
     a = torch.randn(n, n, device=args.device, dtype=dtype)
     calls = 30 if args.cuda else 6
     return 2 * n ** 3 / min(time_calls(lambda: torch.mm(a, a), calls, args))

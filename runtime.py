@@ -53,6 +53,10 @@ def pick_device(name=None, local_rank=None):
     return str(dev)
 
 
+# The dtype each --amp computes in (bench.py's matmul peak reads it too; off: float32)
+AMP_DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
 def setup_precision(amp, device_type):
     """--amp → (resolved name, autocast context, GradScaler: fp16's loss scaling)."""
     if (amp == 'fp16' and device_type != 'cuda') or (amp == 'bf16' and device_type == 'mps'):
@@ -66,7 +70,7 @@ def setup_precision(amp, device_type):
         if torch.cuda.is_bf16_supported(including_emulation=False):
             amp = 'bf16'
     # (off: an autocast that is not enabled, a context that changes nothing)
-    dtype = torch.float16 if amp == 'fp16' else torch.bfloat16
+    dtype = AMP_DTYPES.get(amp, torch.bfloat16)
     autocast = torch.autocast(device_type, dtype=dtype, enabled=amp != 'off')
     return amp, autocast, torch.amp.GradScaler(device_type, enabled=amp == 'fp16')
 

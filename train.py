@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm  # (comes with huggingface_hub)
 
+import checkpoint
 import common
 import runtime as rt
 from checkpoint import (check_resumable, config_from_dict, import_flags, kept, path_flag,
@@ -165,10 +166,8 @@ def reseed_rank(seed, rank, step):
 
 
 def finished(state, args):
-    """--max-steps done, or the first step whose FLOPs reach the --flop-budget."""
-    if state.step >= args.max_steps:
-        return True
-    return args.flop_budget is not None and state.train_flops >= args.flop_budget * (1 - 1e-9)
+    """The run at its end: checkpoint.finished, the rule sample.py reads too."""
+    return checkpoint.finished(state.step, state.train_flops, vars(args))
 
 
 def lr_at(step, args, state):
