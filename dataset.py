@@ -110,6 +110,12 @@ def unit(meta):
     return 'char'
 
 
+# The bits per token each unit names: bits per character where the data is characters,
+# bits per byte where it is bytes (the key of train.py's records and lines, report.py's
+# columns; never both in one run)
+BITS = {'char': 'bpc', 'byte': 'bpb'}
+
+
 def is_number(v):
     """A finite int or float >= 0 (a bool is not a number here)."""
     return type(v) in (int, float) and math.isfinite(v) and v >= 0

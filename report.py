@@ -17,6 +17,7 @@ import filelock
 
 import common
 from common import UserError
+from dataset import BITS
 
 # The paper's sources in its order (and H-Net's): the order of the tables' rows and the
 # plots' colours. The mode names come from the runs' own records, so a table needs no
@@ -172,9 +173,8 @@ def summarize(run):
             cfg = rec
         elif rec['kind'] in STEP_KINDS:
             recs.append(rec)
-    bits = 'BPC'
-    if cfg.get('unit') == 'byte':
-        bits = 'BPB'
+    # the unit its config record names (train.py's dataset.unit): BPC, or BPB for bytes
+    bits = BITS.get(cfg.get('unit'), 'bpc').upper()
     # the evaluations, their bits as bpc (a byte run's records say bpb), and the last of
     # each split (by its name as text: a damaged record's split may be any JSON value)
     evals = [dict(rec, bpc=rec.get(bits.lower())) for rec in recs if rec['kind'] == 'eval']

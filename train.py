@@ -118,12 +118,6 @@ class RunState:
     saved: int | None = None           # the step of the checkpoint on disk
 
 
-# What a token is (dataset.unit, the one rule) names the bits per token: bits per
-# character where the data is characters, bits per byte where it is bytes (never both in
-# one run's records or lines)
-BITS = {'char': 'bpc', 'byte': 'bpb'}
-
-
 @dataclasses.dataclass
 class Trainer:
     """What the steps, evaluations and saves of one process work with."""
@@ -139,7 +133,7 @@ class Trainer:
     state: RunState = dataclasses.field(default_factory=RunState)
     logger: rt.Logger | None = None
     data_identity: dict | None = None  # the vocabulary and the data's fingerprint
-    # the key of the bits per token in records and terminal lines: BITS[dataset.unit]
+    # the key of the bits per token in records and terminal lines: dataset.BITS
     bits: str | None = None
     stop: list = dataclasses.field(default_factory=list)  # the stop signals received
     eval_rate: float | None = None    # seconds a character took at the last evaluation
@@ -426,7 +420,7 @@ def run(argv, procs):
                           raw_model=model, optimizer=optimizer, scaler=scaler,
                           stats=rt.StepStats(cfg, args, procs.world), autocast=autocast,
                           procs=procs, state=state, data_identity=data_identity,
-                          bits=BITS[dataset.unit(meta)], stop=stop)
+                          bits=dataset.BITS[dataset.unit(meta)], stop=stop)
         start_log(trainer, amp)
         return train_and_test(trainer, splits, labels)
 
