@@ -61,11 +61,13 @@ PART_DEFAULTS = dict(
 )
 # Part seeds' seven sources, named as the pareto part's runs: a run both parts have is
 # run once.
-SEED_MODES = 'none fixed2 whitespace unigram-u10000 entropy gumbel-a0.20 hnet'.split()
+SEED_MODES = ('none', 'fixed2', 'whitespace', 'unigram-u10000', 'entropy', 'gumbel-a0.20',
+              'hnet')
 # The pareto part's fronts: Unigram V, Gumbel alpha, fixed k (fixed k = 1 is vanilla).
-PARETO_MODES = ('unigram-u200 unigram-u500 unigram-u1000 unigram-u3000 unigram-u5000 '
-                'unigram-u10000 gumbel-a0.20 gumbel-a0.25 gumbel-a0.30 gumbel-a0.37 '
-                'gumbel-a0.45 none fixed2 fixed3 fixed4 fixed5 fixed6').split()
+PARETO_MODES = ('unigram-u200', 'unigram-u500', 'unigram-u1000', 'unigram-u3000',
+                'unigram-u5000', 'unigram-u10000', 'gumbel-a0.20', 'gumbel-a0.25',
+                'gumbel-a0.30', 'gumbel-a0.37', 'gumbel-a0.45', 'none', 'fixed2', 'fixed3',
+                'fixed4', 'fixed5', 'fixed6')
 # The exit code of a study stopped by a signal: Ctrl-C's 130, SIGTERM's 75 (as train.py's:
 # stopped to be resumed).
 STOP_CODES = {signal.SIGINT: 130, signal.SIGTERM: 75}
@@ -133,46 +135,48 @@ def parser():
     """study.sh's flags; list flags take words apart by spaces or commas."""
     p = Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
                epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
-    add_flag = p.add_argument
-    add_flag('--part', choices=PARTS, default='seeds', help='the experiment')
-    add_flag('--steps', type=positive_int,
-             help='steps a run (default 1000; table1, and table2 and scaling on a GPU, 200000)')
-    add_flag('--seeds', type=listed(seed_int), default='1337 2 3',
-             help='seeds of each run (default "1337 2 3")')
-    add_flag('--pareto-seeds', type=listed(seed_int), default='1337',
-             help='seeds of the pareto runs (default 1337)')
-    add_flag('--langs', type=listed(language),
-             help='text8 (the slice; whole for the paper), fi he vi (--raw-dir), wiki40b-L, '
-             'cc100-L')
-    add_flag('--modes', type=listed(mode), help='none, fixedK, whitespace, unigram, ...')
-    add_flag('--scaling-layers', type=listed(int_range(5)), default='8 12 16 20',
-             help='total layers of the scaling runs (default "8 12 16 20")')
-    add_flag('--out', type=nonblank, help='runs/study-<steps>: a folder a run')
-    add_flag('--data-dir', type=nonblank, default=f'{AT}data',
-             help='where datasets are prepared (default data)')
-    add_flag('--input', type=nonblank, default=f'{AT}../shared/data/text8-head.txt',
-             help="the text8 slice's text")
-    add_flag('--raw-dir', type=nonblank, default=f'{AT}../shared/data/raw',
-             help="a language's raw text: <L>.txt")
+    p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
+    p.add_argument('--steps', type=positive_int,
+                   help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
+                   '200000)')
+    p.add_argument('--seeds', type=listed(seed_int), default='1337 2 3',
+                   help='seeds of each run (default "1337 2 3")')
+    p.add_argument('--pareto-seeds', type=listed(seed_int), default='1337',
+                   help='seeds of the pareto runs (default 1337)')
+    p.add_argument('--langs', type=listed(language),
+                   help='text8 (the slice; whole for the paper), fi he vi (--raw-dir), wiki40b-L, '
+                   'cc100-L')
+    p.add_argument('--modes', type=listed(mode), help='none, fixedK, whitespace, unigram, ...')
+    p.add_argument('--scaling-layers', type=listed(int_range(5)), default='8 12 16 20',
+                   help='total layers of the scaling runs (default "8 12 16 20")')
+    p.add_argument('--out', type=nonblank, help='runs/study-<steps>: a folder a run')
+    p.add_argument('--data-dir', type=nonblank, default=f'{AT}data',
+                   help='where datasets are prepared (default data)')
+    p.add_argument('--input', type=nonblank, default=f'{AT}../shared/data/text8-head.txt',
+                   help="the text8 slice's text")
+    p.add_argument('--raw-dir', type=nonblank, default=f'{AT}../shared/data/raw',
+                   help="a language's raw text: <L>.txt")
     # as train.py's, passed on to every run
     flags.add_import_flag(p)
-    add_flag('--device', type=nonblank, default='cpu',
-             help="cpu (default), cuda: the GPU preset, the paper's recipe")
-    add_flag('--jobs', type=positive_int, default=1, help='CPU runs at a time')
-    add_flag('--gpus', type=listed(non_negative_int),
-             help='GPU ids like 0,1,2,3: one run on each at a time (--device cuda)')
-    add_flag('--nproc', type=positive_int, help='each run under torchrun on N GPUs')
-    add_flag('--emit', type=output_file, metavar='FILE',
-             help='prepare the data, write the runs left to FILE (for a scheduler), exit')
-    add_flag('--dry-run', action='store_true', help='print the plan and its cost only')
-    add_flag('--assume-sf', type=float_range(1), default=4.5,
-             help='the SF of runs whose SF no target or data says (entropy)')
-    add_flag('--mfu', type=mfu_range, default='0.2-0.4',
-             help='GPU FLOPs utilisation assumed where bench.py has not measured the GPU')
-    add_flag('--peak-tflops', type=positive_float, default=989,
-             help="the GPU's dense bf16 peak (989: an H100's)")
-    add_flag('--bench', default=f'{AT}out/bench-paper.json',
-             help="bench.py --preset paper's measured speeds")
+    p.add_argument('--device', type=nonblank, default='cpu',
+                   help="cpu (default), cuda: the GPU preset, the paper's recipe")
+    p.add_argument('--jobs', type=positive_int, default=1, help='CPU runs at a time')
+    p.add_argument('--gpus', type=listed(non_negative_int),
+                   help='GPU ids like 0,1,2,3: one run on each at a time (--device cuda)')
+    p.add_argument('--nproc', type=positive_int, help='each run under torchrun on N GPUs')
+    p.add_argument('--emit', type=output_file, metavar='FILE',
+                   help='prepare the data, write the runs left to FILE (for a scheduler), '
+                   'exit')
+    p.add_argument('--dry-run', action='store_true', help='print the plan and its cost only')
+    p.add_argument('--assume-sf', type=float_range(1), default=4.5,
+                   help='the SF of runs whose SF no target or data says (entropy)')
+    p.add_argument('--mfu', type=mfu_range, default='0.2-0.4',
+                   help='GPU FLOPs utilisation assumed where bench.py has not measured the '
+                   'GPU')
+    p.add_argument('--peak-tflops', type=positive_float, default=989,
+                   help="the GPU's dense bf16 peak (989: an H100's)")
+    p.add_argument('--bench', default=f'{AT}out/bench-paper.json',
+                   help="bench.py --preset paper's measured speeds")
     return p
 
 
