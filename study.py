@@ -9,14 +9,14 @@ before anything is prepared or run.
     bash study.sh --part table1 --gpus 0,1,2,3     # one run per GPU at a time
     bash study.sh --part table1 --device cuda --emit jobs.txt   # jobs for a scheduler
 """
-import argparse
-import itertools
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+from argparse import ArgumentTypeError
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -27,7 +27,8 @@ import dynpool
 import checkpoint
 import flags
 from cleaning import LANGS
-from common import UserError
+from common import (UserError, float_range, int_range, non_negative_int, nonblank,
+                    positive_float, positive_int, seed_int)
 
 # The project's scripts are beside this file; paths are the user's, relative to the
 # working directory (the scripts by their path where that is another folder).
@@ -35,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 AT = f'{HERE}/'
 if HERE == Path.cwd().resolve():
     AT = ''
+TRAIN = f'{AT}train.py'
 PARTS = dict(
     seeds='the seven sources on the text8 slice, over --seeds',
     pareto='Unigram V = 200 ... 10000, Gumbel alpha = 0.20 ... 0.45, fixed k = 1 ... 6, '
@@ -57,6 +59,18 @@ PART_DEFAULTS = dict(
     table2=dict(modes='fixed2 entropy whitespace'),
     scaling=dict(modes='none whitespace'),
 )
+# Part seeds' seven sources, named as the pareto part's runs: a run both parts have is
+# run once.
+SEED_MODES = ('none', 'fixed2', 'whitespace', 'unigram-u10000', 'entropy', 'gumbel-a0.20',
+              'hnet')
+# The pareto part's fronts: Unigram V, Gumbel alpha, fixed k (fixed k = 1 is vanilla).
+PARETO_MODES = ('unigram-u200', 'unigram-u500', 'unigram-u1000', 'unigram-u3000',
+                'unigram-u5000', 'unigram-u10000', 'gumbel-a0.20', 'gumbel-a0.25',
+                'gumbel-a0.30', 'gumbel-a0.37', 'gumbel-a0.45', 'none', 'fixed2', 'fixed3',
+                'fixed4', 'fixed5', 'fixed6')
+# The exit code of a study stopped by a signal: Ctrl-C's 130, SIGTERM's 75 (as train.py's:
+# stopped to be resumed).
+STOP_CODES = {signal.SIGINT: 130, signal.SIGTERM: 75}
 
 
 def listed(kind):
@@ -65,9 +79,9 @@ def listed(kind):
     def parse(s):
         items = [kind(word) for word in s.replace(',', ' ').split()]
         if not items:
-            raise argparse.ArgumentTypeError(f'must name at least one, got {s!r}')
+            raise ArgumentTypeError(f'must name at least one, got {s!r}')
         if len(set(items)) < len(items):
-            raise argparse.ArgumentTypeError(f'must name each once, got {s!r}')
+            raise ArgumentTypeError(f'must name each once, got {s!r}')
         return items
     return parse
 
@@ -78,8 +92,8 @@ def mode(name):
     k = name.removeprefix('fixed')
     if name in dynpool.BOUNDARY_MODES or (k != name and k.isdigit() and int(k) >= 1):
         return name
-    raise argparse.ArgumentTypeError(f'{name!r} is no mode: choose fixedK or one of '
-                                     f'{", ".join(dynpool.BOUNDARY_MODES)}')
+    raise ArgumentTypeError(f'{name!r} is no mode: choose fixedK or one of '
+                            f'{", ".join(dynpool.BOUNDARY_MODES)}')
 
 
 def language(name):
@@ -88,26 +102,26 @@ def language(name):
     kind, _, code = name.rpartition('-')
     if name == 'text8' or (kind in ('', 'wiki40b', 'cc100') and code in LANGS):
         return name
-    raise argparse.ArgumentTypeError(f'{name!r} is no language: text8, or L, wiki40b-L or '
-                                     f'cc100-L with L one of {", ".join(LANGS)}')
+    raise ArgumentTypeError(f'{name!r} is no language: text8, or L, wiki40b-L or '
+                            f'cc100-L with L one of {", ".join(LANGS)}')
 
 
 def output_file(s):
     """Argument type: a path a file can be written at: no folder, in a folder that
     exists."""
-    path = Path(common.nonblank(s))
+    path = Path(nonblank(s))
     if (path.exists() and not path.is_file()) or not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f'must be a file in a folder that exists, got {s!r}')
+        raise ArgumentTypeError(f'must be a file in a folder that exists, got {s!r}')
     return s
 
 
 def mfu_range(s):
-    """Argument type: a model FLOPs utilisation, or a range of two like 0.2-0.4 → (lo,
-    hi)."""
-    ends = [common.float_range(0, 1, lo_open=True)(x) for x in s.split('-', 1)]
-    if ends[0] > ends[-1]:
-        raise argparse.ArgumentTypeError(f'must be a range low-high, got {s!r}')
-    return ends[0], ends[-1]
+    """Argument type: a model FLOPs utilisation, or a range of two like 0.2-0.4 → [lo,
+    hi] (or [utilisation])."""
+    ends = [float_range(0, 1, lo_open=True)(x) for x in s.split('-', 1)]
+    if ends != sorted(ends):
+        raise ArgumentTypeError(f'must be a range low-high, got {s!r}')
+    return ends
 
 
 class Parser(common.Parser):
@@ -122,42 +136,44 @@ def parser():
     p = Parser(prog='study.sh', description=__doc__.split('\n\n')[0],
                epilog='parts: ' + '; '.join(f'{k}: {v}' for k, v in PARTS.items()))
     p.add_argument('--part', choices=PARTS, default='seeds', help='the experiment')
-    p.add_argument('--steps', type=common.positive_int,
+    p.add_argument('--steps', type=positive_int,
                    help='steps a run (default 1000; table1, and table2 and scaling on a GPU, '
                    '200000)')
-    p.add_argument('--seeds', type=listed(common.seed_int), default=[1337, 2, 3],
+    p.add_argument('--seeds', type=listed(seed_int), default='1337 2 3',
                    help='seeds of each run (default "1337 2 3")')
-    p.add_argument('--pareto-seeds', type=listed(common.seed_int), default=[1337],
+    p.add_argument('--pareto-seeds', type=listed(seed_int), default='1337',
                    help='seeds of the pareto runs (default 1337)')
     p.add_argument('--langs', type=listed(language),
-                   help='text8 (the slice; whole for the paper), fi he vi (--raw-dir), '
-                   'wiki40b-L, cc100-L')
+                   help='text8 (the slice; whole for the paper), fi he vi (--raw-dir), wiki40b-L, '
+                   'cc100-L')
     p.add_argument('--modes', type=listed(mode), help='none, fixedK, whitespace, unigram, ...')
-    p.add_argument('--scaling-layers', type=listed(common.int_range(5)), default=[8, 12, 16, 20],
+    p.add_argument('--scaling-layers', type=listed(int_range(5)), default='8 12 16 20',
                    help='total layers of the scaling runs (default "8 12 16 20")')
-    p.add_argument('--out', type=common.nonblank, help='runs/study-<steps>: a folder a run')
-    p.add_argument('--data-dir', type=common.nonblank, default=f'{AT}data',
+    p.add_argument('--out', type=nonblank, help='runs/study-<steps>: a folder a run')
+    p.add_argument('--data-dir', type=nonblank, default=f'{AT}data',
                    help='where datasets are prepared (default data)')
-    p.add_argument('--input', type=common.nonblank, default=f'{AT}../shared/data/text8-head.txt',
+    p.add_argument('--input', type=nonblank, default=f'{AT}../shared/data/text8-head.txt',
                    help="the text8 slice's text")
-    p.add_argument('--raw-dir', type=common.nonblank, default=f'{AT}../shared/data/raw',
+    p.add_argument('--raw-dir', type=nonblank, default=f'{AT}../shared/data/raw',
                    help="a language's raw text: <L>.txt")
     # as train.py's, passed on to every run
     flags.add_import_flag(p)
-    p.add_argument('--device', type=common.nonblank, default='cpu',
+    p.add_argument('--device', type=nonblank, default='cpu',
                    help="cpu (default), cuda: the GPU preset, the paper's recipe")
-    p.add_argument('--jobs', type=common.positive_int, default=1, help='CPU runs at a time')
-    p.add_argument('--gpus', type=listed(common.non_negative_int),
+    p.add_argument('--jobs', type=positive_int, default=1, help='CPU runs at a time')
+    p.add_argument('--gpus', type=listed(non_negative_int),
                    help='GPU ids like 0,1,2,3: one run on each at a time (--device cuda)')
-    p.add_argument('--nproc', type=common.positive_int, help='each run under torchrun on N GPUs')
+    p.add_argument('--nproc', type=positive_int, help='each run under torchrun on N GPUs')
     p.add_argument('--emit', type=output_file, metavar='FILE',
-                   help='prepare the data, write the runs left to FILE (for a scheduler), exit')
+                   help='prepare the data, write the runs left to FILE (for a scheduler), '
+                   'exit')
     p.add_argument('--dry-run', action='store_true', help='print the plan and its cost only')
-    p.add_argument('--assume-sf', type=common.float_range(1), default=4.5,
+    p.add_argument('--assume-sf', type=float_range(1), default=4.5,
                    help='the SF of runs whose SF no target or data says (entropy)')
     p.add_argument('--mfu', type=mfu_range, default='0.2-0.4',
-                   help='GPU FLOPs utilisation assumed where bench.py has not measured the GPU')
-    p.add_argument('--peak-tflops', type=common.positive_float, default=989,
+                   help='GPU FLOPs utilisation assumed where bench.py has not measured the '
+                   'GPU')
+    p.add_argument('--peak-tflops', type=positive_float, default=989,
                    help="the GPU's dense bf16 peak (989: an H100's)")
     p.add_argument('--bench', default=f'{AT}out/bench-paper.json',
                    help="bench.py --preset paper's measured speeds")
@@ -172,11 +188,21 @@ def parse(argv):
     flags.import_sources(argv[:cut])
     args = parser().parse_args(argv[:cut])
     args.train_flags = argv[cut + 1:]
+    # Where runs go, one at a time each: a GPU (or --nproc of them), or a CPU job.
+    per_run = args.nproc or 1
+    args.slots = [None] * args.jobs
     if args.gpus:
         args.device = 'cuda'
+        if len(args.gpus) % per_run:
+            raise UserError(f'--gpus: {len(args.gpus)} GPUs do not split into --nproc '
+                            f'{per_run}', code=2)
+        args.slots = [','.join(map(str, args.gpus[i:i + per_run]))
+                      for i in range(0, len(args.gpus), per_run)]
+    # the machine's cores split between the runs at a time
+    args.threads = max(1, len(os.sched_getaffinity(0)) // len(args.slots))
+    args.cuda = args.device.startswith('cuda')
     # On a GPU, table2 and scaling run at the paper's scale too: the whole text8, 200k steps.
-    on_gpu = args.device.startswith('cuda') and args.part in ('table2', 'scaling')
-    args.paper = on_gpu or args.part == 'table1'
+    args.paper = args.part == 'table1' or (args.cuda and args.part in ('table2', 'scaling'))
     defaults = PART_DEFAULTS.get(args.part, {})
     args.langs = args.langs or defaults.get('langs', 'text8').split()
     args.modes = args.modes or defaults.get('modes', '').split()
@@ -185,17 +211,6 @@ def parse(argv):
         if args.paper:
             args.steps = 200_000
     args.out = args.out or f'{AT}runs/study-{args.steps}'
-    # Where runs go, one at a time each: a GPU (or --nproc of them), or a CPU job.
-    per_run = args.nproc or 1
-    args.slots = [None] * args.jobs
-    if args.gpus:
-        if len(args.gpus) % per_run:
-            raise UserError(f'--gpus: {len(args.gpus)} GPUs do not split into --nproc '
-                            f'{per_run}', code=2)
-        args.slots = [','.join(map(str, args.gpus[i:i + per_run]))
-                      for i in range(0, len(args.gpus), per_run)]
-    # the machine's cores split between the runs at a time
-    args.threads = max(1, len(os.sched_getaffinity(0)) // len(args.slots))
     return args
 
 
@@ -228,15 +243,15 @@ def dataset_of(args, lang, V=None):
     name = lang
     if V:
         name = f'{lang}-u{V}'
-    flags = ['--input', f'{args.raw_dir}/{code}.txt', '--lang', code]
+    words = ['--input', f'{args.raw_dir}/{code}.txt', '--lang', code]
     if lang == 'text8' and args.paper:
-        flags = ['--dataset', 'text8']
+        words = ['--dataset', 'text8']
     elif lang == 'text8':
         name = f"text8-head-u{V or LANGS['en']['unigram']}"
-        flags = ['--input', args.input, '--dataset', 'text8']
+        words = ['--input', args.input, '--dataset', 'text8']
     elif kind:
-        flags = ['--dataset', kind, '--lang', code]
-    cmd = dataset.prepare_command(*flags, '--unigram', V or LANGS[code]['unigram'],
+        words = ['--dataset', kind, '--lang', code]
+    cmd = dataset.prepare_command(*words, '--unigram', V or LANGS[code]['unigram'],
                                   '--out-dir', args.data_dir, '--name', name)
     # this project's prepare_data.py, by its path
     args.datasets[name] = ['python', f'{AT}prepare_data.py', *shlex.split(cmd)[2:]]
@@ -258,29 +273,21 @@ def plan(args):
         runs.setdefault(f'{name}-s{seed}', (lang, dataset_of(args, lang, V), flags))
     for seed in args.seeds:
         if args.part in ('seeds', 'all'):
-            # names as the pareto part's, so the runs both parts have run once
-            for m in ('none', 'fixed2', 'whitespace', 'unigram-u10000', 'entropy', 'gumbel-a0.20',
-                      'hnet'):
+            for m in SEED_MODES:
                 add(m, 'text8', m)
-        for lang, m in itertools.product(args.langs, args.modes):
-            if args.part in ('languages', 'table1'):
+        if args.part in ('languages', 'table1'):
+            for lang, m in product(args.langs, args.modes):
                 add(f'{lang}-{m}', lang, m)
-            if args.part == 'languages' and m != 'none':
-                add(f'{lang}-{m}-flops', lang, m, '--flop-budget', f'vanilla:{args.steps}')
-        for m, pool in itertools.product(args.modes, ('mean', 'last')):
-            if args.part == 'table2':
+                if args.part == 'languages' and m != 'none':
+                    add(f'{lang}-{m}-flops', lang, m, '--flop-budget', f'vanilla:{args.steps}')
+        if args.part == 'table2':
+            for m, pool in product(args.modes, ('mean', 'last')):
                 add(f'{m}-{pool}', 'text8', m, '--pooling', pool)
-        for n, m in itertools.product(args.scaling_layers, args.modes):
-            if args.part == 'scaling':
+        if args.part == 'scaling':
+            for n, m in product(args.scaling_layers, args.modes):
                 add(f'{m}-l{n}', 'text8', m, '--layers', f'2,{n - 4},2')
-    if args.part not in ('pareto', 'all'):
-        return runs
-    # fixed k = 1 is vanilla
-    modes = [*(f'unigram-u{V}' for V in (200, 500, 1000, 3000, 5000, 10000)),
-             *(f'gumbel-a{a}' for a in ('0.20', '0.25', '0.30', '0.37', '0.45')),
-             'none', *(f'fixed{k}' for k in range(2, 7))]
-    for seed, lang in itertools.product(args.pareto_seeds, args.langs):
-        for m in modes:
+    if args.part in ('pareto', 'all'):
+        for seed, lang, m in product(args.pareto_seeds, args.langs, PARETO_MODES):
             # the text8 slice's runs keep their names of part seeds
             name = f'{lang}-{m}'
             if lang == 'text8':
@@ -294,15 +301,14 @@ def train_command(args, run, threads=None):
     writes and the runner starts this one. threads: each run's --threads (None: the
     machine's that runs it decides)."""
     _, data, flags = args.runs[run]
-    script = f'{AT}train.py'
-    cmd = ['python', script]
+    cmd = ['python', TRAIN]
     if args.nproc:
-        cmd = ['torchrun', '--standalone', f'--nproc_per_node={args.nproc}', script]
-    cmd += ['--data', f'{args.data_dir}/{data}', *flags, '--device', args.device]
+        cmd = ['torchrun', '--standalone', f'--nproc_per_node={args.nproc}', TRAIN]
+    cmd += ['--data', f'{args.data_dir}/{data}', *flags, '--device', args.device, '--out',
+            f'{args.out}/{run}']
     # a run with a FLOP budget ends there, not at --max-steps
     if '--flop-budget' not in flags:
         cmd += ['--max-steps', str(args.steps)]
-    cmd += ['--out', f'{args.out}/{run}']
     if Path(args.out, run, 'ckpt.pt').exists():
         cmd.append('--resume')
     for name in args.imports or []:
@@ -339,20 +345,13 @@ def shortening(a, meta, assume_sf):
     "whitespace_shortening_factor" {split: SF}; unigram: its label set's in
     "unigram_sets", else the default "unigram"); else (entropy, a source of one's own,
     data not prepared yet) assume_sf."""
-    boundary = a['boundary']
     sets = meta.get('unigram_sets') or {}
     labels = sets.get(str(a.get('unigram'))) or meta.get('unigram') or {}
-    recorded = dict(whitespace=meta.get('whitespace_shortening_factor'),
-                    unigram=labels.get('shortening_factor'))
-    sf = (recorded.get(boundary) or {}).get('train')
-    if boundary == 'none':
-        sf = 1
-    elif boundary == 'fixed':
-        sf = a['fixed_factor']
-    elif boundary == 'gumbel':
-        sf = 1 / a['prior']
-    elif boundary == 'hnet':
-        sf = a['ratio_target']
+    # each mode's SF: by its flags, or the training split's that its data records
+    known = dict(none=1, fixed=a['fixed_factor'], gumbel=1 / a['prior'], hnet=a['ratio_target'],
+                 whitespace=(meta.get('whitespace_shortening_factor') or {}).get('train'),
+                 unigram=(labels.get('shortening_factor') or {}).get('train'))
+    sf = known.get(a['boundary'])
     if sf is None:
         return assume_sf, True
     return sf, False
@@ -360,23 +359,18 @@ def shortening(a, meta, assume_sf):
 
 def run_flops(args, cmd, meta):
     """A train.py command's training FLOPs at its preset's shape (dynpool.step_flops),
-    its words read by train.py's parser (one error line, exit 2) → (FLOPs, SF or None
-    for a FLOP budget, whether the SF is assumed)."""
-    script = [w.endswith('train.py') for w in cmd].index(True)
-    given = vars(args.train_parser.parse_args(cmd[script + 1:]))
-    preset = flags.CPU_PRESET
-    if args.device.startswith('cuda'):
-        preset = flags.GPU_PRESET
-    a = {**flags.COMMON, **args.model_defaults, **preset,
-         **{k: v for k, v in given.items() if v is not None}}
+    its words read by train.py's parser (one error line, exit 2), whose defaults are the
+    preset's (check) → (FLOPs, ' at SF x.xx' or '' for a FLOP budget, whether the SF
+    is assumed)."""
+    a = vars(args.train_parser.parse_args(cmd[cmd.index(TRAIN) + 1:]))
     cfg = checkpoint.config_from_dict(a, vocab_size=meta.get('vocab_size', 27), whitespace_id=0)
-    if given['flop_budget']:
-        budget = flags.budget_flops(given['flop_budget'], cfg, a['batch_size'], a['seq_len'])
-        return budget, None, False
+    if a['flop_budget']:
+        budget = flags.budget_flops(a['flop_budget'], cfg, a['batch_size'], a['seq_len'])
+        return budget, '', False
     sf, assumed = shortening(a, meta, args.assume_sf)
     n_short = dynpool.shortened_length(a['seq_len'], sf)
     step = dynpool.step_flops(cfg, a['batch_size'], a['seq_len'], n_short)
-    return a['max_steps'] * step, sf, assumed
+    return a['max_steps'] * step, f' at SF {sf:.2f}', assumed
 
 
 def last_end(flops, slots):
@@ -388,9 +382,9 @@ def last_end(flops, slots):
     return max(ends)
 
 
-def span(values):
-    """'12.3', or '8.1-16.2' for the range of several values."""
-    texts = [f'{v:,.1f}' for v in sorted(values)]
+def span(values, spec=',.1f'):
+    """'12.3', or '8.1-16.2' for the range of several values (each written by `spec`)."""
+    texts = [format(v, spec) for v in sorted(values)]
     return '-'.join(dict.fromkeys([texts[0], texts[-1]]))
 
 
@@ -398,10 +392,9 @@ def cost(args, flops):
     """What runs of these FLOPs cost: hours at the speed bench.py --preset paper
     measured on the device they run on (--bench), else for a GPU a range at --mfu of
     --peak-tflops, assumed; with several slots, the wall-clock time too."""
-    cuda = args.device.startswith('cuda')
     device = f'CPU, {args.threads} threads'
     unit = 'hours'
-    if cuda:
+    if args.cuda:
         device = torch.cuda.is_available() and torch.cuda.get_device_name(args.device)
         unit = 'GPU-hours'
     try:
@@ -412,11 +405,10 @@ def cost(args, flops):
     if speed:
         speeds = [speed]
         how = f"on {device} at {speed:.3g} FLOP/s (measured {measured.get('date')})"
-    elif cuda:
+    elif args.cuda:
         speeds = [m * args.peak_tflops * 1e12 for m in args.mfu]
-        mfu = '-'.join(dict.fromkeys(f'{m:.0%}' for m in args.mfu))
-        how = (f'at {mfu} MFU of {args.peak_tflops:g} TFLOP/s (assumed: bench.py --preset paper '
-               'has not measured this GPU)')
+        how = (f'at {span(args.mfu, ".0%")} MFU of {args.peak_tflops:g} TFLOP/s (assumed: '
+               'bench.py --preset paper has not measured this GPU)')
     else:
         return f'; no speed measured on {device} (bench.py --preset paper)'
     said = f'; about {span(sum(flops) / s / 3600 for s in speeds)} {unit} {how}'
@@ -435,7 +427,7 @@ def check(args):
     each dataset's command to prepare it, or a comment for a prepared one (the paper's
     parts refuse data that is not the paper's, in dataset.paper_data_problem's one line;
     the others name it so); each train.py command read by train.py's parser, with its
-    FLOPs and SF; then the total and its cost → (lines, names of the runs to do)."""
+    FLOPs and SF; then the total and its cost → (lines, {run to do: its FLOPs})."""
     lines = []
     for name, cmd in args.datasets.items():
         path = Path(args.data_dir, name)
@@ -449,44 +441,45 @@ def check(args):
         if problem:
             note = f" (not the paper's data: {problem})"
         lines.append(f'# {path}: prepared, used as it is{note}')
+    # train.py's parser, its defaults those it takes on this device (its preset's)
+    preset = flags.CPU_PRESET
+    if args.cuda:
+        preset = flags.GPU_PRESET
     args.train_parser = flags.parser()
-    args.model_defaults = flags.model_defaults()
-    todo = []
-    flops = []
+    args.train_parser.set_defaults(**{**flags.COMMON, **flags.model_defaults(), **preset})
+    # {run to do: its FLOPs}
+    todo = {}
     n_assumed = 0
+    n_resume = 0
     for run, (_, data, _) in args.runs.items():
         if finished(args, run):
             lines.append(f'# {args.out}/{run}: finished, skipped')
             continue
         cmd = train_command(args, run, args.threads)
-        run_cost, sf, assumed = run_flops(args, cmd, read_meta(args, data) or {})
-        todo.append(run)
-        flops.append(run_cost)
-        note = ''
-        if sf is not None:
-            note = f' at SF {sf:.2f}'
+        run_cost, note, assumed = run_flops(args, cmd, read_meta(args, data) or {})
+        todo[run] = run_cost
+        if '--resume' in cmd:
+            n_resume += 1
         if assumed:
             note += ' (assumed: --assume-sf)'
             n_assumed += 1
         lines.append(f'{shlex.join(cmd)}    # {run_cost:.2e} FLOPs{note}')
-    n_resume = sum(Path(args.out, run, 'ckpt.pt').exists() for run in todo)
     lines.insert(0, f'# study: part {args.part}, {len(args.runs)} runs x {args.steps} steps in '
                  f'{args.out}: {len(args.runs) - len(todo)} finished, {n_resume} to resume, '
                  f'{len(todo) - n_resume} to start')
-    total = f'total: {sum(flops):.2e} FLOPs'
+    total = f'total: {sum(todo.values()):.2e} FLOPs'
     if n_assumed:
         total += f', {n_assumed} runs at an assumed SF {args.assume_sf:g}'
-    lines.append(total + cost(args, flops))
+    lines.append(total + cost(args, todo.values()))
     return lines, todo
 
 
 def prepare(args):
     """Each dataset of the plan not yet prepared, made by prepare_data.py, which says in
     its one error line what went wrong (its exit code is the study's)."""
-    for name in args.datasets:
+    for name, cmd in args.datasets.items():
         if read_meta(args, name) is not None:
             continue
-        cmd = args.datasets[name]
         print(f'preparing {args.data_dir}/{name}: {shlex.join(cmd)}', flush=True)
         code = subprocess.run(cmd).returncode
         if code:
@@ -498,17 +491,14 @@ def emit(args, todo):
     (for a scheduler: docs/slurm-array.sh), without --threads: the machine that runs it
     decides."""
     cd = f'cd {shlex.quote(os.getcwd())} && '
-    lines = [cd + shlex.join(train_command(args, run)) for run in todo]
-    common.write_atomic(args.emit, ''.join(f'{line}\n' for line in lines))
+    lines = [cd + shlex.join(train_command(args, run)) + '\n' for run in todo]
+    common.write_atomic(args.emit, ''.join(lines))
     print(f'{len(lines)} runs in {args.emit}')
 
 
 def interrupted(signum, frame):
     """Ctrl-C (exit 130) or SIGTERM (exit 75, as train.py's: stopped to be resumed)."""
-    code = 130
-    if signum == signal.SIGTERM:
-        code = 75
-    raise UserError('interrupted; run the same command to resume', code=code)
+    raise UserError('interrupted; run the same command to resume', code=STOP_CODES[signum])
 
 
 def run_all(args, todo):
@@ -530,8 +520,8 @@ def run_all(args, todo):
             stopped.append(run)
         elif proc.returncode:
             failed.append(run)
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    for signum in STOP_CODES:
+        signal.signal(signum, interrupted)
     try:
         for run in todo:
             if not free:
@@ -558,8 +548,8 @@ def run_all(args, todo):
             wait_one()
     except BaseException:
         # interrupted (or unable to start a run): every run started is stopped first
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in STOP_CODES:
+            signal.signal(signum, signal.SIG_IGN)
         for pid in running:
             os.kill(pid, signal.SIGTERM)
         while running:
@@ -588,21 +578,24 @@ def plot_scaling(dirs, path):
     # report.py's reading of runs (imported here: scipy, which it imports, is slow to load)
     import report
     groups = report.group_seeds([report.summarize(Path(d)) for d in dirs])
+    # {label: [(layers in all, training FLOPs, test BPC)]}
     lines = {}
-    for g in sorted(groups, key=lambda g: sum(g['config']['layers'])):
+    for g in groups:
         budget = g['budget']
         if g['flop_budget']:
             budget = 'FLOP budget'
         if g['test_bpc']:
-            lines.setdefault(f"{g['mode']}, {budget}", []).append(g)
+            point = (sum(g['config']['layers']), g['train_flops'][0], g['test_bpc'][0])
+            lines.setdefault(f"{g['mode']}, {budget}", []).append(point)
     if not lines:
         return
     plt = common.import_pyplot('the scaling plot')
     fig, (by_layers, by_flops) = plt.subplots(1, 2, figsize=(10, 4))
-    for label, line in lines.items():
-        bpc = [g['test_bpc'][0] for g in line]
-        by_layers.plot([sum(g['config']['layers']) for g in line], bpc, 'o-', label=label)
-        by_flops.plot([g['train_flops'][0] for g in line], bpc, 'o-', label=label)
+    for label, points in lines.items():
+        # by depth (a tie keeps the groups' order)
+        layers, train_flops, bpc = zip(*sorted(points, key=lambda point: point[0]))
+        by_layers.plot(layers, bpc, 'o-', label=label)
+        by_flops.plot(train_flops, bpc, 'o-', label=label)
     bits = groups[0]['bits']
     by_layers.set(xlabel='layers in all', ylabel=f'test {bits} (mean over seeds)')
     by_flops.set(xlabel='training FLOPs', xscale='log')
