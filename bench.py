@@ -333,13 +333,13 @@ def spawn(args, name):
     record, None) or (None, why it failed). """
     cmd = [sys.executable, os.path.abspath(__file__), *args.argv, '--one', name]
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        child = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return None, f'took over {args.timeout:g} s (--timeout)'
-    if r.returncode == 0:
-        return json.loads(r.stdout.splitlines()[-1]), None
-    why = last_words(r.stderr, r.returncode)
-    if r.returncode < 0:
+    if child.returncode == 0:
+        return json.loads(child.stdout.splitlines()[-1]), None
+    why = last_words(child.stderr, child.returncode)
+    if child.returncode < 0:
         why += ' (killed: out of memory?)'
     return None, why
 
@@ -356,7 +356,7 @@ def measure(args):
     runs = {name: [] for name in args.names}   # a failed configuration leaves it
     failed = {}
     peaks = []
-    for r in range(args.rounds):
+    for round_number in range(args.rounds):
         peaks.append(matmul_peak(args))
         torch.cuda.empty_cache()   # the matrices' memory to the children (no-op on CPU)
         for name in list(runs):
@@ -368,7 +368,7 @@ def measure(args):
                 failed[name] = why
                 del runs[name]
                 said = f'failed: {why}'
-            print(f'  round {r + 1}: {name:{width}s} {said}', flush=True)
+            print(f'  round {round_number + 1}: {name:{width}s} {said}', flush=True)
     print(f'\nmatmul peak: {max(peaks) / 1e9:.1f} GFLOP/s ({args.peak_n}^3, amp {args.amp}, best '
           f'of {len(peaks)})')
     return summarise(args, runs), failed, max(peaks)
@@ -382,14 +382,16 @@ def summarise(args, runs):
     for name, records in runs.items():
         sf = records[0]['sf']
         cfg = model_config(args, name)[0]
-        step_s = statistics.median(t for r in records for t in r['times'])
+        step_s = statistics.median(t for record in records for t in record['times'])
         # (vanilla has no shortened stage: step_flops ignores it)
         flops = step_flops(cfg, args.batch, args.seq_len,
                            dynpool.shortened_length(args.seq_len, sf))
+        peak_bytes = max(record['peak'] for record in records)
+        step_mem_bytes = statistics.median(record['step_mem'] for record in records)
         table[name] = dict(boundary=cfg.boundary, sf=sf, step_s=step_s,
                            chars_per_s=args.batch * args.seq_len / step_s, flops=flops,
-                           flops_per_s=flops / step_s, peak_bytes=max(r['peak'] for r in records),
-                           step_mem_bytes=statistics.median(r['step_mem'] for r in records))
+                           flops_per_s=flops / step_s, peak_bytes=peak_bytes,
+                           step_mem_bytes=step_mem_bytes)
     return table
 
 
@@ -542,7 +544,7 @@ def bench_beside(args):
                 raise UserError(f'--beside: the training failed: {said}')
             lines = Path(folder, name, 'log.jsonl').read_text().splitlines()
             records = [json.loads(line) for line in lines]
-            steps = [r for r in records if r['kind'] == 'train']
+            steps = [record for record in records if record['kind'] == 'train']
             seconds = steps[-1]['train_time'] - steps[0]['train_time']
             return seconds / (steps[-1]['step'] - steps[0]['step']), records[0]['threads']
 

@@ -288,8 +288,8 @@ def fingerprint(splits):
     first/last MiB."""
     sizes = json.dumps({s: len(v) for s, v in splits.items()}, sort_keys=True)
     h = hashlib.sha256(sizes.encode())
-    t = splits['train']
-    n = (1 << 20) // t.itemsize   # a MiB of ids
-    h.update(t[:n].tobytes())
-    h.update(t[-n:].tobytes())
+    train = splits['train']
+    n = (1 << 20) // train.itemsize   # a MiB of ids
+    h.update(train[:n].tobytes())
+    h.update(train[-n:].tobytes())
     return h.hexdigest()[:16]

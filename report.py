@@ -330,13 +330,13 @@ def experiments(rows):
                     and dict(b['key'], pooling='"mean"') == dict(g['key'], pooling='"mean"'))
             if b is g or not (baseline or twin):
                 continue
-            t = t_test(g, b)
-            g['p'][b['mode']] = t.pvalue
+            test = t_test(g, b)
+            g['p'][b['mode']] = test.pvalue
             # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
             # (a twin's p answers Table 2, not the star's; a source whose twin is a baseline
             # is a baseline, never starred)
             if baseline:
-                beaten.append(t.pvalue < 0.05 and t.statistic < 0)
+                beaten.append(test.pvalue < 0.05 and test.statistic < 0)
         g['star'] = g['boundary'] not in BASELINES and 'none' in g['p'] and all(beaten)
     return out
 

@@ -435,10 +435,11 @@ class StepStats:
             torch.distributed.all_reduce(self.sums)
         v = dict(zip(self.NAMES, self.sums.tolist()))
         # (a mean measured: one micro-step at least)
-        r = {k: v[k] / v['micro_steps'] if k in self.seen else None for k in self.NAMES[:5]}
-        r.update(sf=r['sf'] or 1.0, flops=v['flops'] + self.host_flops, bad=int(v['bad']),
-                 save=v['save'] > 0, late=v['late'] > 0, grad_norm=None)
+        means = {k: v[k] / v['micro_steps'] if k in self.seen else None
+                 for k in self.NAMES[:5]}
+        means.update(sf=means['sf'] or 1.0, flops=v['flops'] + self.host_flops,
+                     bad=int(v['bad']), save=v['save'] > 0, late=v['late'] > 0, grad_norm=None)
         if v['norms']:
-            r['grad_norm'] = v['grad_norm'] / v['norms']
+            means['grad_norm'] = v['grad_norm'] / v['norms']
         self.reset()
-        return r
+        return means

@@ -561,12 +561,12 @@ def run_all(args, todo):
 def write_report(args, name, dirs, *flags):
     """report.py's tables over run folders printed, and as Markdown in <out>/<name>.md
     (written whole or not at all) → the names of what failed: [] or ['report.py']."""
-    r = subprocess.run(['python', f'{AT}report.py', *dirs, '--markdown', *flags],
-                       stdout=subprocess.PIPE, text=True)
-    if r.returncode:
+    report = subprocess.run(['python', f'{AT}report.py', *dirs, '--markdown', *flags],
+                            stdout=subprocess.PIPE, text=True)
+    if report.returncode:
         return ['report.py']
-    print(r.stdout)
-    common.write_atomic(f'{args.out}/{name}.md', r.stdout)
+    print(report.stdout)
+    common.write_atomic(f'{args.out}/{name}.md', report.stdout)
     print(f'tables: {args.out}/{name}.md')
     return []
 

@@ -312,10 +312,10 @@ def evaluate(model, tokens, groups, device, autocast=nullcontext(), procs=rt.Pro
     nats, sf_sum = sums.tolist()
     model.train(was_training)
     chars = scored_chars(groups)   # (known on the host: every process's)
-    r = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=chars)
+    scores = dict(bpc=nats / max(chars, 1) / math.log(2), sf=1.0, chars=chars)
     if sf_sum:
-        r['sf'] = sf_sum / sum(map(len, groups))
-    return r
+        scores['sf'] = sf_sum / sum(map(len, groups))
+    return scores
 
 
 def eval_and_log(trainer, splits, split, max_chars):
@@ -334,22 +334,22 @@ def eval_and_log(trainer, splits, split, max_chars):
         trainer.say(line)
     started = time.monotonic()
     rt.peak_mem_mb(args.device)  # (a reset: mem_mb is the evaluation's peak)
-    r = evaluate(trainer.raw_model, splits[split], groups, args.device, trainer.autocast,
-                 trainer.procs, where, trainer.stop)
+    scores = evaluate(trainer.raw_model, splits[split], groups, args.device, trainer.autocast,
+                      trainer.procs, where, trainer.stop)
     seconds = time.monotonic() - started
     trainer.eval_rate = seconds / max(chars, 1)
     subset = chars < len(splits[split]) - 1
     bits = trainer.bits
-    rec = dict(kind='eval', step=state.step, split=split, **{bits: r['bpc']}, sf=r['sf'],
-               eval_chars=chars, subset=subset, **totals(state),
+    rec = dict(kind='eval', step=state.step, split=split, **{bits: scores['bpc']},
+               sf=scores['sf'], eval_chars=chars, subset=subset, **totals(state),
                mem_mb=round(rt.peak_mem_mb(args.device)))
     trainer.logger.log(rec)
-    line = f'{where} {bits} {r["bpc"]:.4f} | sf {r["sf"]:.2f} | {chars:,} chars'
+    line = f'{where} {bits} {scores["bpc"]:.4f} | sf {scores["sf"]:.2f} | {chars:,} chars'
     if subset:
         line += ' (a subset)'
     trainer.say(f'{line} | {seconds:.1f}s')
-    if not math.isfinite(r['bpc']):
-        diverged(trainer, f'non-finite {split} {bits} {r["bpc"]}')
+    if not math.isfinite(scores['bpc']):
+        diverged(trainer, f'non-finite {split} {bits} {scores["bpc"]}')
     return rec
 
 
@@ -441,7 +441,7 @@ def train_and_test(trainer, splits, labels):
         why = train(trainer, splits, labels)
         if not why:
             eval_and_log(trainer, splits, 'valid', args.eval_max_chars)
-            r = eval_and_log(trainer, splits, 'test', args.eval_max_chars)
+            test_record = eval_and_log(trainer, splits, 'test', args.eval_max_chars)
     except rt.Stopped:
         if not trainer.stop:   # (under DDP, another process's signal)
             trainer.stop.append('a stop signal')
@@ -459,7 +459,8 @@ def train_and_test(trainer, splits, labels):
     sample = shlex.join(['python', 'sample.py', *import_flags(args.imports),
                          *path_flag('--ckpt', args.out)])
     trainer.say(f'checkpoint {out / "ckpt.pt"}, log {out / "log.jsonl"}; sample with: {sample}')
-    trainer.say(f'test {trainer.bits} {r[trainer.bits]:.4f} sf {r["sf"]:.2f}')
+    test_bits = test_record[trainer.bits]
+    trainer.say(f'test {trainer.bits} {test_bits:.4f} sf {test_record["sf"]:.2f}')
     return 0
 
 
@@ -535,15 +536,15 @@ def train(trainer, splits, labels):
             # the training since the last save
             unsaved = state.train_time + clock - last_clock - saved_time
             due = save_seconds is not None and unsaved >= save_seconds
-            r = trainer.stats.read(late, due)
+            stats = trainer.stats.read(late, due)
             now = time.monotonic()
             state.train_time += now - last_clock
-            log_train(trainer, r, lr, state.step - last_step, now - last_clock, stop, first)
+            log_train(trainer, stats, lr, state.step - last_step, now - last_clock, stop, first)
             last_clock = now
             last_step = state.step
             rt.check_stop(trainer.stop, procs, args.device)
-            save = save or r['save']
-            if r['late'] and not end:
+            save = save or stats['save']
+            if stats['late'] and not end:
                 stop = state.step
                 save = validate = True
                 why = f'--max-time {args.max_time:g}s'
@@ -591,30 +592,31 @@ def save_training(trainer):
         reseed_rank(trainer.args.seed, trainer.procs.rank, state.step)  # as a resumed run would
 
 
-def log_train(trainer, r, lr, steps, dt, stop, first):
-    """The statistics r of the `steps` steps in `dt` seconds since the last record: a run
+def log_train(trainer, stats, lr, steps, dt, stop, first):
+    """The statistics (stats) of the `steps` steps in `dt` seconds since the last record: a run
     that skipped a step stopped as diverged; their FLOPs counted (without --flop-budget:
     the steps' own); a train record and its line, with the ETA of the whole run (eta)."""
     args = trainer.args
     state = trainer.state
-    if r['bad']:
+    if stats['bad']:
         where = f'a step in {state.step - steps + 1}..{state.step}'
         diverged(trainer, f'non-finite loss or gradient at {where}, skipped: the weights '
                           'stayed finite')
     if not args.flop_budget:
-        state.train_flops += r['flops']
+        state.train_flops += stats['flops']
     speed = steps * args.batch_size * args.seq_len / dt
-    bits = r['lm_loss'] / math.log(2)   # the language model's bits per token
-    trainer.logger.log(dict(kind='train', step=state.step, **totals(state), loss=r['loss'],
-                            **{trainer.bits: bits}, sf=r['sf'], precision=r['precision'],
-                            recall=r['recall'], chars_per_s=round(speed), lr=lr,
-                            grad_norm=r['grad_norm'], mem_mb=round(rt.peak_mem_mb(args.device)),
-                            epoch=state.epoch))
+    bits = stats['lm_loss'] / math.log(2)   # the language model's bits per token
+    mem_mb = round(rt.peak_mem_mb(args.device))
+    trainer.logger.log(dict(kind='train', step=state.step, **totals(state),
+                            loss=stats['loss'], **{trainer.bits: bits}, sf=stats['sf'],
+                            precision=stats['precision'], recall=stats['recall'],
+                            chars_per_s=round(speed), lr=lr, grad_norm=stats['grad_norm'],
+                            mem_mb=mem_mb, epoch=state.epoch))
     where = f'{state.step}/{stop}'
     if args.flop_budget:
         where = f'{state.step} | {state.train_flops:.3g}/{args.flop_budget:.3g} FLOPs'
-    trainer.say(f'step {where} | loss {r["loss"]:.3f} | {trainer.bits} {bits:.3f} | '
-                f'sf {r["sf"]:.2f} | {1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | '
+    trainer.say(f'step {where} | loss {stats["loss"]:.3f} | {trainer.bits} {bits:.3f} | '
+                f'sf {stats["sf"]:.2f} | {1000 * dt / steps:.0f} ms/step | {speed:,.0f} chars/s | '
                 f'ETA {eta(trainer, first)}')
 
 
