@@ -284,10 +284,10 @@ def config_from_dict(d, **extra):
     d = {**d, **extra}
     names = {f.name for f in dataclasses.fields(Config)}
     kept = {k: v for k, v in d.items() if k in names}
-    options = getattr(dynpool.SOURCES.get(d.get('boundary')), 'Options', None)
-    if options is not None:
+    Options = getattr(dynpool.SOURCES.get(d.get('boundary')), 'Options', None)
+    if Options is not None:
         # its fields given as flags, under those a checkpoint's config holds
-        given = {f.name: d[f.name] for f in dataclasses.fields(options) if f.name in d}
+        given = {f.name: d[f.name] for f in dataclasses.fields(Options) if f.name in d}
         kept['options'] = {**given, **kept.get('options', {})}
     try:
         return Config(**kept)

@@ -166,8 +166,6 @@ def model_defaults():
     return {a.dest: defaults[a.dest] for a in p._actions if a.dest in defaults}
 
 
-
-
 # Argument type of a source's float option: a number, inf too (the default some options
 # have), not nan; the source's check_config judges its range.
 any_number = common.number_range(float, 'a number', -math.inf, math.inf)

@@ -364,8 +364,8 @@ def input_roles(paths):
     for path in paths:
         roles = [s for s in SPLITS if s in path.name.lower().replace('dev', 'valid')]
         if len(roles) != 1:
-            raise UserError(f'--input {path}: its name says {" and ".join(roles) or "no split"}; '
-                            f'{how}', 2)
+            said = ' and '.join(roles) or 'no split'
+            raise UserError(f'--input {path}: its name says {said}; {how}', 2)
         groups[roles[0]].append(path)
     for split, files in groups.items():
         if not files:

@@ -331,7 +331,7 @@ def experiments(rows):
             if b is g or not (baseline or twin):
                 continue
             test = t_test(g, b)
-            g['p'][b['mode']] = test.pvalue
+            g['p'][b['mode']] = float(test.pvalue)
             # the paper's star: lower than vanilla and each fixed k, p < 0.05 against each
             # (a twin's p answers Table 2, not the star's; a source whose twin is a baseline
             # is a baseline, never starred)

@@ -42,8 +42,10 @@ def clean_prompt(text, vocab):
     else as it is. Line breaks become spaces where the alphabet has none; a trailing
     space or break is kept."""
     alphabet = vocab['alphabet']
-    # train.py records {'lang': ...}; a checkpoint from before that, nothing
-    recorded = vocab.get('cleaning') or {}
+    # train.py records {'lang': ...}; an earlier checkpoint, nothing (or another form)
+    recorded = vocab.get('cleaning')
+    if not isinstance(recorded, dict):
+        recorded = {}
     lang = recorded.get('lang')
     source = 'recorded in the checkpoint'
     if lang is None and set(alphabet) == set(TEXT8_ALPHABET):
@@ -111,8 +113,8 @@ def decode(ids, vocab):
             pieces[-1] += '\ufffd'
             piece = piece[1:]
         pieces.append(piece)
-    # (ids is never empty: the prompt has a token at least)
-    pieces[-1] += decoder.decode(b'', final=True)
+    if pieces:
+        pieces[-1] += decoder.decode(b'', final=True)
     return pieces
 
 
@@ -255,7 +257,7 @@ def prompt_ids(args, ckpt):
     # Attention over more than the model trained on costs memory and time with the
     # length's square and goes past the distances it learnt: the end of a longer prompt
     # is what it continues.
-    if seq_len is not None and seq_len < len(ids):
+    if isinstance(seq_len, int) and 0 < seq_len < len(ids):
         say(f'note: the prompt is cut to its last {seq_len} tokens (of {len(ids)}), the '
             'length the model trained on')
         ids = ids[-seq_len:]

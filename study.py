@@ -561,12 +561,12 @@ def run_all(args, todo):
 def write_report(args, name, dirs, *flags):
     """report.py's tables over run folders printed, and as Markdown in <out>/<name>.md
     (written whole or not at all) → the names of what failed: [] or ['report.py']."""
-    report = subprocess.run(['python', f'{AT}report.py', *dirs, '--markdown', *flags],
+    tables = subprocess.run(['python', f'{AT}report.py', *dirs, '--markdown', *flags],
                             stdout=subprocess.PIPE, text=True)
-    if report.returncode:
+    if tables.returncode:
         return ['report.py']
-    print(report.stdout)
-    common.write_atomic(f'{args.out}/{name}.md', report.stdout)
+    print(tables.stdout)
+    common.write_atomic(f'{args.out}/{name}.md', tables.stdout)
     print(f'tables: {args.out}/{name}.md')
     return []
 
@@ -575,7 +575,7 @@ def plot_scaling(dirs, path):
     """The scaling study's figure: test BPC (the mean over seeds) against the layers in
     all and against the training FLOPs, a line per mode and budget (equal steps, FLOP
     budget)."""
-    # report.py's reading of runs (imported here: scipy, which it imports, is slow to load)
+    # report.py's reading of runs (imported here: only this part draws a plot of them)
     import report
     groups = report.group_seeds([report.summarize(Path(d)) for d in dirs])
     # {label: [(layers in all, training FLOPs, test BPC)]}

@@ -452,7 +452,9 @@ def train_and_test(trainer, splits, labels):
     if why:
         # a clean stop to be resumed, told apart from a crash by report.py
         trainer.logger.log(dict(kind='stopped', step=state.step, why=why))
-        total = f'{args.flop_budget:.3g} FLOPs' if args.flop_budget else args.max_steps
+        total = args.max_steps
+        if args.flop_budget:
+            total = f'{args.flop_budget:.3g} FLOPs'
         trainer.say(f'stopped at step {state.step} of {total} ({why}); continue with: '
                     f'{resume_command(out, args.imports)}')
         return rt.EXIT_PREEMPTED if trainer.stop else 0
@@ -593,9 +595,10 @@ def save_training(trainer):
 
 
 def log_train(trainer, stats, lr, steps, dt, stop, first):
-    """The statistics (stats) of the `steps` steps in `dt` seconds since the last record: a run
-    that skipped a step stopped as diverged; their FLOPs counted (without --flop-budget:
-    the steps' own); a train record and its line, with the ETA of the whole run (eta)."""
+    """The statistics (stats) of the `steps` steps in `dt` seconds since the last record:
+    a run that skipped a step stopped as diverged; their FLOPs counted (without
+    --flop-budget: the steps' own); a train record and its line, with the ETA of the whole
+    run (eta)."""
     args = trainer.args
     state = trainer.state
     if stats['bad']:
